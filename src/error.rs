@@ -1,0 +1,97 @@
+//! Errors of the library: one enum, each variant naming what went wrong and where.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Result type of the library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything the engine can refuse or fail with.
+///
+/// Each variant maps to one process exit code of the `swarm` CLI ([`Error::exit_code`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The caller's input is not acceptable (exit 2). `field` names the offending field.
+    #[error("invalid {field}: {reason}")]
+    Invalid {
+        /// The field, argument or line that is wrong.
+        field: String,
+        /// Why it is wrong.
+        reason: String,
+    },
+    /// The run does not exist (exit 2).
+    #[error("run {0:?} not found")]
+    RunNotFound(String),
+    /// A compare-and-swap precondition failed (exit 4); nothing was written.
+    #[error("conflict: expected last seq {expected}, run {run:?} is at {actual}")]
+    SeqConflict {
+        /// The run.
+        run: String,
+        /// The seq the caller expected to be last.
+        expected: u64,
+        /// The run's actual last seq.
+        actual: u64,
+    },
+    /// Damaged bytes that are not a torn tail (exit 3): never dropped silently.
+    #[error("corrupt record in {} at byte offset {offset} (expected seq {seq}): {reason}", path.display())]
+    Corrupt {
+        /// The segment file.
+        path: PathBuf,
+        /// Byte offset of the first bad byte of the record.
+        offset: u64,
+        /// The seq the damaged record should carry.
+        seq: u64,
+        /// What check failed.
+        reason: String,
+    },
+    /// An fsync failed earlier in this process; the writer refuses further appends
+    /// (exit 1). Retrying an fsync after a failure can report success for lost data.
+    #[error("log of run {0:?} is poisoned by an earlier fsync failure; restart the process")]
+    Poisoned(String),
+    /// An operating-system I/O error (exit 1).
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        /// What the engine was doing.
+        op: &'static str,
+        /// The file involved.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl Error {
+    /// The `swarm` CLI exit code for this error (see `swarm --help`).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Invalid { .. } | Error::RunNotFound(_) => 2,
+            Error::Corrupt { .. } => 3,
+            Error::SeqConflict { .. } => 4,
+            Error::Poisoned(_) | Error::Io { .. } => 1,
+        }
+    }
+
+    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Error {
+        Error::Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Attaches an operation and a path to an `io::Error`.
+pub(crate) trait IoContext<T> {
+    fn ctx(self, op: &'static str, path: &std::path::Path) -> Result<T>;
+}
+
+impl<T> IoContext<T> for io::Result<T> {
+    fn ctx(self, op: &'static str, path: &std::path::Path) -> Result<T> {
+        self.map_err(|source| Error::Io {
+            op,
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+}

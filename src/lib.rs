@@ -1,0 +1,48 @@
+//! swarm-memory: an event-sourced shared memory engine for swarms of concurrent agents.
+//!
+//! One durable, append-only, CRC-framed JSONL log per run, which many OS processes append
+//! to under a file lock; everything else is derived from it.
+//!
+//! # Layout
+//! - [`event`]: the entry schema and its limits.
+//! - [`frame`]: the byte-exact line format (length + CRC-32 per atomic commit).
+//! - [`segment`]: segment files and the streaming frame reader.
+//! - `log`: the writer: multi-process appends, group commit, torn-tail repair.
+//! - [`watermark`]: the durable and visible positions shared by all processes.
+//! - `read`: ordered, checked, filtered reads and `verify`.
+//! - [`store`]: the public handle over a data directory.
+//! - [`storage`]: the I/O trait every file access goes through (real and fault-injecting).
+//!
+//! # Example
+//! ```
+//! use swarm_memory::{Store, NewEvent, EventType, Durability, ReadOptions};
+//! let dir = tempfile::tempdir().unwrap();
+//! let store = Store::open(dir.path()).unwrap();
+//! let ev = store
+//!     .append("incident-1", NewEvent::new("db-agent", EventType::Evidence, "disk full on db-1"), Durability::Sync)
+//!     .unwrap();
+//! assert_eq!(ev.seq, 1);
+//! let all: Vec<_> = store.read("incident-1", ReadOptions::default()).unwrap().collect::<Result<_, _>>().unwrap();
+//! assert_eq!(all[0].content, "disk full on db-1");
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod event;
+pub mod frame;
+mod log;
+mod read;
+pub mod segment;
+pub mod storage;
+pub mod store;
+pub mod ts;
+pub mod watermark;
+
+pub use error::{Error, Result};
+pub use event::{Event, EventType, NewEvent};
+pub use log::{Durability, LogOptions, RunMeta, SEGMENT_BYTES_DEFAULT};
+pub use read::{EventIter, ReadOptions, RepairedTail, Skipped, TornTail, VerifyReport, Visibility};
+pub use storage::{FsStorage, MemStorage, Storage};
+pub use store::{RunInfo, Store};
+pub use ts::Ts;

@@ -1,0 +1,1022 @@
+//! The writer side of a run's log: multi-process appends, group commit, recovery.
+//!
+//! # Protocol
+//! Appends from every process go through the run's `LOCK` file (`flock`, exclusive).
+//! Under it a writer catches up with what other processes appended since its last look
+//! (only the frames' CRCs are checked; the last frame is parsed for seq and ts), repairs a
+//! torn tail left by a writer that died mid-`write`, assigns seqs and timestamps, and
+//! writes every frame of its group in one `pwrite` at the end of the last segment.
+//!
+//! Durability is then reached *outside* the append lock, so that other writers can append
+//! while one waits for the disk: the syncer takes the `SYNCED` file's lock, reads the
+//! durable position, and if it does not yet cover its record it notes the segment's
+//! length, `fdatasync`s it and advances the durable position to that length. One fsync
+//! thus covers every record written by any process before it began (group commit across
+//! processes, as PostgreSQL's WAL flush does); inside a process, threads first combine
+//! their appends into one write (a leader writes for all waiting threads) and then share
+//! the fsync the same way.
+//!
+//! Lock order, always: writer mutex, then `LOCK`, then sync mutex, then `SYNCED`.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, IoContext, Result};
+use crate::event::{Checked, Event, EventHead, GENERATED_ID_PREFIX};
+use crate::frame::{self, PAYLOAD_BYTES_MAX};
+use crate::segment::{self, FrameReader, Step};
+use crate::storage::{OpenMode, Storage, StorageFile};
+use crate::ts::Ts;
+use crate::watermark::{self, Pos};
+
+/// Default size at which a segment is closed and a new one started.
+pub const SEGMENT_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
+/// Largest frame payload a batch may produce (the decoder accepts up to 16 MiB).
+pub const BATCH_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// When an append is acknowledged.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// After `fdatasync` (group-committed). A power loss cannot take it away.
+    #[default]
+    Sync,
+    /// After the write; an fsync follows within the batch interval.
+    Batch,
+    /// After the write; no fsync is issued for it.
+    None,
+}
+
+impl std::str::FromStr for Durability {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "sync" => Ok(Durability::Sync),
+            "batch" => Ok(Durability::Batch),
+            "none" => Ok(Durability::None),
+            _ => Err(Error::invalid(
+                "durability",
+                format!("{s:?} is not one of sync, batch, none"),
+            )),
+        }
+    }
+}
+
+/// Per-run settings fixed at creation, stored in `run.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunMeta {
+    /// Format version of the run directory.
+    pub format: u32,
+    /// The run id.
+    pub run_id: String,
+    /// The user who created the run.
+    pub user_id: String,
+    /// When it was created.
+    pub created: Ts,
+    /// Segment rotation size, in bytes.
+    pub segment_bytes: u64,
+}
+
+/// Settings of a store's writers.
+#[derive(Clone, Debug)]
+pub struct LogOptions {
+    /// Segment size for new runs.
+    pub segment_bytes: u64,
+    /// Longest time a `batch`-mode append stays unsynced.
+    pub batch_interval_ms: u64,
+}
+
+impl Default for LogOptions {
+    fn default() -> Self {
+        LogOptions {
+            segment_bytes: SEGMENT_BYTES_DEFAULT,
+            batch_interval_ms: 10,
+        }
+    }
+}
+
+pub(crate) const LOCK_FILE: &str = "LOCK";
+pub(crate) const SYNCED_FILE: &str = "SYNCED";
+pub(crate) const META_FILE: &str = "run.json";
+
+/// One append request: an atomic batch.
+pub(crate) struct Request {
+    pub batch: Vec<Checked>,
+    pub expect_seq: Option<u64>,
+    pub durability: Durability,
+}
+
+struct Outcome {
+    events: Vec<Event>,
+    end: Pos,
+    /// The segment holding `end`, when it may still need an fsync.
+    seg: Option<Arc<dyn StorageFile>>,
+    /// Every event was already stored (an idempotent retry): nothing was written.
+    replayed: bool,
+}
+
+/// Where a prepared request's frame ends.
+enum PlanEnd {
+    /// New frame: its end as an offset in the group's write buffer.
+    InBuf(u64),
+    /// Idempotent retry: the end of the stored frame.
+    Stored(Pos),
+}
+
+struct Slot {
+    req: Mutex<Option<Request>>,
+    result: Mutex<Option<Result<Outcome>>>,
+}
+
+#[derive(Default)]
+struct Combine {
+    pending: Vec<Arc<Slot>>,
+    leader: bool,
+}
+
+struct Writer {
+    lock_file: Box<dyn StorageFile>,
+    /// Nothing below is valid until `loaded`.
+    loaded: bool,
+    seg_base: u64,
+    seg: Arc<dyn StorageFile>,
+    /// End of the last whole frame of `seg` known to this process.
+    end: u64,
+    head_seq: u64,
+    head_ts: Ts,
+    /// Client-given ids, with the seq and frame position of their event.
+    ids: HashMap<String, (u64, Pos)>,
+    /// `ids` covers every frame before this position.
+    ids_upto: Pos,
+    buf: Vec<u8>,
+}
+
+struct SyncLocal {
+    /// Largest durable position this process has seen.
+    durable: Pos,
+}
+
+/// The writer handle of one run, shared by the threads of a process.
+pub(crate) struct RunLog {
+    run_id: String,
+    dir: PathBuf,
+    storage: Arc<dyn Storage>,
+    meta: RunMeta,
+    batch_interval_ms: u64,
+    combine: Mutex<Combine>,
+    combine_cv: Condvar,
+    writer: Mutex<Writer>,
+    sync: Mutex<SyncLocal>,
+    synced: Box<dyn StorageFile>,
+    synced_path: PathBuf,
+    poisoned: AtomicBool,
+    /// Position of the last `batch`-mode write not yet covered by a flush (seg, off).
+    batch_dirty: Mutex<Option<(Pos, Arc<dyn StorageFile>)>>,
+    flusher_started: AtomicBool,
+    id_nonce: u64,
+    id_counter: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn io_copy(e: &Error) -> Error {
+    match e {
+        Error::Io { op, path, source } => Error::Io {
+            op,
+            path: path.clone(),
+            source: std::io::Error::new(source.kind(), source.to_string()),
+        },
+        Error::Poisoned(r) => Error::Poisoned(r.clone()),
+        Error::Corrupt {
+            path,
+            offset,
+            seq,
+            reason,
+        } => Error::Corrupt {
+            path: path.clone(),
+            offset: *offset,
+            seq: *seq,
+            reason: reason.clone(),
+        },
+        other => Error::Io {
+            op: "append",
+            path: PathBuf::new(),
+            source: std::io::Error::other(other.to_string()),
+        },
+    }
+}
+
+impl RunLog {
+    /// Opens (creating when `create` is set) the run's directory and files. Does not read
+    /// the log yet: that happens under the lock at the first append.
+    pub(crate) fn open(
+        storage: Arc<dyn Storage>,
+        dir: PathBuf,
+        run_id: &str,
+        user_id: &str,
+        opts: &LogOptions,
+    ) -> Result<RunLog> {
+        storage.create_dir_all(&dir).ctx("create", &dir)?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock_file = storage
+            .open(&lock_path, OpenMode::ReadWriteCreate)
+            .ctx("open", &lock_path)?;
+        lock_file.lock().ctx("lock", &lock_path)?;
+        let meta = Self::init_under_lock(&*storage, &dir, run_id, user_id, opts);
+        lock_file.unlock().ctx("unlock", &lock_path)?;
+        let meta = meta?;
+        let synced_path = dir.join(SYNCED_FILE);
+        let synced = storage
+            .open(&synced_path, OpenMode::ReadWriteCreate)
+            .ctx("open", &synced_path)?;
+        let placeholder: Arc<dyn StorageFile> = Arc::from(
+            storage
+                .open(&lock_path, OpenMode::Read)
+                .ctx("open", &lock_path)?,
+        );
+        let nonce = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        Ok(RunLog {
+            run_id: run_id.to_string(),
+            dir,
+            storage,
+            meta,
+            batch_interval_ms: opts.batch_interval_ms.max(1),
+            combine: Mutex::new(Combine::default()),
+            combine_cv: Condvar::new(),
+            writer: Mutex::new(Writer {
+                lock_file,
+                loaded: false,
+                seg_base: 0,
+                seg: placeholder,
+                end: 0,
+                head_seq: 0,
+                head_ts: Ts(0),
+                ids: HashMap::new(),
+                ids_upto: Pos::default(),
+                buf: Vec::new(),
+            }),
+            sync: Mutex::new(SyncLocal {
+                durable: Pos::default(),
+            }),
+            synced,
+            synced_path,
+            poisoned: AtomicBool::new(false),
+            batch_dirty: Mutex::new(None),
+            flusher_started: AtomicBool::new(false),
+            id_nonce: nonce,
+            id_counter: AtomicU64::new(0),
+        })
+    }
+
+    /// Creates `run.json` and the first segment if this is a new run.
+    fn init_under_lock(
+        storage: &dyn Storage,
+        dir: &Path,
+        run_id: &str,
+        user_id: &str,
+        opts: &LogOptions,
+    ) -> Result<RunMeta> {
+        let meta_path = dir.join(META_FILE);
+        if storage.exists(&meta_path) {
+            return read_meta(storage, dir);
+        }
+        let meta = RunMeta {
+            format: frame::FORMAT_VERSION,
+            run_id: run_id.to_string(),
+            user_id: user_id.to_string(),
+            created: Ts::now(),
+            segment_bytes: opts.segment_bytes.max(4096),
+        };
+        let seg_path = segment::segment_path(dir, 1);
+        if !storage.exists(&seg_path) {
+            let f = storage
+                .open(&seg_path, OpenMode::ReadWriteCreate)
+                .ctx("create", &seg_path)?;
+            f.sync_data().ctx("fsync", &seg_path)?;
+        }
+        let tmp = dir.join("run.json.tmp");
+        let f = storage
+            .open(&tmp, OpenMode::ReadWriteCreate)
+            .ctx("create", &tmp)?;
+        let mut bytes = serde_json::to_vec_pretty(&meta).map_err(|e| Error::Io {
+            op: "encode",
+            path: tmp.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        bytes.push(b'\n');
+        f.set_len(0).ctx("truncate", &tmp)?;
+        f.write_all_at(&bytes, 0).ctx("write", &tmp)?;
+        f.sync_data().ctx("fsync", &tmp)?;
+        storage.rename(&tmp, &meta_path).ctx("rename", &tmp)?;
+        storage.sync_dir(dir).ctx("fsync dir", dir)?;
+        if let Some(parent) = dir.parent() {
+            storage.sync_dir(parent).ctx("fsync dir", parent)?;
+        }
+        Ok(meta)
+    }
+
+    fn generated_id(&self) -> String {
+        let n = self.id_counter.fetch_add(1, Ordering::Relaxed);
+        format!("{GENERATED_ID_PREFIX}{:016x}.{n:x}", self.id_nonce)
+    }
+
+    /// Appends one atomic batch and waits for its durability. Returns the stored events.
+    pub(crate) fn append(self: &Arc<Self>, req: Request) -> Result<Vec<Event>> {
+        let durability = req.durability;
+        let slot = Arc::new(Slot {
+            req: Mutex::new(Some(req)),
+            result: Mutex::new(None),
+        });
+        let mut c = lock(&self.combine);
+        c.pending.push(slot.clone());
+        while lock(&slot.result).is_none() {
+            if c.leader {
+                c = self.combine_cv.wait(c).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            c.leader = true;
+            let group = std::mem::take(&mut c.pending);
+            drop(c);
+            self.write_group(&group);
+            c = lock(&self.combine);
+            c.leader = false;
+            self.combine_cv.notify_all();
+        }
+        drop(c);
+        let taken = lock(&slot.result).take();
+        let Some(result) = taken else {
+            return Err(Error::Io {
+                op: "append",
+                path: self.dir.clone(),
+                source: std::io::Error::other("append result lost"),
+            });
+        };
+        let outcome = result?;
+        match (durability, outcome.replayed) {
+            // A retry is not acknowledged before the original is durable either. A stored
+            // frame in an older segment is durable already: rotation syncs the old one.
+            (Durability::Sync, _) => {
+                if let Some(seg) = &outcome.seg {
+                    self.wait_durable(outcome.end, seg)?
+                }
+            }
+            (Durability::Batch, false) => {
+                if let Some(seg) = &outcome.seg {
+                    self.note_batch_write(outcome.end, seg.clone())
+                }
+            }
+            _ => {}
+        }
+        Ok(outcome.events)
+    }
+
+    /// The leader's work: one lock, one catch-up, one write for a group of requests.
+    fn write_group(&self, group: &[Arc<Slot>]) {
+        let mut w = lock(&self.writer);
+        let reqs: Vec<(Arc<Slot>, Request)> = group
+            .iter()
+            .filter_map(|s| lock(&s.req).take().map(|r| (s.clone(), r)))
+            .collect();
+        if self.poisoned.load(Ordering::Acquire) {
+            for (s, _) in &reqs {
+                *lock(&s.result) = Some(Err(Error::Poisoned(self.run_id.clone())));
+            }
+            return;
+        }
+        let lock_path = self.dir.join(LOCK_FILE);
+        if let Err(e) = w.lock_file.lock().ctx("lock", &lock_path) {
+            for (s, _) in &reqs {
+                *lock(&s.result) = Some(Err(io_copy(&e)));
+            }
+            return;
+        }
+        let results = self.write_group_locked(&mut w, reqs.iter().map(|(_, r)| r).collect());
+        if let Err(e) = w.lock_file.unlock().ctx("unlock", &lock_path) {
+            tracing::error!(error = %e, "cannot release the append lock");
+        }
+        match results {
+            Ok(list) => {
+                for ((s, _), r) in reqs.iter().zip(list) {
+                    *lock(&s.result) = Some(r);
+                }
+            }
+            Err(e) => {
+                for (s, _) in &reqs {
+                    *lock(&s.result) = Some(Err(io_copy(&e)));
+                }
+            }
+        }
+    }
+
+    fn write_group_locked(
+        &self,
+        w: &mut Writer,
+        reqs: Vec<&Request>,
+    ) -> Result<Vec<Result<Outcome>>> {
+        self.catch_up(w)?;
+        if w.end >= self.meta.segment_bytes {
+            self.rotate(w)?;
+        }
+        if reqs.iter().any(|r| r.batch.iter().any(|e| e.id.is_some())) {
+            self.catch_up_ids(w)?;
+        }
+        let saved = (w.head_seq, w.head_ts);
+        let mut added_ids: Vec<String> = Vec::new();
+        let mut buf = std::mem::take(&mut w.buf);
+        buf.clear();
+        let now = Ts::now();
+        let mut plans: Vec<Result<(Vec<Event>, PlanEnd)>> = Vec::with_capacity(reqs.len());
+        let mut last_visible_end: Option<u64> = None;
+        for r in &reqs {
+            let plan = self.prepare(w, r, now, &mut buf, &mut added_ids);
+            if let Ok((_, PlanEnd::InBuf(end_in_buf))) = &plan {
+                if r.durability != Durability::Sync {
+                    last_visible_end = Some(*end_in_buf);
+                }
+            }
+            plans.push(plan);
+        }
+        let start = w.end;
+        if !buf.is_empty() {
+            let seg_path = segment::segment_path(&self.dir, w.seg_base);
+            if let Err(e) = w.seg.write_all_at(&buf, start).ctx("write", &seg_path) {
+                // Remove whatever part of the group reached the file, so that no
+                // unacknowledged bytes stay behind a later append.
+                if w.seg.set_len(start).is_err() {
+                    self.poisoned.store(true, Ordering::Release);
+                }
+                w.head_seq = saved.0;
+                w.head_ts = saved.1;
+                for id in added_ids {
+                    w.ids.remove(&id);
+                }
+                w.buf = buf;
+                return Err(e);
+            }
+            if w.ids_upto
+                == (Pos {
+                    seg: w.seg_base,
+                    off: start,
+                })
+            {
+                w.ids_upto.off = start + buf.len() as u64;
+            }
+            w.end = start + buf.len() as u64;
+            if let Some(e) = last_visible_end {
+                self.advance_visible(Pos {
+                    seg: w.seg_base,
+                    off: start + e,
+                })?;
+            }
+        }
+        let seg_file = w.seg.clone();
+        let seg_base = w.seg_base;
+        w.buf = buf;
+        Ok(plans
+            .into_iter()
+            .map(|p| {
+                p.map(|(events, end)| match end {
+                    PlanEnd::InBuf(e) => Outcome {
+                        end: Pos {
+                            seg: seg_base,
+                            off: start + e,
+                        },
+                        seg: Some(seg_file.clone()),
+                        events,
+                        replayed: false,
+                    },
+                    PlanEnd::Stored(pos) => Outcome {
+                        end: pos,
+                        seg: (pos.seg == seg_base).then(|| seg_file.clone()),
+                        events,
+                        replayed: true,
+                    },
+                })
+            })
+            .collect())
+    }
+
+    /// Validates one request against the run and encodes its frame into `buf`.
+    /// Returns the events and where their frame ends.
+    fn prepare(
+        &self,
+        w: &mut Writer,
+        r: &Request,
+        now: Ts,
+        buf: &mut Vec<u8>,
+        added_ids: &mut Vec<String>,
+    ) -> Result<(Vec<Event>, PlanEnd)> {
+        if r.batch.is_empty() {
+            return Err(Error::invalid("batch", "no events"));
+        }
+        // Idempotent retry: every id already stored returns the stored events.
+        let known: Vec<Option<(u64, Pos)>> = r
+            .batch
+            .iter()
+            .map(|e| e.id.as_ref().and_then(|id| w.ids.get(id).copied()))
+            .collect();
+        if known.iter().all(Option::is_some) {
+            let mut events = Vec::with_capacity(known.len());
+            let mut end = Pos::default();
+            for (seq, pos) in known.into_iter().flatten() {
+                let (ev, frame_end) = self.read_stored(seq, pos)?;
+                end = end.max(frame_end);
+                events.push(ev);
+            }
+            return Ok((events, PlanEnd::Stored(end)));
+        }
+        if let Some(i) = known.iter().position(Option::is_some) {
+            return Err(Error::invalid(
+                "id",
+                format!(
+                    "{:?} is already stored but other events of this batch are not; \
+                     a batch is retried whole or not at all",
+                    r.batch[i].id.as_deref().unwrap_or_default()
+                ),
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for e in &r.batch {
+            if let Some(id) = &e.id {
+                if !seen.insert(id.as_str()) {
+                    return Err(Error::invalid(
+                        "id",
+                        format!("{id:?} appears twice in the batch"),
+                    ));
+                }
+            }
+        }
+        if let Some(expected) = r.expect_seq {
+            if expected != w.head_seq {
+                return Err(Error::SeqConflict {
+                    run: self.run_id.clone(),
+                    expected,
+                    actual: w.head_seq,
+                });
+            }
+        }
+        let ts = now.max(w.head_ts);
+        let first = w.head_seq + 1;
+        let mut events = Vec::with_capacity(r.batch.len());
+        for (i, c) in r.batch.iter().enumerate() {
+            let seq = first + i as u64;
+            if let Some(bad) = c.refs.iter().find(|&&x| x == 0 || x >= seq) {
+                return Err(Error::invalid(
+                    "refs",
+                    format!("seq {bad} does not name an earlier event (this one gets seq {seq})"),
+                ));
+            }
+            let id = c.id.clone().unwrap_or_else(|| self.generated_id());
+            events.push(c.clone().into_event(&self.run_id, seq, ts, id));
+        }
+        let payload =
+            serde_json::to_vec(&events).map_err(|e| Error::invalid("event", e.to_string()))?;
+        if payload.len() > BATCH_BYTES_MAX.min(PAYLOAD_BYTES_MAX) {
+            return Err(Error::invalid(
+                "batch",
+                format!("{} bytes encoded, limit {BATCH_BYTES_MAX}", payload.len()),
+            ));
+        }
+        let frame_start = w.end + buf.len() as u64;
+        frame::encode(&payload, buf);
+        for e in &events {
+            if !e.id.starts_with(GENERATED_ID_PREFIX) {
+                w.ids.insert(
+                    e.id.clone(),
+                    (
+                        e.seq,
+                        Pos {
+                            seg: w.seg_base,
+                            off: frame_start,
+                        },
+                    ),
+                );
+                added_ids.push(e.id.clone());
+            }
+        }
+        w.head_seq = first + events.len() as u64 - 1;
+        w.head_ts = ts;
+        Ok((events, PlanEnd::InBuf(buf.len() as u64)))
+    }
+
+    /// Reads a stored event back (for idempotent retries). Returns it and its frame end.
+    fn read_stored(&self, seq: u64, pos: Pos) -> Result<(Event, Pos)> {
+        let path = segment::segment_path(&self.dir, pos.seg);
+        let mut r = FrameReader::open(&*self.storage, &path, pos.off, None)?;
+        match r.step()? {
+            Step::Frame { offset, len } => {
+                let events: Vec<Event> = serde_json::from_slice(r.payload())
+                    .map_err(|e| corrupt(&path, offset, seq, format!("bad event JSON: {e}")))?;
+                let ev = events.into_iter().find(|e| e.seq == seq).ok_or_else(|| {
+                    corrupt(
+                        &path,
+                        offset,
+                        seq,
+                        "frame does not hold the indexed seq".into(),
+                    )
+                })?;
+                Ok((
+                    ev,
+                    Pos {
+                        seg: pos.seg,
+                        off: offset + len,
+                    },
+                ))
+            }
+            _ => Err(corrupt(
+                &path,
+                pos.off,
+                seq,
+                "no frame where the id index points".into(),
+            )),
+        }
+    }
+
+    /// Brings the writer up to date with the log: loads the head on first use, reads what
+    /// other processes appended, repairs a torn tail, follows rotations. Under `LOCK`.
+    fn catch_up(&self, w: &mut Writer) -> Result<()> {
+        if !w.loaded {
+            self.load(w)?;
+        }
+        loop {
+            let seg_path = segment::segment_path(&self.dir, w.seg_base);
+            let len = w.seg.len().ctx("stat", &seg_path)?;
+            if len < w.end {
+                return Err(corrupt(
+                    &seg_path,
+                    len,
+                    w.head_seq + 1,
+                    format!(
+                        "segment shrank from {} to {len} bytes under the lock",
+                        w.end
+                    ),
+                ));
+            }
+            if len > w.end {
+                self.scan_tail(w, len)?;
+            }
+            if w.end < self.meta.segment_bytes {
+                return Ok(());
+            }
+            let next = w.head_seq + 1;
+            let next_path = segment::segment_path(&self.dir, next);
+            if !self.storage.exists(&next_path) {
+                return Ok(());
+            }
+            self.switch_segment(w, next)?;
+        }
+    }
+
+    fn switch_segment(&self, w: &mut Writer, base: u64) -> Result<()> {
+        let path = segment::segment_path(&self.dir, base);
+        w.seg = Arc::from(
+            self.storage
+                .open(&path, OpenMode::ReadWriteCreate)
+                .ctx("open", &path)?,
+        );
+        w.seg_base = base;
+        w.end = 0;
+        Ok(())
+    }
+
+    /// First look at the log: the last segment's valid end and the head seq and ts.
+    fn load(&self, w: &mut Writer) -> Result<()> {
+        let bases = segment::list_segments(&*self.storage, &self.dir)?;
+        let Some(&last) = bases.last() else {
+            return Err(Error::RunNotFound(self.run_id.clone()));
+        };
+        self.switch_segment(w, last)?;
+        w.head_seq = last - 1;
+        w.head_ts = Ts(0);
+        let len = w
+            .seg
+            .len()
+            .ctx("stat", &segment::segment_path(&self.dir, last))?;
+        // The head ts of an empty last segment comes from the one before it.
+        if len == 0 && bases.len() >= 2 {
+            let prev = bases[bases.len() - 2];
+            let path = segment::segment_path(&self.dir, prev);
+            let mut r = FrameReader::open(&*self.storage, &path, 0, None)?;
+            let mut last_payload: Option<Vec<u8>> = None;
+            while let Step::Frame { .. } = r.step()? {
+                last_payload = Some(r.payload().to_vec());
+            }
+            if let Some(p) = last_payload {
+                if let Some(h) = last_head(&p) {
+                    w.head_ts = h.1;
+                }
+            }
+        }
+        if len > 0 {
+            self.scan_tail(w, len)?;
+        }
+        w.ids_upto = Pos::default();
+        w.loaded = true;
+        Ok(())
+    }
+
+    /// Reads frames in `[w.end, len)` of the current segment, moving the head; a torn tail
+    /// is cut off (kept in a `.broken` file), damage followed by valid frames is an error.
+    fn scan_tail(&self, w: &mut Writer, len: u64) -> Result<()> {
+        let path = segment::segment_path(&self.dir, w.seg_base);
+        let mut r = FrameReader::new(w.seg.clone(), path.clone(), w.end, Some(len))?;
+        let mut last: Option<Vec<u8>> = None;
+        let (bad_at, reason) = loop {
+            match r.step()? {
+                Step::Frame { offset, len } => {
+                    // Only the last frame's JSON matters; keep its bytes.
+                    last = Some(r.payload().to_vec());
+                    w.end = offset + len;
+                }
+                Step::End { offset, incomplete } => {
+                    if incomplete {
+                        break (offset, "incomplete frame");
+                    }
+                    w.end = offset;
+                    break (u64::MAX, "");
+                }
+                Step::Corrupt { offset, reason } => break (offset, reason),
+            }
+        };
+        if let Some(p) = last {
+            let (seq, ts) = last_head(&p).ok_or_else(|| {
+                corrupt(
+                    &path,
+                    w.end,
+                    w.head_seq + 1,
+                    "frame holds no valid events".into(),
+                )
+            })?;
+            w.head_seq = seq;
+            w.head_ts = ts;
+        }
+        if bad_at == u64::MAX {
+            return Ok(());
+        }
+        // Damage at `bad_at`. We hold the append lock, so no live writer is mid-write.
+        if let Some(next) = r.skip_to_next_frame()? {
+            return Err(corrupt(
+                &path,
+                bad_at,
+                w.head_seq + 1,
+                format!("{reason}; valid records follow at byte {next}, refusing to truncate"),
+            ));
+        }
+        self.repair_tail(w, bad_at, len, reason)
+    }
+
+    fn repair_tail(&self, w: &mut Writer, at: u64, len: u64, reason: &str) -> Result<()> {
+        let path = segment::segment_path(&self.dir, w.seg_base);
+        let mut torn = vec![0u8; (len - at) as usize];
+        w.seg.read_exact_at(&mut torn, at).ctx("read", &path)?;
+        let broken = self
+            .dir
+            .join(format!("{}.{at}.broken", segment::segment_name(w.seg_base)));
+        let bf = self
+            .storage
+            .open(&broken, OpenMode::ReadWriteCreate)
+            .ctx("create", &broken)?;
+        bf.set_len(0).ctx("truncate", &broken)?;
+        bf.write_all_at(&torn, 0).ctx("write", &broken)?;
+        bf.sync_data().ctx("fsync", &broken)?;
+        self.storage
+            .sync_dir(&self.dir)
+            .ctx("fsync dir", &self.dir)?;
+        let _s = lock(&self.sync);
+        self.synced.lock().ctx("lock", &self.synced_path)?;
+        let r = (|| {
+            w.seg.set_len(at).ctx("truncate", &path)?;
+            w.seg.sync_data().ctx("fsync", &path)?;
+            let mut m = watermark::read(&*self.synced, &self.synced_path)?;
+            let cut = Pos {
+                seg: w.seg_base,
+                off: at,
+            };
+            m.durable = m.durable.min(cut);
+            m.visible = m.visible.min(cut);
+            watermark::write(&*self.synced, &self.synced_path, m)
+        })();
+        let _ = self.synced.unlock();
+        r?;
+        w.end = at;
+        tracing::warn!(
+            segment = %path.display(),
+            offset = at,
+            bytes = len - at,
+            reason,
+            kept_in = %broken.display(),
+            "truncated a torn tail left by a writer that died mid-write"
+        );
+        Ok(())
+    }
+
+    /// Starts a new segment after a full one. The full one is synced first, so that a
+    /// durable position in a later segment implies every earlier segment is durable.
+    fn rotate(&self, w: &mut Writer) -> Result<()> {
+        let old = segment::segment_path(&self.dir, w.seg_base);
+        w.seg.sync_data().ctx("fsync", &old)?;
+        let base = w.head_seq + 1;
+        let path = segment::segment_path(&self.dir, base);
+        let f = self
+            .storage
+            .open(&path, OpenMode::CreateNew)
+            .ctx("create", &path)?;
+        self.storage
+            .sync_dir(&self.dir)
+            .ctx("fsync dir", &self.dir)?;
+        w.seg = Arc::from(f);
+        w.seg_base = base;
+        w.end = 0;
+        Ok(())
+    }
+
+    /// Loads the client ids of every frame since `ids_upto` (lazily: only appends that
+    /// carry an id pay for it).
+    fn catch_up_ids(&self, w: &mut Writer) -> Result<()> {
+        let bases = segment::list_segments(&*self.storage, &self.dir)?;
+        let head = Pos {
+            seg: w.seg_base,
+            off: w.end,
+        };
+        for &base in &bases {
+            if base > head.seg {
+                break;
+            }
+            if base < w.ids_upto.seg {
+                continue;
+            }
+            let from = if base == w.ids_upto.seg {
+                w.ids_upto.off
+            } else {
+                0
+            };
+            let limit = if base == head.seg {
+                Some(head.off)
+            } else {
+                None
+            };
+            let path = segment::segment_path(&self.dir, base);
+            let mut r = FrameReader::open(&*self.storage, &path, from, limit)?;
+            loop {
+                match r.step()? {
+                    Step::Frame { offset, .. } => {
+                        let heads: Vec<EventHead> =
+                            serde_json::from_slice(r.payload()).map_err(|e| {
+                                corrupt(&path, offset, 0, format!("bad event JSON: {e}"))
+                            })?;
+                        for h in heads {
+                            if !h.id.starts_with(GENERATED_ID_PREFIX) {
+                                w.ids.insert(
+                                    h.id.into_owned(),
+                                    (
+                                        h.seq,
+                                        Pos {
+                                            seg: base,
+                                            off: offset,
+                                        },
+                                    ),
+                                );
+                            }
+                        }
+                    }
+                    Step::End { .. } => break,
+                    Step::Corrupt { offset, reason } => {
+                        return Err(corrupt(&path, offset, 0, reason.to_string()))
+                    }
+                }
+            }
+        }
+        w.ids_upto = head;
+        Ok(())
+    }
+
+    /// Makes frames up to `p` visible without syncing them (batch and none modes).
+    fn advance_visible(&self, p: Pos) -> Result<()> {
+        let _s = lock(&self.sync);
+        self.synced.lock().ctx("lock", &self.synced_path)?;
+        let r = (|| {
+            let mut m = watermark::read(&*self.synced, &self.synced_path)?;
+            if m.visible < p {
+                m.visible = p;
+                watermark::write(&*self.synced, &self.synced_path, m)?;
+            }
+            Ok(())
+        })();
+        let _ = self.synced.unlock();
+        r
+    }
+
+    /// Waits until everything before `end` is durable, syncing if nobody else has.
+    fn wait_durable(&self, end: Pos, seg: &Arc<dyn StorageFile>) -> Result<()> {
+        let mut s = lock(&self.sync);
+        if s.durable >= end {
+            return Ok(());
+        }
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(Error::Poisoned(self.run_id.clone()));
+        }
+        self.synced.lock().ctx("lock", &self.synced_path)?;
+        let r = (|| {
+            let mut m = watermark::read(&*self.synced, &self.synced_path)?;
+            if m.durable >= end {
+                return Ok(m.durable);
+            }
+            let seg_path = segment::segment_path(&self.dir, end.seg);
+            let len = seg.len().ctx("stat", &seg_path)?;
+            if let Err(e) = seg.sync_data().ctx("fsync", &seg_path) {
+                // Never retry a failed fsync and then acknowledge: the kernel may have
+                // dropped the dirty pages. Refuse every further append in this process.
+                self.poisoned.store(true, Ordering::Release);
+                tracing::error!(error = %e, "fsync failed; the run's writer is poisoned");
+                return Err(e);
+            }
+            let covered = Pos {
+                seg: end.seg,
+                off: len.max(end.off),
+            };
+            m.durable = m.durable.max(covered);
+            m.visible = m.visible.max(m.durable);
+            watermark::write(&*self.synced, &self.synced_path, m)?;
+            Ok(m.durable)
+        })();
+        let _ = self.synced.unlock();
+        s.durable = s.durable.max(r?);
+        Ok(())
+    }
+
+    fn note_batch_write(self: &Arc<Self>, end: Pos, seg: Arc<dyn StorageFile>) {
+        {
+            let mut d = lock(&self.batch_dirty);
+            match &*d {
+                Some((p, _)) if *p >= end => {}
+                _ => *d = Some((end, seg)),
+            }
+        }
+        if !self.flusher_started.swap(true, Ordering::AcqRel) {
+            let weak: Weak<RunLog> = Arc::downgrade(self);
+            let interval = Duration::from_millis(self.batch_interval_ms);
+            std::thread::Builder::new()
+                .name("swarm-batch-flush".into())
+                .spawn(move || loop {
+                    std::thread::sleep(interval);
+                    let Some(log) = weak.upgrade() else { return };
+                    log.flush_batch();
+                })
+                .ok();
+        }
+    }
+
+    /// Syncs what `batch`-mode appends left unsynced.
+    pub(crate) fn flush_batch(&self) {
+        let pending = lock(&self.batch_dirty).take();
+        if let Some((end, seg)) = pending {
+            if let Err(e) = self.wait_durable(end, &seg) {
+                tracing::error!(error = %e, run = %self.run_id, "batch-mode fsync failed");
+            }
+        }
+    }
+}
+
+impl Drop for RunLog {
+    fn drop(&mut self) {
+        self.flush_batch();
+    }
+}
+
+fn corrupt(path: &Path, offset: u64, seq: u64, reason: String) -> Error {
+    Error::Corrupt {
+        path: path.to_path_buf(),
+        offset,
+        seq,
+        reason,
+    }
+}
+
+/// The seq and ts of the last event of a frame payload.
+fn last_head(payload: &[u8]) -> Option<(u64, Ts)> {
+    let heads: Vec<EventHead> = serde_json::from_slice(payload).ok()?;
+    heads.last().map(|h| (h.seq, h.ts))
+}
+
+/// Reads a run's `run.json`.
+pub(crate) fn read_meta(storage: &dyn Storage, dir: &Path) -> Result<RunMeta> {
+    let path = dir.join(META_FILE);
+    let f = storage.open(&path, OpenMode::Read).ctx("open", &path)?;
+    let len = f.len().ctx("stat", &path)?;
+    if len > 1 << 20 {
+        return Err(corrupt(&path, 0, 0, "run.json over 1 MiB".into()));
+    }
+    let mut b = vec![0u8; len as usize];
+    f.read_exact_at(&mut b, 0).ctx("read", &path)?;
+    serde_json::from_slice(&b).map_err(|e| corrupt(&path, 0, 0, format!("bad run.json: {e}")))
+}

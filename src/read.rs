@@ -1,0 +1,537 @@
+//! The reader side of a run's log: ordered, checked, filtered iteration, and `verify`.
+//!
+//! Readers take no lock. They read up to the visibility watermark (see
+//! [`crate::watermark`]), check every frame's CRC and every event's seq (gap-free) and ts
+//! (non-decreasing), and tell a torn tail (damage in the last segment with nothing valid
+//! after it: a write in progress or a writer that died, repaired by the next writer) from
+//! corruption (anything else), which is an error naming the file, offset and seq unless
+//! the caller asked to skip it, and then every skip is recorded.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::error::{Error, IoContext, Result};
+use crate::event::{Event, EventType};
+use crate::log::SYNCED_FILE;
+use crate::segment::{self, FrameReader, Step};
+use crate::storage::{OpenMode, Storage};
+use crate::ts::Ts;
+use crate::watermark::{self, Marks, Pos};
+
+/// Which records a reader may see.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Visibility {
+    /// Records before the visibility watermark: in `sync` mode, only durable ones.
+    #[default]
+    Visible,
+    /// Every whole record in the files, durable or not (for `verify` and recovery).
+    Written,
+}
+
+/// What to read.
+#[derive(Clone, Debug, Default)]
+pub struct ReadOptions {
+    /// First seq to return.
+    pub from_seq: Option<u64>,
+    /// Last seq to return.
+    pub to_seq: Option<u64>,
+    /// Only this agent's events.
+    pub agent: Option<String>,
+    /// Only events of this type.
+    pub kind: Option<EventType>,
+    /// Only events about this subject.
+    pub subject: Option<String>,
+    /// Only events at or after this time.
+    pub since: Option<Ts>,
+    /// Only events at or before this time.
+    pub until: Option<Ts>,
+    /// At most this many events.
+    pub limit: Option<usize>,
+    /// Skip corrupt records (each skip is recorded) instead of stopping with an error.
+    pub skip_corrupt: bool,
+    /// Durable-only (default) or everything written.
+    pub visibility: Visibility,
+}
+
+/// A range of damaged bytes a reader skipped.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Skipped {
+    /// Segment file.
+    pub segment: PathBuf,
+    /// First damaged byte.
+    pub offset: u64,
+    /// Where reading resumed (the next whole record), or the end of the file.
+    pub resumed_at: u64,
+    /// The seq the damaged record should have carried.
+    pub seq: u64,
+    /// Which check failed.
+    pub reason: String,
+}
+
+/// Bytes at the end of the last segment that are not (yet) a whole record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TornTail {
+    /// Segment file.
+    pub segment: PathBuf,
+    /// Offset of the first byte after the last whole record.
+    pub offset: u64,
+    /// How many bytes follow it.
+    pub bytes: u64,
+}
+
+/// Iterates a run's events in seq order. Built by [`crate::Store::read`].
+pub struct EventIter {
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    run_id: String,
+    bases: Vec<u64>,
+    /// Index in `bases` of the segment being read.
+    idx: usize,
+    reader: Option<FrameReader>,
+    limit: Option<Pos>,
+    pending: VecDeque<Event>,
+    expect_seq: Option<u64>,
+    last_ts: Ts,
+    opts: ReadOptions,
+    returned: usize,
+    done: bool,
+    skipped: Vec<Skipped>,
+    torn_tail: Option<TornTail>,
+    frames: u64,
+    bytes: u64,
+    pos: Pos,
+}
+
+/// Parses a frame's events and checks seq continuity, ts order and run id.
+fn check_frame(
+    payload: &[u8],
+    expect: Option<u64>,
+    last_ts: Ts,
+    run_id: &str,
+) -> std::result::Result<Vec<Event>, (Option<u64>, String)> {
+    let events: Vec<Event> =
+        serde_json::from_slice(payload).map_err(|e| (None, format!("bad event JSON: {e}")))?;
+    if events.is_empty() {
+        return Err((None, "empty frame".into()));
+    }
+    let mut want = expect.unwrap_or(events[0].seq);
+    let mut ts = last_ts;
+    for e in &events {
+        if e.seq != want {
+            return Err((Some(want), format!("holds seq {}, expected {want}", e.seq)));
+        }
+        if e.ts < ts {
+            return Err((Some(want), format!("ts {} before the previous {ts}", e.ts)));
+        }
+        if e.run_id != run_id {
+            return Err((Some(want), format!("belongs to run {:?}", e.run_id)));
+        }
+        want += 1;
+        ts = e.ts;
+    }
+    Ok(events)
+}
+
+impl EventIter {
+    pub(crate) fn new(
+        storage: Arc<dyn Storage>,
+        dir: PathBuf,
+        run_id: &str,
+        opts: ReadOptions,
+    ) -> Result<EventIter> {
+        let bases = segment::list_segments(&*storage, &dir)?;
+        let limit = match opts.visibility {
+            Visibility::Visible => Some(read_marks(&*storage, &dir)?.visible),
+            Visibility::Written => None,
+        };
+        let from = opts.from_seq.unwrap_or(1).max(1);
+        // Start in the last segment whose first seq is at or before `from`.
+        let idx = bases.iter().rposition(|&b| b <= from).unwrap_or(0);
+        Ok(EventIter {
+            storage,
+            dir,
+            run_id: run_id.to_string(),
+            bases,
+            idx,
+            reader: None,
+            limit,
+            pending: VecDeque::new(),
+            expect_seq: None,
+            last_ts: Ts(0),
+            opts,
+            returned: 0,
+            done: false,
+            skipped: Vec::new(),
+            torn_tail: None,
+            frames: 0,
+            bytes: 0,
+            pos: Pos::default(),
+        })
+    }
+
+    /// Damaged ranges skipped so far (only with `skip_corrupt`).
+    pub fn skipped(&self) -> &[Skipped] {
+        &self.skipped
+    }
+
+    /// The torn or in-progress tail found at the end, if any.
+    pub fn torn_tail(&self) -> Option<&TornTail> {
+        self.torn_tail.as_ref()
+    }
+
+    /// Whole frames read so far.
+    pub fn frames(&self) -> u64 {
+        self.frames
+    }
+
+    /// Bytes of whole frames read so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    fn is_last_segment(&self) -> bool {
+        self.idx + 1 >= self.bases.len()
+    }
+
+    fn open_segment(&mut self) -> Result<bool> {
+        let Some(&base) = self.bases.get(self.idx) else {
+            return Ok(false);
+        };
+        let seg_limit = match self.limit {
+            Some(l) if base > l.seg => return Ok(false),
+            Some(l) if base == l.seg => Some(l.off),
+            _ => None,
+        };
+        let path = segment::segment_path(&self.dir, base);
+        self.reader = Some(FrameReader::open(&*self.storage, &path, 0, seg_limit)?);
+        match self.expect_seq {
+            Some(want) if want != base => {
+                let reason = format!("segment starts at seq {base}, expected {want}");
+                if !self.opts.skip_corrupt {
+                    return Err(corrupt(&path, 0, want, reason));
+                }
+                self.skip(path, 0, 0, want, reason);
+            }
+            _ => {}
+        }
+        self.expect_seq = Some(base);
+        Ok(true)
+    }
+
+    /// Reads the next frame into `pending`. Returns false at the end of the log.
+    fn fill(&mut self) -> Result<bool> {
+        loop {
+            if self.reader.is_none() && !self.open_segment()? {
+                return Ok(false);
+            }
+            let last_segment = self.is_last_segment();
+            let Some(r) = self.reader.as_mut() else {
+                return Ok(false);
+            };
+            match r.step()? {
+                Step::Frame { offset, len } => {
+                    let path = r.path().to_path_buf();
+                    self.frames += 1;
+                    self.bytes += len;
+                    self.pos = Pos {
+                        seg: self.bases[self.idx],
+                        off: offset + len,
+                    };
+                    match check_frame(r.payload(), self.expect_seq, self.last_ts, &self.run_id) {
+                        Ok(events) => {
+                            if let Some(last) = events.last() {
+                                self.expect_seq = Some(last.seq + 1);
+                                self.last_ts = last.ts;
+                            }
+                            self.pending.extend(events);
+                            return Ok(true);
+                        }
+                        Err((seq, reason)) => {
+                            let seq = seq.or(self.expect_seq).unwrap_or(0);
+                            if !self.opts.skip_corrupt {
+                                return Err(corrupt(&path, offset, seq, reason));
+                            }
+                            self.skip(path, offset, offset + len, seq, reason);
+                        }
+                    }
+                }
+                Step::End { offset, incomplete } => {
+                    if incomplete && last_segment {
+                        let path = r.path().to_path_buf();
+                        let len = self.file_len(&path)?;
+                        self.torn_tail = Some(TornTail {
+                            segment: path,
+                            offset,
+                            bytes: len - offset,
+                        });
+                    }
+                    self.reader = None;
+                    self.idx += 1;
+                }
+                Step::Corrupt { offset, reason } => {
+                    let path = r.path().to_path_buf();
+                    let seq = self.expect_seq.unwrap_or(1);
+                    let next = r.skip_to_next_frame()?;
+                    match next {
+                        None if last_segment => {
+                            // Nothing valid follows: a torn tail, not corruption.
+                            let len = self.file_len(&path)?;
+                            self.torn_tail = Some(TornTail {
+                                segment: path,
+                                offset,
+                                bytes: len - offset,
+                            });
+                            self.reader = None;
+                            self.idx += 1;
+                        }
+                        _ if !self.opts.skip_corrupt => {
+                            let tail = match next {
+                                Some(n) => format!("valid records follow at byte {n}"),
+                                None => "later segments follow".to_string(),
+                            };
+                            return Err(corrupt(&path, offset, seq, format!("{reason}; {tail}")));
+                        }
+                        _ => {
+                            let resumed_at = match next {
+                                Some(n) => n,
+                                None => self.file_len(&path)?,
+                            };
+                            self.skip(path, offset, resumed_at, seq, reason.to_string());
+                            if next.is_none() {
+                                self.reader = None;
+                                self.idx += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records a skipped range; the seq after it is whatever the next record says.
+    fn skip(&mut self, segment: PathBuf, offset: u64, resumed_at: u64, seq: u64, reason: String) {
+        tracing::warn!(segment = %segment.display(), offset, resumed_at, seq, reason, "skipped a corrupt record");
+        self.skipped.push(Skipped {
+            segment,
+            offset,
+            resumed_at,
+            seq,
+            reason,
+        });
+        self.expect_seq = None;
+    }
+
+    /// End of the frame that held the last event returned.
+    pub fn position(&self) -> Pos {
+        self.pos
+    }
+
+    fn file_len(&self, path: &Path) -> Result<u64> {
+        let f = self.storage.open(path, OpenMode::Read).ctx("open", path)?;
+        f.len().ctx("stat", path)
+    }
+
+    fn matches(&self, e: &Event) -> bool {
+        let o = &self.opts;
+        o.from_seq.is_none_or(|s| e.seq >= s)
+            && o.agent.as_ref().is_none_or(|a| *a == e.agent_id)
+            && o.kind.is_none_or(|k| k == e.kind)
+            && o.subject
+                .as_ref()
+                .is_none_or(|s| Some(s) == e.subject.as_ref())
+            && o.since.is_none_or(|t| e.ts >= t)
+    }
+}
+
+impl Iterator for EventIter {
+    type Item = Result<Event>;
+
+    fn next(&mut self) -> Option<Result<Event>> {
+        loop {
+            if self.done {
+                return None;
+            }
+            if self.opts.limit.is_some_and(|l| self.returned >= l) {
+                self.done = true;
+                return None;
+            }
+            if let Some(e) = self.pending.pop_front() {
+                if self.opts.to_seq.is_some_and(|t| e.seq > t)
+                    || self.opts.until.is_some_and(|u| e.ts > u)
+                {
+                    // seq and ts only grow: nothing later can match.
+                    self.done = true;
+                    return None;
+                }
+                if self.matches(&e) {
+                    self.returned += 1;
+                    return Some(Ok(e));
+                }
+                continue;
+            }
+            match self.fill() {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.done = true;
+                    return None;
+                }
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+}
+
+pub(crate) fn read_marks(storage: &dyn Storage, dir: &Path) -> Result<Marks> {
+    let path = dir.join(SYNCED_FILE);
+    match storage.open(&path, OpenMode::Read) {
+        Ok(f) => watermark::read(&*f, &path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Marks::default()),
+        Err(e) => Err(e).ctx("open", &path),
+    }
+}
+
+fn corrupt(path: &Path, offset: u64, seq: u64, reason: String) -> Error {
+    Error::Corrupt {
+        path: path.to_path_buf(),
+        offset,
+        seq,
+        reason,
+    }
+}
+
+/// What `verify` found in one run.
+#[derive(Clone, Debug, Serialize)]
+pub struct VerifyReport {
+    /// The run.
+    pub run: String,
+    /// True when no corruption was found (a torn tail is not corruption).
+    pub ok: bool,
+    /// Segment files.
+    pub segments: usize,
+    /// Whole frames (atomic commits).
+    pub frames: u64,
+    /// Events in them.
+    pub records: u64,
+    /// Bytes of whole frames.
+    pub bytes: u64,
+    /// Last seq found.
+    pub head_seq: u64,
+    /// Events written but not yet visible to readers (not yet durable in sync mode).
+    pub unsynced_records: u64,
+    /// Durable and visible positions.
+    pub durable: Pos,
+    /// Visible position.
+    pub visible: Pos,
+    /// Bytes after the last whole record, to be cut by the next writer.
+    pub torn_tail: Option<TornTail>,
+    /// Tails cut earlier, kept in `.broken` files.
+    pub repaired_tails: Vec<RepairedTail>,
+    /// Damaged records (never dropped silently).
+    pub corrupt: Vec<Skipped>,
+}
+
+/// A torn tail a writer cut off earlier.
+#[derive(Clone, Debug, Serialize)]
+pub struct RepairedTail {
+    /// The `.broken` file holding the removed bytes.
+    pub file: PathBuf,
+    /// How many bytes.
+    pub bytes: u64,
+}
+
+impl serde::Serialize for Pos {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("Pos", 2)?;
+        st.serialize_field("segment", &self.seg)?;
+        st.serialize_field("offset", &self.off)?;
+        st.end()
+    }
+}
+
+pub(crate) fn verify(
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    run_id: &str,
+    mut progress: impl FnMut(u64),
+) -> Result<VerifyReport> {
+    let marks = read_marks(&*storage, &dir)?;
+    let opts = ReadOptions {
+        skip_corrupt: true,
+        visibility: Visibility::Written,
+        ..ReadOptions::default()
+    };
+    let mut it = EventIter::new(storage.clone(), dir.clone(), run_id, opts)?;
+    let mut records = 0u64;
+    let mut head_seq = 0u64;
+    let mut corrupt_err: Vec<Skipped> = Vec::new();
+    let mut unsynced = 0u64;
+    let mut visible_seq = 0u64;
+    while let Some(r) = it.next() {
+        match r {
+            Ok(e) => {
+                records += 1;
+                head_seq = e.seq;
+                if it.position() <= marks.visible {
+                    visible_seq = e.seq;
+                }
+                if records % 65_536 == 0 {
+                    progress(records);
+                }
+            }
+            Err(Error::Corrupt {
+                path,
+                offset,
+                seq,
+                reason,
+            }) => {
+                corrupt_err.push(Skipped {
+                    segment: path,
+                    offset,
+                    resumed_at: offset,
+                    seq,
+                    reason,
+                });
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if head_seq > visible_seq {
+        unsynced = head_seq - visible_seq;
+    }
+    let mut corrupt = it.skipped().to_vec();
+    corrupt.extend(corrupt_err);
+    let mut repaired = Vec::new();
+    let mut names = storage.list(&dir).ctx("list", &dir)?;
+    names.sort();
+    for n in names.iter().filter(|n| n.ends_with(".broken")) {
+        let p = dir.join(n);
+        let f = storage.open(&p, OpenMode::Read).ctx("open", &p)?;
+        repaired.push(RepairedTail {
+            bytes: f.len().ctx("stat", &p)?,
+            file: p,
+        });
+    }
+    Ok(VerifyReport {
+        run: run_id.to_string(),
+        ok: corrupt.is_empty(),
+        segments: it.bases.len(),
+        frames: it.frames(),
+        records,
+        bytes: it.bytes(),
+        head_seq,
+        unsynced_records: unsynced,
+        durable: marks.durable,
+        visible: marks.visible,
+        torn_tail: it.torn_tail().cloned(),
+        repaired_tails: repaired,
+        corrupt,
+    })
+}

@@ -1,0 +1,454 @@
+//! All file I/O of the engine goes through the [`Storage`] trait.
+//!
+//! The log, the watermark, the run metadata and (later) the index and checkpoints never
+//! touch `std::fs` directly: they ask a `Storage` for files. [`FsStorage`] is the real
+//! thing (POSIX files, `fdatasync`, `flock(2)` through `std::fs::File::lock`).
+//! [`MemStorage`] keeps every file in memory with two images, what was *written* and
+//! what was made *durable* by a sync, so tests can simulate a power loss at any moment
+//! ([`MemStorage::crash`]) and inject I/O errors ([`MemStorage::fail_syncs`]).
+//! A second real backend (an object store, NATS JetStream) plugs in here.
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+/// A file handle from a [`Storage`].
+///
+/// Reads and writes are positional so one handle can be shared by threads; `append`
+/// writes at the current end of the file in one call.
+pub trait StorageFile: Send + Sync {
+    /// Reads up to `buf.len()` bytes at `offset`; returns how many were read (0 at EOF).
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+    /// Writes all of `buf` at `offset`.
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Current length of the file in bytes.
+    fn len(&self) -> io::Result<u64>;
+    /// Truncates or extends the file.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Makes the file's data durable (`fdatasync`).
+    fn sync_data(&self) -> io::Result<()>;
+    /// Takes the exclusive advisory lock of this file (blocks). Held until `unlock`.
+    fn lock(&self) -> io::Result<()>;
+    /// Releases the lock taken by `lock`.
+    fn unlock(&self) -> io::Result<()>;
+
+    /// Reads exactly `buf.len()` bytes at `offset`, or fails with `UnexpectedEof`.
+    fn read_exact_at(&self, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+        while !buf.is_empty() {
+            let n = self.read_at(buf, offset)?;
+            if n == 0 {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short read"));
+            }
+            buf = &mut buf[n..];
+            offset += n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// How to open a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Read only; the file must exist.
+    Read,
+    /// Read and write; created if missing.
+    ReadWriteCreate,
+    /// Read and write; the file must not exist yet.
+    CreateNew,
+}
+
+/// The file system seen by the engine.
+pub trait Storage: Send + Sync + 'static {
+    /// Opens a file.
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>>;
+    /// Creates a directory and its parents.
+    fn create_dir_all(&self, path: &Path) -> io::Result<()>;
+    /// Names of the entries of a directory (not sorted).
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// Whether a file or directory exists.
+    fn exists(&self, path: &Path) -> bool;
+    /// Atomically renames a file.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Removes a file.
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+    /// Removes a directory and everything in it.
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()>;
+    /// Makes the directory's entries (creations, renames) durable.
+    fn sync_dir(&self, path: &Path) -> io::Result<()>;
+}
+
+/// The real file system.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FsStorage;
+
+struct FsFile(File);
+
+impl StorageFile for FsFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        loop {
+            match self.0.read_at(buf, offset) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => return r,
+            }
+        }
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.0.write_all_at(buf, offset)
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn lock(&self) -> io::Result<()> {
+        self.0.lock()
+    }
+    fn unlock(&self) -> io::Result<()> {
+        self.0.unlock()
+    }
+}
+
+impl Storage for FsStorage {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
+        let mut o = OpenOptions::new();
+        match mode {
+            OpenMode::Read => o.read(true),
+            OpenMode::ReadWriteCreate => o.read(true).write(true).create(true),
+            OpenMode::CreateNew => o.read(true).write(true).create_new(true),
+        };
+        Ok(Box::new(FsFile(o.open(path)?)))
+    }
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        fs::create_dir_all(path)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let mut out = Vec::new();
+        for e in fs::read_dir(dir)? {
+            let e = e?;
+            if let Ok(name) = e.file_name().into_string() {
+                out.push(name);
+            }
+        }
+        Ok(out)
+    }
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        fs::remove_file(path)
+    }
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        fs::remove_dir_all(path)
+    }
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        File::open(path)?.sync_all()
+    }
+}
+
+/// An in-memory file system that models what a power loss keeps.
+///
+/// Every file has the bytes written so far and the bytes made durable by the last
+/// `sync_data`; a directory entry is durable once its parent was `sync_dir`ed.
+/// [`MemStorage::crash`] turns the written image into what a power loss could leave:
+/// the durable image plus, optionally, a prefix of the bytes written after it.
+#[derive(Clone, Default)]
+pub struct MemStorage {
+    inner: Arc<MemInner>,
+}
+
+#[derive(Default)]
+struct MemInner {
+    fs: Mutex<MemFs>,
+    lock_cv: Condvar,
+}
+
+#[derive(Default)]
+struct MemFs {
+    files: HashMap<PathBuf, Arc<Mutex<MemFileData>>>,
+    dirs: std::collections::HashSet<PathBuf>,
+    locked: std::collections::HashSet<PathBuf>,
+    failing_syncs: u32,
+}
+
+#[derive(Default)]
+struct MemFileData {
+    written: Vec<u8>,
+    durable: Vec<u8>,
+    entry_durable: bool,
+}
+
+struct MemFile {
+    path: PathBuf,
+    data: Arc<Mutex<MemFileData>>,
+    storage: MemStorage,
+    writable: bool,
+}
+
+fn lock_poison_ok<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl MemStorage {
+    /// A new, empty in-memory file system.
+    pub fn new() -> MemStorage {
+        MemStorage::default()
+    }
+
+    /// Simulates a power loss: every file goes back to its durable image, plus the first
+    /// `keep(path, unsynced_len)` bytes of what was written after it (a torn write).
+    /// Files whose directory entry was never made durable disappear.
+    pub fn crash(&self, mut keep: impl FnMut(&Path, usize) -> usize) {
+        let mut fs = lock_poison_ok(&self.inner.fs);
+        let mut gone = Vec::new();
+        for (path, f) in fs.files.iter() {
+            let mut d = lock_poison_ok(f);
+            if !d.entry_durable {
+                gone.push(path.clone());
+                continue;
+            }
+            let durable = d.durable.clone();
+            let extra: Vec<u8> =
+                if d.written.len() > durable.len() && d.written.starts_with(&durable) {
+                    let unsynced = &d.written[durable.len()..];
+                    let k = keep(path, unsynced.len()).min(unsynced.len());
+                    unsynced[..k].to_vec()
+                } else {
+                    Vec::new()
+                };
+            d.written = durable;
+            d.written.extend_from_slice(&extra);
+        }
+        for p in gone {
+            fs.files.remove(&p);
+        }
+        fs.locked.clear();
+    }
+
+    /// Makes the next `n` calls to `sync_data` fail with an I/O error.
+    pub fn fail_syncs(&self, n: u32) {
+        lock_poison_ok(&self.inner.fs).failing_syncs = n;
+    }
+
+    /// The written bytes of a file (for tests).
+    pub fn contents(&self, path: &Path) -> Option<Vec<u8>> {
+        let fs = lock_poison_ok(&self.inner.fs);
+        fs.files
+            .get(path)
+            .map(|f| lock_poison_ok(f).written.clone())
+    }
+
+    /// Replaces the written bytes of a file (for tests that damage a log).
+    pub fn set_contents(&self, path: &Path, bytes: Vec<u8>) {
+        let fs = lock_poison_ok(&self.inner.fs);
+        if let Some(f) = fs.files.get(path) {
+            let mut d = lock_poison_ok(f);
+            d.written = bytes.clone();
+            d.durable = bytes;
+        }
+    }
+}
+
+fn not_found(path: &Path) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("{}: not found", path.display()),
+    )
+}
+
+impl StorageFile for MemFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let d = lock_poison_ok(&self.data);
+        let off = offset as usize;
+        if off >= d.written.len() {
+            return Ok(0);
+        }
+        let n = buf.len().min(d.written.len() - off);
+        buf[..n].copy_from_slice(&d.written[off..off + n]);
+        Ok(n)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if !self.writable {
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, "read-only"));
+        }
+        let mut d = lock_poison_ok(&self.data);
+        let off = offset as usize;
+        if d.written.len() < off + buf.len() {
+            d.written.resize(off + buf.len(), 0);
+        }
+        d.written[off..off + buf.len()].copy_from_slice(buf);
+        Ok(())
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(lock_poison_ok(&self.data).written.len() as u64)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        lock_poison_ok(&self.data).written.resize(len as usize, 0);
+        Ok(())
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        {
+            let mut fs = lock_poison_ok(&self.storage.inner.fs);
+            if fs.failing_syncs > 0 {
+                fs.failing_syncs -= 1;
+                return Err(io::Error::other("injected fsync failure"));
+            }
+        }
+        let mut d = lock_poison_ok(&self.data);
+        d.durable = d.written.clone();
+        Ok(())
+    }
+    fn lock(&self) -> io::Result<()> {
+        let mut fs = lock_poison_ok(&self.storage.inner.fs);
+        while fs.locked.contains(&self.path) {
+            fs = self
+                .storage
+                .inner
+                .lock_cv
+                .wait(fs)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        fs.locked.insert(self.path.clone());
+        Ok(())
+    }
+    fn unlock(&self) -> io::Result<()> {
+        let mut fs = lock_poison_ok(&self.storage.inner.fs);
+        fs.locked.remove(&self.path);
+        self.storage.inner.lock_cv.notify_all();
+        Ok(())
+    }
+}
+
+impl Storage for MemStorage {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
+        let mut fs = lock_poison_ok(&self.inner.fs);
+        let parent = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let existing = fs.files.get(path).cloned();
+        let data = match (mode, existing) {
+            (OpenMode::Read, Some(d)) | (OpenMode::ReadWriteCreate, Some(d)) => d,
+            (OpenMode::Read, None) => return Err(not_found(path)),
+            (OpenMode::CreateNew, Some(_)) => {
+                return Err(io::Error::new(io::ErrorKind::AlreadyExists, "exists"))
+            }
+            (_, None) => {
+                if !fs.dirs.contains(&parent) {
+                    return Err(not_found(&parent));
+                }
+                let d = Arc::new(Mutex::new(MemFileData::default()));
+                fs.files.insert(path.to_path_buf(), d.clone());
+                d
+            }
+        };
+        Ok(Box::new(MemFile {
+            path: path.to_path_buf(),
+            data,
+            storage: self.clone(),
+            writable: mode != OpenMode::Read,
+        }))
+    }
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        let mut fs = lock_poison_ok(&self.inner.fs);
+        let mut p = Some(path);
+        while let Some(d) = p {
+            fs.dirs.insert(d.to_path_buf());
+            p = d.parent();
+        }
+        Ok(())
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let fs = lock_poison_ok(&self.inner.fs);
+        if !fs.dirs.contains(dir) {
+            return Err(not_found(dir));
+        }
+        let mut out: Vec<String> = Vec::new();
+        let names = fs.files.keys().chain(fs.dirs.iter());
+        for p in names {
+            if p.parent() == Some(dir) {
+                if let Some(n) = p.file_name().and_then(|n| n.to_str()) {
+                    out.push(n.to_string());
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+    fn exists(&self, path: &Path) -> bool {
+        let fs = lock_poison_ok(&self.inner.fs);
+        fs.files.contains_key(path) || fs.dirs.contains(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut fs = lock_poison_ok(&self.inner.fs);
+        let f = fs.files.remove(from).ok_or_else(|| not_found(from))?;
+        lock_poison_ok(&f).entry_durable = false;
+        fs.files.insert(to.to_path_buf(), f);
+        Ok(())
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        let mut fs = lock_poison_ok(&self.inner.fs);
+        fs.files
+            .remove(path)
+            .map(|_| ())
+            .ok_or_else(|| not_found(path))
+    }
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        let mut fs = lock_poison_ok(&self.inner.fs);
+        fs.files.retain(|p, _| !p.starts_with(path));
+        fs.dirs.retain(|p| !p.starts_with(path));
+        Ok(())
+    }
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        let fs = lock_poison_ok(&self.inner.fs);
+        for (p, f) in fs.files.iter() {
+            if p.parent() == Some(path) {
+                lock_poison_ok(f).entry_durable = true;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_crash_keeps_durable_and_drops_unsynced_entries() {
+        let s = MemStorage::new();
+        let dir = Path::new("/d");
+        s.create_dir_all(dir).unwrap();
+        let a = s.open(&dir.join("a"), OpenMode::CreateNew).unwrap();
+        a.write_all_at(b"hello", 0).unwrap();
+        a.sync_data().unwrap();
+        s.sync_dir(dir).unwrap();
+        a.write_all_at(b" world", 5).unwrap();
+        let b = s.open(&dir.join("b"), OpenMode::CreateNew).unwrap();
+        b.write_all_at(b"x", 0).unwrap();
+        b.sync_data().unwrap();
+        s.crash(|_, _| 2);
+        assert_eq!(s.contents(&dir.join("a")).unwrap(), b"hello w");
+        assert!(
+            s.contents(&dir.join("b")).is_none(),
+            "entry never dir-synced"
+        );
+    }
+
+    #[test]
+    fn mem_injected_sync_failure() {
+        let s = MemStorage::new();
+        s.create_dir_all(Path::new("/d")).unwrap();
+        let a = s.open(Path::new("/d/a"), OpenMode::CreateNew).unwrap();
+        s.fail_syncs(1);
+        assert!(a.sync_data().is_err());
+        assert!(a.sync_data().is_ok());
+    }
+}

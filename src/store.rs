@@ -1,0 +1,265 @@
+//! [`Store`]: the public handle over a data directory of runs.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::event::{check_run_id, Event, NewEvent, BATCH_EVENTS_MAX};
+use crate::log::{self, Durability, LogOptions, Request, RunLog, RunMeta};
+use crate::read::{self, EventIter, ReadOptions, VerifyReport};
+use crate::segment;
+use crate::storage::{FsStorage, OpenMode, Storage};
+use crate::ts::Ts;
+
+/// A data directory holding one sub-directory per run.
+///
+/// A `Store` is cheap to share between threads (`&Store` is enough): appends from many
+/// threads to one run are combined into shared writes and fsyncs. Any number of
+/// processes may open the same directory at once.
+pub struct Store {
+    root: PathBuf,
+    storage: Arc<dyn Storage>,
+    opts: LogOptions,
+    logs: Mutex<HashMap<String, Arc<RunLog>>>,
+}
+
+/// A summary of one run, as `swarm runs` prints it.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunInfo {
+    /// The run id.
+    pub run_id: String,
+    /// Its owner.
+    pub user_id: String,
+    /// Visible events (the head seq).
+    pub events: u64,
+    /// Head seq.
+    pub head_seq: u64,
+    /// Bytes in its segments.
+    pub bytes: u64,
+    /// Segment files.
+    pub segments: usize,
+    /// Time of the first event.
+    pub first_ts: Option<Ts>,
+    /// Time of the last visible event.
+    pub last_ts: Option<Ts>,
+    /// Creation time.
+    pub created: Ts,
+}
+
+impl Store {
+    /// Opens a data directory on the real file system (created on first append).
+    pub fn open(root: impl AsRef<Path>) -> Result<Store> {
+        Store::open_with(Arc::new(FsStorage), root.as_ref(), LogOptions::default())
+    }
+
+    /// Opens a data directory on any storage, with options.
+    pub fn open_with(storage: Arc<dyn Storage>, root: &Path, opts: LogOptions) -> Result<Store> {
+        Ok(Store {
+            root: root.to_path_buf(),
+            storage,
+            opts,
+            logs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The data directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The storage backend.
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
+    }
+
+    fn run_dir(&self, run: &str) -> Result<PathBuf> {
+        check_run_id(run)?;
+        Ok(self.root.join(run))
+    }
+
+    fn writer(&self, run: &str, user: &str) -> Result<Arc<RunLog>> {
+        let mut logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = logs.get(run) {
+            return Ok(l.clone());
+        }
+        let dir = self.run_dir(run)?;
+        let l = Arc::new(RunLog::open(
+            self.storage.clone(),
+            dir,
+            run,
+            user,
+            &self.opts,
+        )?);
+        logs.insert(run.to_string(), l.clone());
+        Ok(l)
+    }
+
+    /// Appends one event. With `ev.expect_seq` it is a compare-and-swap on the run's
+    /// last seq. Creates the run if it does not exist.
+    pub fn append(&self, run: &str, ev: NewEvent, durability: Durability) -> Result<Event> {
+        let expect = ev.expect_seq;
+        let mut v = self.append_batch(run, vec![ev], expect, durability)?;
+        v.pop()
+            .ok_or_else(|| Error::invalid("batch", "no event stored"))
+    }
+
+    /// Appends events as one atomic batch: all are stored, with consecutive seqs, or none.
+    /// `expect_seq` applies to the batch; the events' own `expect_seq` must be absent or
+    /// equal to it.
+    pub fn append_batch(
+        &self,
+        run: &str,
+        events: Vec<NewEvent>,
+        expect_seq: Option<u64>,
+        durability: Durability,
+    ) -> Result<Vec<Event>> {
+        check_run_id(run)?;
+        if events.is_empty() {
+            return Err(Error::invalid("batch", "no events"));
+        }
+        if events.len() > BATCH_EVENTS_MAX {
+            return Err(Error::invalid(
+                "batch",
+                format!("{} events, limit {BATCH_EVENTS_MAX}", events.len()),
+            ));
+        }
+        let mut batch = Vec::with_capacity(events.len());
+        for (i, e) in events.into_iter().enumerate() {
+            if e.expect_seq.is_some() && e.expect_seq != expect_seq {
+                return Err(Error::invalid(
+                    "expect_seq",
+                    format!("event {i} of the batch has its own; give it once, for the batch"),
+                ));
+            }
+            batch.push(e.check().map_err(|err| match err {
+                Error::Invalid { field, reason } if i > 0 => Error::Invalid {
+                    field: format!("[{i}].{field}"),
+                    reason,
+                },
+                other => other,
+            })?);
+        }
+        let user = batch[0].user_id.clone();
+        let log = self.writer(run, &user)?;
+        log.append(Request {
+            batch,
+            expect_seq,
+            durability,
+        })
+    }
+
+    /// Reads a run's events in seq order.
+    pub fn read(&self, run: &str, opts: ReadOptions) -> Result<EventIter> {
+        let dir = self.existing_run(run)?;
+        EventIter::new(self.storage.clone(), dir, run, opts)
+    }
+
+    /// Checks every record of a run; `progress` is called with the records checked so far.
+    pub fn verify(&self, run: &str, progress: impl FnMut(u64)) -> Result<VerifyReport> {
+        let dir = self.existing_run(run)?;
+        read::verify(self.storage.clone(), dir, run, progress)
+    }
+
+    fn existing_run(&self, run: &str) -> Result<PathBuf> {
+        let dir = self.run_dir(run)?;
+        if !self.storage.exists(&dir.join(log::META_FILE)) {
+            return Err(Error::RunNotFound(run.to_string()));
+        }
+        Ok(dir)
+    }
+
+    /// The run's settings.
+    pub fn run_meta(&self, run: &str) -> Result<RunMeta> {
+        let dir = self.existing_run(run)?;
+        log::read_meta(&*self.storage, &dir)
+    }
+
+    /// Ids of every run in the store, sorted.
+    pub fn run_ids(&self) -> Result<Vec<String>> {
+        if !self.storage.exists(&self.root) {
+            return Ok(Vec::new());
+        }
+        let mut ids: Vec<String> = self
+            .storage
+            .list(&self.root)
+            .map_err(|source| Error::Io {
+                op: "list",
+                path: self.root.clone(),
+                source,
+            })?
+            .into_iter()
+            .filter(|n| {
+                check_run_id(n).is_ok()
+                    && self.storage.exists(&self.root.join(n).join(log::META_FILE))
+            })
+            .collect();
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// A summary of one run.
+    pub fn run_info(&self, run: &str) -> Result<RunInfo> {
+        let dir = self.existing_run(run)?;
+        let meta = log::read_meta(&*self.storage, &dir)?;
+        let bases = segment::list_segments(&*self.storage, &dir)?;
+        let mut bytes = 0;
+        for &b in &bases {
+            let p = segment::segment_path(&dir, b);
+            let f = self
+                .storage
+                .open(&p, OpenMode::Read)
+                .map_err(|source| Error::Io {
+                    op: "open",
+                    path: p.clone(),
+                    source,
+                })?;
+            bytes += f.len().map_err(|source| Error::Io {
+                op: "stat",
+                path: p,
+                source,
+            })?;
+        }
+        let first = self
+            .read(
+                run,
+                ReadOptions {
+                    limit: Some(1),
+                    ..ReadOptions::default()
+                },
+            )?
+            .next()
+            .transpose()?;
+        // The last visible event: read from the last segment that has one.
+        let mut last: Option<Event> = None;
+        for &b in bases.iter().rev() {
+            let it = self.read(
+                run,
+                ReadOptions {
+                    from_seq: Some(b),
+                    ..ReadOptions::default()
+                },
+            )?;
+            for e in it {
+                last = Some(e?);
+            }
+            if last.is_some() {
+                break;
+            }
+        }
+        let head = last.as_ref().map_or(0, |e| e.seq);
+        Ok(RunInfo {
+            run_id: run.to_string(),
+            user_id: meta.user_id,
+            events: head,
+            head_seq: head,
+            bytes,
+            segments: bases.len(),
+            first_ts: first.map(|e| e.ts),
+            last_ts: last.map(|e| e.ts),
+            created: meta.created,
+        })
+    }
+}
