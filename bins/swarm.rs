@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use serde_json::Value;
-use swarm_memory::{Durability, Error, EventType, NewEvent, ReadOptions, Store, Ts};
+use swarm_memory::{Durability, Error, EventType, NewEvent, ReadOptions, Store, Target, Ts};
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -30,6 +30,22 @@ struct Cli {
     /// Directory holding one sub-directory per run.
     #[arg(long, global = true, env = "SWARM_DATA_DIR", default_value = "./data")]
     data_dir: PathBuf,
+    /// Directory holding checkpoints (one sub-directory per run).
+    #[arg(
+        long,
+        global = true,
+        env = "SWARM_CHECKPOINT_DIR",
+        default_value = "./checkpoints"
+    )]
+    checkpoint_dir: PathBuf,
+    /// Write a checkpoint automatically every N events (0: never).
+    #[arg(
+        long,
+        global = true,
+        env = "SWARM_CHECKPOINT_EVERY",
+        default_value_t = 10_000
+    )]
+    checkpoint_every: u64,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -77,6 +93,31 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Write a checkpoint of a run's current state (zstd, checksummed).
+    ///
+    /// Checkpoints make replay fast; they are also written automatically every
+    /// --checkpoint-every events. The newest 3 per run are kept.
+    ///
+    /// Example:
+    ///   swarm checkpoint --run inc-42
+    #[command(verbatim_doc_comment)]
+    Checkpoint {
+        /// The run.
+        #[arg(long)]
+        run: String,
+    },
+    /// Reconstruct what a run knew at a point: its state, timeline, or a diff.
+    ///
+    /// The state comes from the nearest valid checkpoint plus the events after it, or
+    /// from a full replay if no checkpoint is usable; the result is the same either way.
+    ///
+    /// Examples:
+    ///   swarm replay --run inc-42 --at 2026-11-22T14:03:00Z | jq '.state.subjects | keys'
+    ///   swarm replay --run inc-42 --at-seq 120 --timeline
+    ///   swarm replay --run inc-42 --diff 2026-11-22T14:00:00Z 2026-11-22T14:05:00Z
+    ///   swarm replay --run inc-42 --at-seq 50 --agent db-agent
+    #[command(after_help = EXIT_CODES, verbatim_doc_comment)]
+    Replay(ReplayArgs),
     /// Run the demo: agent processes work an SRE incident together in a new run.
     ///
     /// Four agent processes append hypotheses, evidence, decisions and actions
@@ -137,6 +178,29 @@ struct AppendArgs {
     /// sync (ack after fdatasync), batch (fsync within 10 ms), none (no fsync).
     #[arg(long, default_value = "sync")]
     durability: String,
+}
+
+#[derive(Args)]
+struct ReplayArgs {
+    /// The run.
+    #[arg(long)]
+    run: String,
+    /// The state right after this seq.
+    #[arg(long, conflicts_with = "at")]
+    at_seq: Option<u64>,
+    /// The state after the last event at or before this RFC 3339 time.
+    #[arg(long)]
+    at: Option<String>,
+    /// Print a readable timeline of the events up to the point instead of the state.
+    #[arg(long, conflicts_with_all = ["diff", "agent"])]
+    timeline: bool,
+    /// What the swarm learned between two points (each a seq or an RFC 3339 time).
+    #[arg(long, num_args = 2, value_names = ["FROM", "TO"], conflicts_with_all = ["at_seq", "at", "agent"])]
+    diff: Option<Vec<String>>,
+    /// What this agent had been able to see at the point, and what its peers wrote
+    /// after its own last entry.
+    #[arg(long)]
+    agent: Option<String>,
 }
 
 #[derive(Args)]
@@ -207,13 +271,22 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let store = Store::open(&cli.data_dir)?;
+    let store =
+        Store::open(&cli.data_dir)?.with_checkpoints(&cli.checkpoint_dir, cli.checkpoint_every);
     match cli.cmd {
+        Cmd::Checkpoint { run } => {
+            let bar = progress("checkpoint");
+            let info = store.checkpoint(&run, bar)?;
+            let out = serde_json::json!({"run": run, "checkpoint": info, "dir": store.checkpoint_dir(&run)});
+            println!("{out}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Replay(a) => replay(&store, a),
         Cmd::Append(a) => append(&store, a),
         Cmd::Read(a) => read(&store, a),
         Cmd::Verify { run } => verify(&store, run),
         Cmd::Runs { json } => runs(&store, json),
-        Cmd::Demo { run } => demo(&cli.data_dir, run),
+        Cmd::Demo { run } => demo(&cli.data_dir, &cli.checkpoint_dir, run),
     }
 }
 
@@ -544,7 +617,11 @@ fn demo_script() -> Vec<(&'static str, Vec<Value>)> {
     ]
 }
 
-fn demo(data_dir: &std::path::Path, run: Option<String>) -> anyhow::Result<ExitCode> {
+fn demo(
+    data_dir: &std::path::Path,
+    checkpoint_dir: &std::path::Path,
+    run: Option<String>,
+) -> anyhow::Result<ExitCode> {
     use std::process::{Command, Stdio};
     let run = run.unwrap_or_else(|| format!("demo-{}", Ts::now().0 / 1000));
     let exe = std::env::current_exe().context("locating the swarm binary")?;
@@ -586,7 +663,7 @@ fn demo(data_dir: &std::path::Path, run: Option<String>) -> anyhow::Result<ExitC
             .count();
         println!("  agent {agent:<8} appended {n} entries (pid-separate process, sync durability)");
     }
-    let store = Store::open(data_dir)?;
+    let store = Store::open(data_dir)?.with_checkpoints(checkpoint_dir, 10_000);
     let events: Vec<_> = store
         .read(&run, ReadOptions::default())?
         .collect::<Result<_, _>>()?;
@@ -636,5 +713,128 @@ fn demo(data_dir: &std::path::Path, run: Option<String>) -> anyhow::Result<ExitC
     if !report.ok {
         return Ok(ExitCode::from(3));
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A progress callback: an indicatif bar on a terminal, nothing when stderr is piped.
+fn progress(label: &'static str) -> impl FnMut(u64) {
+    let bar = io::stderr().is_terminal().then(|| {
+        let b = indicatif::ProgressBar::new_spinner();
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {msg} {pos} events ({per_sec})")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+        );
+        b.set_message(label);
+        b
+    });
+    move |n| {
+        if let Some(b) = &bar {
+            b.set_position(n);
+        }
+    }
+}
+
+/// A point given as a seq (digits) or an RFC 3339 time.
+fn parse_point(field: &str, s: &str) -> anyhow::Result<Target> {
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        return Ok(Target::Seq(
+            s.parse().map_err(|_| invalid(field, "seq out of range"))?,
+        ));
+    }
+    Ts::parse(s).map(Target::Time).ok_or_else(|| {
+        invalid(
+            field,
+            format!("{s:?} is neither a seq nor an RFC 3339 time"),
+        )
+    })
+}
+
+fn clip(v: &Value, max: usize) -> String {
+    let s = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+    let s = s.replace('\n', " ");
+    if s.chars().count() <= max {
+        return s;
+    }
+    let mut t: String = s.chars().take(max.saturating_sub(1)).collect();
+    t.push('…');
+    t
+}
+
+fn timeline_line(e: &swarm_memory::Event) -> String {
+    let refs = if e.refs.is_empty() {
+        String::new()
+    } else {
+        let r: Vec<String> = e.refs.iter().map(|r| format!("#{r}")).collect();
+        format!("  <- builds on {}", r.join(" "))
+    };
+    let ts = e.ts.to_string();
+    format!(
+        "{} {}  #{:<5} {:<10} {:<12} [{}] {}{}",
+        &ts[..10],
+        &ts[11..23],
+        e.seq,
+        e.agent_id,
+        e.kind.as_str(),
+        e.subject.as_deref().unwrap_or("-"),
+        clip(&e.content, 80),
+        refs
+    )
+}
+
+fn replay(store: &Store, a: ReplayArgs) -> anyhow::Result<ExitCode> {
+    let out = io::stdout();
+    let mut out = BufWriter::new(out.lock());
+    if let Some(d) = &a.diff {
+        let (from, to) = (
+            parse_point("diff FROM", &d[0])?,
+            parse_point("diff TO", &d[1])?,
+        );
+        let sa = store.state_at(&a.run, from, |_| {})?;
+        let sb = store.state_at(&a.run, to, |_| {})?;
+        let diff = swarm_memory::replay::diff(&sa.state, &sb.state, store, &a.run)?;
+        serde_json::to_writer(&mut out, &diff)?;
+        out.write_all(b"\n")?;
+        out.flush()?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let target = match (&a.at_seq, &a.at) {
+        (Some(s), _) => Target::Seq(*s),
+        (None, Some(t)) => parse_point("at", t)?,
+        (None, None) => Target::Head,
+    };
+    let bar = progress("replay");
+    let r = store.state_at(&a.run, target, bar)?;
+    if a.timeline {
+        let it = store.read(
+            &a.run,
+            ReadOptions {
+                to_seq: Some(r.state.head_seq),
+                ..ReadOptions::default()
+            },
+        )?;
+        writeln!(
+            out,
+            "timeline of run {} up to seq {}",
+            a.run, r.state.head_seq
+        )?;
+        for e in it {
+            writeln!(out, "{}", timeline_line(&e?))?;
+        }
+        out.flush()?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(agent) = &a.agent {
+        let view = swarm_memory::replay::agent_view(&r.state, agent, store, &a.run)?;
+        serde_json::to_writer(&mut out, &view)?;
+        out.write_all(b"\n")?;
+        out.flush()?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    serde_json::to_writer(
+        &mut out,
+        &serde_json::json!({"replay": r.stats, "state": r.state}),
+    )?;
+    out.write_all(b"\n")?;
+    out.flush()?;
     Ok(ExitCode::SUCCESS)
 }

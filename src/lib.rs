@@ -10,6 +10,9 @@
 //! - `log`: the writer: multi-process appends, group commit, torn-tail repair.
 //! - [`watermark`]: the durable and visible positions shared by all processes.
 //! - `read`: ordered, checked, filtered reads and `verify`.
+//! - [`state`]: the pure fold that gives events their meaning.
+//! - [`checkpoint`]: zstd snapshots of the state at frame boundaries.
+//! - [`replay`]: the state at any seq or time, from a checkpoint plus the log.
 //! - [`store`]: the public handle over a data directory.
 //! - [`storage`]: the I/O trait every file access goes through (real and fault-injecting).
 //!
@@ -28,12 +31,15 @@
 
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 pub mod error;
 pub mod event;
 pub mod frame;
 mod log;
 mod read;
+pub mod replay;
 pub mod segment;
+pub mod state;
 pub mod storage;
 pub mod store;
 pub mod ts;
@@ -43,6 +49,8 @@ pub use error::{Error, Result};
 pub use event::{Event, EventType, NewEvent};
 pub use log::{Durability, LogOptions, RunMeta, SEGMENT_BYTES_DEFAULT};
 pub use read::{EventIter, ReadOptions, RepairedTail, Skipped, TornTail, VerifyReport, Visibility};
+pub use replay::{ReplayStats, Replayed, Target};
+pub use state::State;
 pub use storage::{FsStorage, MemStorage, Storage};
 pub use store::{RunInfo, Store};
 pub use ts::Ts;

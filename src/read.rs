@@ -103,6 +103,10 @@ pub struct EventIter {
     frames: u64,
     bytes: u64,
     pos: Pos,
+    frame_start: u64,
+    /// Where to start instead of a segment's first byte: a frame boundary and the seq of
+    /// the frame there (from a checkpoint or the index).
+    start: Option<(Pos, u64)>,
 }
 
 /// Parses a frame's events and checks seq continuity, ts order and run id.
@@ -117,9 +121,9 @@ fn check_frame(
     if events.is_empty() {
         return Err((None, "empty frame".into()));
     }
-    let mut want = expect.unwrap_or(events[0].seq);
+    let first = expect.unwrap_or(events[0].seq);
     let mut ts = last_ts;
-    for e in &events {
+    for (want, e) in (first..).zip(events.iter()) {
         if e.seq != want {
             return Err((Some(want), format!("holds seq {}, expected {want}", e.seq)));
         }
@@ -129,7 +133,6 @@ fn check_frame(
         if e.run_id != run_id {
             return Err((Some(want), format!("belongs to run {:?}", e.run_id)));
         }
-        want += 1;
         ts = e.ts;
     }
     Ok(events)
@@ -169,7 +172,39 @@ impl EventIter {
             frames: 0,
             bytes: 0,
             pos: Pos::default(),
+            frame_start: 0,
+            start: None,
         })
+    }
+
+    /// Like `new`, but starts at `pos`, a frame boundary whose frame begins with
+    /// `next_seq` (as recorded by a checkpoint). Nothing before it is read.
+    pub(crate) fn new_at(
+        storage: Arc<dyn Storage>,
+        dir: PathBuf,
+        run_id: &str,
+        pos: Pos,
+        next_seq: u64,
+        opts: ReadOptions,
+    ) -> Result<EventIter> {
+        let mut it = EventIter::new(storage, dir, run_id, opts)?;
+        match it.bases.iter().position(|&b| b == pos.seg) {
+            Some(i) => {
+                it.idx = i;
+                it.start = Some((pos, next_seq));
+                it.pos = pos;
+            }
+            // The segment is gone (an empty segment at the very end is only created by a
+            // rotation, so this means the checkpoint points past the log): start after it.
+            None => {
+                it.idx = it
+                    .bases
+                    .iter()
+                    .position(|&b| b > pos.seg)
+                    .unwrap_or(it.bases.len())
+            }
+        }
+        Ok(it)
     }
 
     /// Damaged ranges skipped so far (only with `skip_corrupt`).
@@ -206,6 +241,16 @@ impl EventIter {
             _ => None,
         };
         let path = segment::segment_path(&self.dir, base);
+        if let Some((pos, next_seq)) = self.start.take().filter(|(p, _)| p.seg == base) {
+            self.reader = Some(FrameReader::open(
+                &*self.storage,
+                &path,
+                pos.off,
+                seg_limit,
+            )?);
+            self.expect_seq = Some(next_seq);
+            return Ok(true);
+        }
         self.reader = Some(FrameReader::open(&*self.storage, &path, 0, seg_limit)?);
         match self.expect_seq {
             Some(want) if want != base => {
@@ -240,6 +285,7 @@ impl EventIter {
                         seg: self.bases[self.idx],
                         off: offset + len,
                     };
+                    self.frame_start = offset;
                     match check_frame(r.payload(), self.expect_seq, self.last_ts, &self.run_id) {
                         Ok(events) => {
                             if let Some(last) = events.last() {
@@ -327,6 +373,17 @@ impl EventIter {
     /// End of the frame that held the last event returned.
     pub fn position(&self) -> Pos {
         self.pos
+    }
+
+    /// Start offset (in `position().seg`) of the frame that held the last event returned.
+    pub fn frame_start(&self) -> u64 {
+        self.frame_start
+    }
+
+    /// Whether the last event returned was the last of its frame (a frame boundary,
+    /// where a checkpoint may be taken).
+    pub fn at_frame_end(&self) -> bool {
+        self.pending.is_empty()
     }
 
     fn file_len(&self, path: &Path) -> Result<u64> {
@@ -481,7 +538,7 @@ pub(crate) fn verify(
                 if it.position() <= marks.visible {
                     visible_seq = e.seq;
                 }
-                if records % 65_536 == 0 {
+                if records.is_multiple_of(65_536) {
                     progress(records);
                 }
             }

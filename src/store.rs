@@ -6,10 +6,12 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
+use crate::checkpoint::{self, CheckpointInfo, CHECKPOINT_EVERY_DEFAULT};
 use crate::error::{Error, Result};
 use crate::event::{check_run_id, Event, NewEvent, BATCH_EVENTS_MAX};
 use crate::log::{self, Durability, LogOptions, Request, RunLog, RunMeta};
 use crate::read::{self, EventIter, ReadOptions, VerifyReport};
+use crate::replay::{self, Replayed, RunPaths, Target};
 use crate::segment;
 use crate::storage::{FsStorage, OpenMode, Storage};
 use crate::ts::Ts;
@@ -24,6 +26,8 @@ pub struct Store {
     storage: Arc<dyn Storage>,
     opts: LogOptions,
     logs: Mutex<HashMap<String, Arc<RunLog>>>,
+    ck_root: PathBuf,
+    checkpoint_every: u64,
 }
 
 /// A summary of one run, as `swarm runs` prints it.
@@ -62,7 +66,94 @@ impl Store {
             storage,
             opts,
             logs: Mutex::new(HashMap::new()),
+            ck_root: root.join(".checkpoints"),
+            checkpoint_every: CHECKPOINT_EVERY_DEFAULT,
         })
+    }
+
+    /// Keeps checkpoints under `dir` (one sub-directory per run) and writes one
+    /// automatically every `every` events (0: never automatically). Without this call
+    /// they live in `<data dir>/.checkpoints`, every 10,000 events.
+    pub fn with_checkpoints(mut self, dir: impl Into<PathBuf>, every: u64) -> Store {
+        self.ck_root = dir.into();
+        self.checkpoint_every = every;
+        self
+    }
+
+    fn paths(&self, run: &str) -> Result<RunPaths> {
+        Ok(RunPaths {
+            storage: self.storage.clone(),
+            run_dir: self.existing_run(run)?,
+            ck_dir: self.ck_root.join(run),
+            run_id: run.to_string(),
+        })
+    }
+
+    /// The run's state at `target`, from the nearest valid checkpoint and the events after
+    /// it. A replay to the head that applied at least the checkpoint interval of events
+    /// leaves a new checkpoint behind.
+    pub fn state_at(
+        &self,
+        run: &str,
+        target: Target,
+        progress: impl FnMut(u64),
+    ) -> Result<Replayed> {
+        let p = self.paths(run)?;
+        let r = replay::state_at(&p, target, progress)?;
+        if target == Target::Head
+            && self.checkpoint_every > 0
+            && r.stats.events_applied >= self.checkpoint_every
+        {
+            if let Some(info) = &r.boundary {
+                if let Err(e) = checkpoint::write(&self.storage, &p.ck_dir, &r.state, info) {
+                    tracing::warn!(run, error = %e, "cannot write a checkpoint");
+                }
+            }
+        }
+        Ok(r)
+    }
+
+    /// Writes a checkpoint of the run's head (unless the newest one is already there).
+    pub fn checkpoint(
+        &self,
+        run: &str,
+        progress: impl FnMut(u64),
+    ) -> Result<Option<CheckpointInfo>> {
+        let p = self.paths(run)?;
+        write_checkpoint(&p, progress)
+    }
+
+    /// Seqs of the run's checkpoints, newest first.
+    pub fn checkpoints(&self, run: &str) -> Result<Vec<u64>> {
+        let p = self.paths(run)?;
+        checkpoint::list(&*self.storage, &p.ck_dir)
+    }
+
+    /// The checkpoint directory of a run.
+    pub fn checkpoint_dir(&self, run: &str) -> PathBuf {
+        self.ck_root.join(run)
+    }
+
+    fn maybe_checkpoint(&self, run: &str, stored: &[Event]) {
+        let every = self.checkpoint_every;
+        let (Some(first), Some(last)) = (stored.first(), stored.last()) else {
+            return;
+        };
+        if every == 0 || (first.seq - 1) / every == last.seq / every {
+            return;
+        }
+        let Ok(p) = self.paths(run) else { return };
+        // Off the append path: the appender has its acknowledgement already.
+        let spawned = std::thread::Builder::new()
+            .name("swarm-checkpoint".into())
+            .spawn(move || {
+                if let Err(e) = write_checkpoint(&p, |_| {}) {
+                    tracing::warn!(run = %p.run_id, error = %e, "automatic checkpoint failed");
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(run, error = %e, "cannot start the checkpoint thread");
+        }
     }
 
     /// The data directory.
@@ -144,11 +235,13 @@ impl Store {
         }
         let user = batch[0].user_id.clone();
         let log = self.writer(run, &user)?;
-        log.append(Request {
+        let stored = log.append(Request {
             batch,
             expect_seq,
             durability,
-        })
+        })?;
+        self.maybe_checkpoint(run, &stored);
+        Ok(stored)
     }
 
     /// Reads a run's events in seq order.
@@ -262,4 +355,16 @@ impl Store {
             created: meta.created,
         })
     }
+}
+
+fn write_checkpoint(p: &RunPaths, progress: impl FnMut(u64)) -> Result<Option<CheckpointInfo>> {
+    let r = replay::state_at(p, Target::Head, progress)?;
+    let Some(info) = r.boundary else {
+        return Ok(None);
+    };
+    if r.stats.from_checkpoint == Some(info.seq) {
+        return Ok(Some(info));
+    }
+    checkpoint::write(&p.storage, &p.ck_dir, &r.state, &info)?;
+    Ok(Some(info))
 }

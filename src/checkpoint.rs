@@ -1,0 +1,347 @@
+//! Checkpoints: a run's [`State`] at a frame boundary, zstd-compressed, checksummed.
+//!
+//! File `<checkpoint dir>/<run>/ckpt-<seq, 20 digits>.swck`, little-endian header:
+//!
+//! | offset | bytes | field |
+//! |---|---|---|
+//! | 0  | 4 | magic `SWCK` |
+//! | 4  | 4 | format version (1) |
+//! | 8  | 8 | seq: the state's head seq, the last seq of its frame |
+//! | 16 | 8 | log position: base seq of the segment holding that frame |
+//! | 24 | 8 | log position: byte offset where that frame starts |
+//! | 32 | 8 | log position: byte offset where that frame ends (replay resumes here) |
+//! | 40 | 8 | head ts, microseconds since the epoch |
+//! | 48 | 8 | body length in bytes (compressed) |
+//! | 56 | 8 | body length uncompressed |
+//! | 64 | 4 | CRC-32 of the body |
+//! | 68 | 4 | CRC-32 of header bytes 0..68 |
+//! | 72 | … | body: zstd (level 3) of the state's canonical JSON |
+//!
+//! Written to a temp file, fsynced, renamed into place, and the directory fsynced, so a
+//! checkpoint is either whole or absent. On load every field is checked (and the frame it
+//! names is read back from the log); a bad one is skipped with a warning for an older one
+//! or a full replay. Retention: the newest [`CHECKPOINTS_KEPT`] per run.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{Error, IoContext, Result};
+use crate::frame::{self, Decoded};
+use crate::segment;
+use crate::state::State;
+use crate::storage::{OpenMode, Storage};
+use crate::ts::Ts;
+use crate::watermark::Pos;
+
+/// Checkpoint format version.
+pub const CHECKPOINT_VERSION: u32 = 1;
+/// Header bytes.
+pub const HEADER_BYTES: usize = 72;
+/// Checkpoints kept per run; older ones are deleted after a new one is written.
+pub const CHECKPOINTS_KEPT: usize = 3;
+/// Largest uncompressed state a checkpoint may hold (decoder limit).
+pub const STATE_BYTES_MAX: u64 = 2 << 30;
+/// Default: a checkpoint is written automatically every this many events.
+pub const CHECKPOINT_EVERY_DEFAULT: u64 = 10_000;
+
+const MAGIC: &[u8; 4] = b"SWCK";
+
+/// Where a checkpoint sits in the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct CheckpointInfo {
+    /// Head seq of the state.
+    pub seq: u64,
+    /// Segment base seq of the frame holding `seq`.
+    pub segment: u64,
+    /// Offset where that frame starts.
+    pub frame_start: u64,
+    /// Offset where it ends.
+    pub frame_end: u64,
+    /// Head ts.
+    pub ts: Ts,
+}
+
+impl CheckpointInfo {
+    /// The log position right after the checkpointed frame.
+    pub fn end(&self) -> Pos {
+        Pos {
+            seg: self.segment,
+            off: self.frame_end,
+        }
+    }
+}
+
+/// File name of the checkpoint at `seq`.
+pub fn checkpoint_name(seq: u64) -> String {
+    format!("ckpt-{seq:020}.swck")
+}
+
+fn parse_name(n: &str) -> Option<u64> {
+    let d = n.strip_prefix("ckpt-")?.strip_suffix(".swck")?;
+    (d.len() == 20 && d.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| d.parse().ok())
+        .flatten()
+}
+
+/// Seqs of a run's checkpoints, newest first.
+pub fn list(storage: &dyn Storage, dir: &Path) -> Result<Vec<u64>> {
+    if !storage.exists(dir) {
+        return Ok(Vec::new());
+    }
+    let mut v: Vec<u64> = storage
+        .list(dir)
+        .ctx("list", dir)?
+        .iter()
+        .filter_map(|n| parse_name(n))
+        .collect();
+    v.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(v)
+}
+
+/// Encodes a checkpoint file.
+pub fn encode(state: &State, info: &CheckpointInfo) -> Result<Vec<u8>> {
+    let json = state.to_bytes();
+    let body = zstd::bulk::compress(&json, 3).map_err(|e| Error::Io {
+        op: "compress",
+        path: PathBuf::new(),
+        source: e,
+    })?;
+    let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&CHECKPOINT_VERSION.to_le_bytes());
+    for v in [
+        info.seq,
+        info.segment,
+        info.frame_start,
+        info.frame_end,
+        info.ts.0,
+        body.len() as u64,
+        json.len() as u64,
+    ] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    let hcrc = crc32fast::hash(&out[..68]);
+    out.extend_from_slice(&hcrc.to_le_bytes());
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+fn bad(path: &Path, reason: impl Into<String>) -> Error {
+    Error::Corrupt {
+        path: path.to_path_buf(),
+        offset: 0,
+        seq: 0,
+        reason: reason.into(),
+    }
+}
+
+/// Reads and checks a checkpoint file; never allocates more than the file holds (plus
+/// the declared, bounded, uncompressed size).
+pub fn load(storage: &dyn Storage, path: &Path) -> Result<(State, CheckpointInfo)> {
+    let f = storage.open(path, OpenMode::Read).ctx("open", path)?;
+    let len = f.len().ctx("stat", path)?;
+    if len < HEADER_BYTES as u64 {
+        return Err(bad(path, "shorter than a checkpoint header"));
+    }
+    let mut h = [0u8; HEADER_BYTES];
+    f.read_exact_at(&mut h, 0).ctx("read", path)?;
+    if &h[0..4] != MAGIC {
+        return Err(bad(path, "not a checkpoint (bad magic)"));
+    }
+    let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+    let u64_at = |i: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&h[i..i + 8]);
+        u64::from_le_bytes(b)
+    };
+    if crc32fast::hash(&h[..68]) != u32_at(68) {
+        return Err(bad(path, "header checksum mismatch"));
+    }
+    let version = u32_at(4);
+    if version != CHECKPOINT_VERSION {
+        return Err(bad(
+            path,
+            format!("format version {version}, this build reads {CHECKPOINT_VERSION}"),
+        ));
+    }
+    let info = CheckpointInfo {
+        seq: u64_at(8),
+        segment: u64_at(16),
+        frame_start: u64_at(24),
+        frame_end: u64_at(32),
+        ts: Ts(u64_at(40)),
+    };
+    let body_len = u64_at(48);
+    let raw_len = u64_at(56);
+    if body_len != len - HEADER_BYTES as u64 {
+        return Err(bad(
+            path,
+            format!(
+                "body is {} bytes, header says {body_len}",
+                len - HEADER_BYTES as u64
+            ),
+        ));
+    }
+    if raw_len > STATE_BYTES_MAX {
+        return Err(bad(
+            path,
+            format!("uncompressed size {raw_len} over the limit"),
+        ));
+    }
+    let mut body = vec![0u8; body_len as usize];
+    f.read_exact_at(&mut body, HEADER_BYTES as u64)
+        .ctx("read", path)?;
+    if crc32fast::hash(&body) != u32_at(64) {
+        return Err(bad(path, "body checksum mismatch"));
+    }
+    let json = zstd::bulk::decompress(&body, raw_len as usize)
+        .map_err(|e| bad(path, format!("zstd: {e}")))?;
+    if json.len() as u64 != raw_len {
+        return Err(bad(path, "uncompressed size differs from the header"));
+    }
+    let state: State =
+        serde_json::from_slice(&json).map_err(|e| bad(path, format!("state JSON: {e}")))?;
+    if state.head_seq != info.seq {
+        return Err(bad(
+            path,
+            format!(
+                "state head {} differs from header seq {}",
+                state.head_seq, info.seq
+            ),
+        ));
+    }
+    Ok((state, info))
+}
+
+/// Checks that the log still holds, at the checkpoint's position, the frame it names:
+/// a whole frame from `frame_start` to `frame_end` whose last event is `seq`.
+pub fn matches_log(storage: &dyn Storage, run_dir: &Path, info: &CheckpointInfo) -> Result<bool> {
+    let path = segment::segment_path(run_dir, info.segment);
+    let Ok(f) = storage.open(&path, OpenMode::Read) else {
+        return Ok(false);
+    };
+    let len = f.len().ctx("stat", &path)?;
+    if info.frame_end > len || info.frame_start >= info.frame_end {
+        return Ok(false);
+    }
+    let n = info.frame_end - info.frame_start;
+    if n > frame::frame_len(frame::PAYLOAD_BYTES_MAX) as u64 {
+        return Ok(false);
+    }
+    let mut buf = vec![0u8; n as usize];
+    f.read_exact_at(&mut buf, info.frame_start)
+        .ctx("read", &path)?;
+    let Decoded::Frame { payload, len } = frame::decode(&buf) else {
+        return Ok(false);
+    };
+    if len as u64 != n {
+        return Ok(false);
+    }
+    #[derive(serde::Deserialize)]
+    struct Seq {
+        seq: u64,
+    }
+    let seqs: Vec<Seq> = match serde_json::from_slice(payload) {
+        Ok(v) => v,
+        Err(_) => return Ok(false),
+    };
+    Ok(seqs.last().is_some_and(|s| s.seq == info.seq))
+}
+
+/// Writes a checkpoint atomically and applies the retention policy.
+pub fn write(
+    storage: &Arc<dyn Storage>,
+    dir: &Path,
+    state: &State,
+    info: &CheckpointInfo,
+) -> Result<PathBuf> {
+    storage.create_dir_all(dir).ctx("create", dir)?;
+    let bytes = encode(state, info)?;
+    let path = dir.join(checkpoint_name(info.seq));
+    let tmp = dir.join(format!(
+        ".{}.{}.{}.tmp",
+        checkpoint_name(info.seq),
+        std::process::id(),
+        Ts::now().0
+    ));
+    let f = storage
+        .open(&tmp, OpenMode::CreateNew)
+        .ctx("create", &tmp)?;
+    let r = (|| {
+        f.write_all_at(&bytes, 0).ctx("write", &tmp)?;
+        f.sync_data().ctx("fsync", &tmp)?;
+        storage.rename(&tmp, &path).ctx("rename", &tmp)?;
+        storage.sync_dir(dir).ctx("fsync dir", dir)
+    })();
+    if r.is_err() {
+        let _ = storage.remove_file(&tmp);
+    }
+    r?;
+    for old in list(&**storage, dir)?.into_iter().skip(CHECKPOINTS_KEPT) {
+        let p = dir.join(checkpoint_name(old));
+        if let Err(e) = storage.remove_file(&p) {
+            tracing::warn!(path = %p.display(), error = %e, "cannot remove an old checkpoint");
+        }
+    }
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::MemStorage;
+
+    #[test]
+    fn roundtrip_and_every_damage_detected() {
+        let s: Arc<dyn Storage> = Arc::new(MemStorage::new());
+        let dir = Path::new("/ck/r");
+        let mut st = State::new("r");
+        st.head_seq = 7;
+        let info = CheckpointInfo {
+            seq: 7,
+            segment: 1,
+            frame_start: 100,
+            frame_end: 200,
+            ts: Ts(5),
+        };
+        let p = write(&s, dir, &st, &info).unwrap();
+        let (back, i2) = load(&*s, &p).unwrap();
+        assert_eq!(back, st);
+        assert_eq!(i2, info);
+        let good = encode(&st, &info).unwrap();
+        let mem = MemStorage::new();
+        mem.create_dir_all(dir).unwrap();
+        let q = dir.join("x");
+        mem.open(&q, OpenMode::CreateNew).unwrap();
+        for i in 0..good.len() {
+            let mut b = good.clone();
+            b[i] ^= 0x01;
+            mem.set_contents(&q, b);
+            assert!(load(&mem, &q).is_err(), "flip at {i}");
+        }
+        for cut in 0..good.len() {
+            mem.set_contents(&q, good[..cut].to_vec());
+            assert!(load(&mem, &q).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn retention_keeps_newest() {
+        let s: Arc<dyn Storage> = Arc::new(MemStorage::new());
+        let dir = Path::new("/ck/r");
+        for seq in 1..=5 {
+            let mut st = State::new("r");
+            st.head_seq = seq;
+            let info = CheckpointInfo {
+                seq,
+                segment: 1,
+                frame_start: 0,
+                frame_end: 1,
+                ts: Ts(0),
+            };
+            write(&s, dir, &st, &info).unwrap();
+        }
+        assert_eq!(list(&*s, dir).unwrap(), vec![5, 4, 3]);
+    }
+}
