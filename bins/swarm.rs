@@ -15,7 +15,9 @@ Exit codes:
   1  I/O or internal error
   2  invalid input or usage (the message names the field or line)
   3  corruption found (the message names the file, byte offset and seq)
-  4  precondition failed (--expect-seq did not match the run's last seq)
+  4  precondition failed (--expect-seq, --expect-subject-seq, a channel version)
+  5  forbidden (another user's run, the run's policy, a closed run)
+  6  escalated: actions on the subject wait for a human (swarm resolve)
 
 Logging: warnings go to stderr; set SWARM_LOG=debug (or any tracing filter) for more.";
 
@@ -38,6 +40,13 @@ struct Cli {
         default_value = "./checkpoints"
     )]
     checkpoint_dir: PathBuf,
+    /// The user (tenant) to act as: every run belongs to one user, and another user's
+    /// runs are invisible.
+    #[arg(long, global = true, env = "SWARM_USER", default_value = "anonymous")]
+    user: String,
+    /// Refuse the `anonymous` user (exit 5) instead of treating it as its own partition.
+    #[arg(long, global = true, env = "SWARM_DENY_ANONYMOUS")]
+    deny_anonymous: bool,
     /// Write a checkpoint automatically every N events (0: never).
     #[arg(
         long,
@@ -151,9 +160,6 @@ struct AppendArgs {
     /// Parse --content as a JSON object instead of text.
     #[arg(long)]
     json: bool,
-    /// The user the run belongs to (default: anonymous).
-    #[arg(long)]
-    user: Option<String>,
     /// Idempotency key: a retry with the same id returns the stored event.
     #[arg(long)]
     id: Option<String>,
@@ -175,6 +181,10 @@ struct AppendArgs {
     /// Append only if the run's last seq is N (0 for a new run); else exit 4.
     #[arg(long)]
     expect_seq: Option<u64>,
+    /// Board compare-and-swap: append only if the latest entry on --subject is seq N
+    /// (0: none yet); else exit 4.
+    #[arg(long, requires = "subject")]
+    expect_subject_seq: Option<u64>,
     /// sync (ack after fdatasync), batch (fsync within 10 ms), none (no fsync).
     #[arg(long, default_value = "sync")]
     durability: String,
@@ -271,8 +281,9 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let store =
-        Store::open(&cli.data_dir)?.with_checkpoints(&cli.checkpoint_dir, cli.checkpoint_every);
+    let store = Store::open(&cli.data_dir)?
+        .with_checkpoints(&cli.checkpoint_dir, cli.checkpoint_every)
+        .with_user(&cli.user, !cli.deny_anonymous)?;
     match cli.cmd {
         Cmd::Checkpoint { run } => {
             let bar = progress("checkpoint");
@@ -320,7 +331,7 @@ fn append(store: &Store, a: AppendArgs) -> anyhow::Result<ExitCode> {
     let ev = NewEvent {
         id: a.id,
         agent_id: a.agent.unwrap_or_default(),
-        user_id: a.user,
+        user_id: None,
         kind: a.kind.unwrap_or_default(),
         content,
         confidence: a.confidence,
@@ -329,6 +340,7 @@ fn append(store: &Store, a: AppendArgs) -> anyhow::Result<ExitCode> {
         session_id: a.session,
         meta,
         expect_seq: a.expect_seq,
+        expect_subject_seq: a.expect_subject_seq,
     };
     let stored = store.append(&a.run, ev, durability)?;
     serde_json::to_writer(&mut out, &stored)?;

@@ -33,6 +33,22 @@ pub enum Error {
         /// The run's actual last seq.
         actual: u64,
     },
+    /// The caller may not do this (exit 5): another user's data, a permission the run's
+    /// policy does not grant, a closed run.
+    #[error("forbidden: {0}")]
+    Forbidden(String),
+    /// A compare-and-swap on a subject or a channel failed (exit 4); nothing was written
+    /// but, for a `reject` channel, the recorded conflict event.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// Actions on the subject are blocked by an open escalation (exit 6).
+    #[error("escalated: subject {subject:?} is blocked by escalation #{escalation} until a human resolves it (swarm resolve)")]
+    Escalated {
+        /// The blocked subject.
+        subject: String,
+        /// Seq of the open escalation.
+        escalation: u64,
+    },
     /// Damaged bytes that are not a torn tail (exit 3): never dropped silently.
     #[error("corrupt record in {} at byte offset {offset} (expected seq {seq}): {reason}", path.display())]
     Corrupt {
@@ -68,7 +84,9 @@ impl Error {
         match self {
             Error::Invalid { .. } | Error::RunNotFound(_) => 2,
             Error::Corrupt { .. } => 3,
-            Error::SeqConflict { .. } => 4,
+            Error::SeqConflict { .. } | Error::Conflict(_) => 4,
+            Error::Forbidden(_) => 5,
+            Error::Escalated { .. } => 6,
             Error::Poisoned(_) | Error::Io { .. } => 1,
         }
     }

@@ -37,16 +37,62 @@ pub enum EventType {
     Decision,
     /// Something an agent did to the world. Pinned: never pruned.
     ActionTaken,
+    /// Engine: the run's policy (permissions, pruning threshold).
+    Policy,
+    /// Engine: a channel is declared (kind, conflict policy, size limit).
+    ChannelDeclare,
+    /// Engine: a write to a channel.
+    ChannelWrite,
+    /// Engine: a concurrent channel write was detected (and resolved or refused).
+    Conflict,
+    /// Engine: contradictory actions on a subject; actions on it are blocked.
+    Escalation,
+    /// Engine: a human resolved an escalation.
+    Resolution,
+    /// Engine: a summary of an older part of the working view (pruning).
+    Summary,
+    /// Engine: the run was closed; it refuses appends.
+    RunClosed,
 }
 
 impl EventType {
-    /// Every type, in declaration order.
+    /// The types a client may write.
     pub const ALL: [EventType; 4] = [
         EventType::Hypothesis,
         EventType::Evidence,
         EventType::Decision,
         EventType::ActionTaken,
     ];
+
+    /// The types reserved for the engine, written only through its own operations.
+    pub const ENGINE: [EventType; 8] = [
+        EventType::Policy,
+        EventType::ChannelDeclare,
+        EventType::ChannelWrite,
+        EventType::Conflict,
+        EventType::Escalation,
+        EventType::Resolution,
+        EventType::Summary,
+        EventType::RunClosed,
+    ];
+
+    /// Whether this is one of the four client entry types.
+    pub fn is_client(self) -> bool {
+        EventType::ALL.contains(&self)
+    }
+
+    /// Decisions and actions are the audit trail: pinned, never pruned.
+    pub fn is_pinned(self) -> bool {
+        matches!(self, EventType::Decision | EventType::ActionTaken)
+    }
+
+    /// Parses any stored type name.
+    pub fn parse(s: &str) -> Option<EventType> {
+        EventType::ALL
+            .into_iter()
+            .chain(EventType::ENGINE)
+            .find(|t| t.as_str() == s)
+    }
 
     /// The stored name.
     pub fn as_str(self) -> &'static str {
@@ -55,6 +101,14 @@ impl EventType {
             EventType::Evidence => "evidence",
             EventType::Decision => "decision",
             EventType::ActionTaken => "action_taken",
+            EventType::Policy => "policy",
+            EventType::ChannelDeclare => "channel_declare",
+            EventType::ChannelWrite => "channel_write",
+            EventType::Conflict => "conflict",
+            EventType::Escalation => "escalation",
+            EventType::Resolution => "resolution",
+            EventType::Summary => "summary",
+            EventType::RunClosed => "run_closed",
         }
     }
 
@@ -148,6 +202,10 @@ pub struct NewEvent {
     /// Compare-and-swap: append only if the run's last seq is this. Not stored.
     #[serde(default)]
     pub expect_seq: Option<u64>,
+    /// Compare-and-swap on the board: append only if the latest entry on `subject` is
+    /// this seq (0: no entry yet). Not stored.
+    #[serde(default)]
+    pub expect_subject_seq: Option<u64>,
 }
 
 impl NewEvent {
@@ -161,6 +219,9 @@ impl NewEvent {
         }
     }
 }
+
+/// The agent id of events the engine writes itself (escalations, conflicts).
+pub const ENGINE_AGENT: &str = "swarm-engine";
 
 /// Default user when an event names none.
 pub const ANONYMOUS: &str = "anonymous";
@@ -187,10 +248,15 @@ pub fn check_id(field: &str, s: &str) -> Result<()> {
 
 /// Checks a run id: an identifier that cannot name anything outside the data directory.
 pub fn check_run_id(s: &str) -> Result<()> {
-    check_id("run", s)?;
+    check_path_id("run", s)
+}
+
+/// Checks an identifier used as a directory name (run, user): no leading `.` or `-`.
+pub fn check_path_id(field: &str, s: &str) -> Result<()> {
+    check_id(field, s)?;
     if s.starts_with('.') || s.starts_with('-') {
         return Err(Error::invalid(
-            "run",
+            field,
             format!("{s:?} may not start with '.' or '-'"),
         ));
     }
@@ -226,6 +292,7 @@ fn check_json(field: &str, v: &Value, bytes_max: usize) -> Result<()> {
 /// A validated event, ready for seq and ts.
 #[derive(Clone, Debug)]
 pub(crate) struct Checked {
+    pub expect_subject_seq: Option<u64>,
     pub id: Option<String>,
     pub agent_id: String,
     pub user_id: String,
@@ -252,7 +319,7 @@ impl NewEvent {
         }
         check_id("agent_id", &self.agent_id)?;
         let user_id = self.user_id.unwrap_or_else(|| ANONYMOUS.to_string());
-        check_id("user_id", &user_id)?;
+        check_path_id("user_id", &user_id)?;
         let kind = EventType::parse_client(&self.kind)?;
         match &self.content {
             Value::String(s) if s.is_empty() => {
@@ -292,7 +359,20 @@ impl NewEvent {
         if let Some(m) = &self.meta {
             check_json("meta", &Value::Object(m.clone()), META_BYTES_MAX)?;
         }
+        if self.expect_subject_seq.is_some() && self.subject.is_none() {
+            return Err(Error::invalid(
+                "expect_subject_seq",
+                "needs a subject: it compares the latest entry on that subject",
+            ));
+        }
+        if self.agent_id == ENGINE_AGENT {
+            return Err(Error::invalid(
+                "agent_id",
+                format!("{ENGINE_AGENT:?} is reserved for the engine"),
+            ));
+        }
         Ok(Checked {
+            expect_subject_seq: self.expect_subject_seq,
             id: self.id,
             agent_id: self.agent_id,
             user_id,
@@ -342,7 +422,6 @@ impl Checked {
 #[derive(Deserialize)]
 pub(crate) struct EventHead<'a> {
     pub seq: u64,
-    pub ts: Ts,
     #[serde(borrow)]
     pub id: std::borrow::Cow<'a, str>,
 }

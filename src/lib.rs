@@ -38,6 +38,7 @@ pub mod frame;
 mod log;
 mod read;
 pub mod replay;
+pub mod rules;
 pub mod segment;
 pub mod state;
 pub mod storage;

@@ -27,9 +27,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::checkpoint;
 use crate::error::{Error, IoContext, Result};
-use crate::event::{Checked, Event, EventHead, GENERATED_ID_PREFIX};
+use crate::event::{Checked, Event, EventHead, EventType, ENGINE_AGENT, GENERATED_ID_PREFIX};
 use crate::frame::{self, PAYLOAD_BYTES_MAX};
+use crate::rules::{needs_content, RuleEvent, Rules};
 use crate::segment::{self, FrameReader, Step};
 use crate::storage::{OpenMode, Storage, StorageFile};
 use crate::ts::Ts;
@@ -142,6 +144,8 @@ struct Combine {
 
 struct Writer {
     lock_file: Box<dyn StorageFile>,
+    /// The rule part of the fold, current with the log up to `end`.
+    rules: Rules,
     /// Nothing below is valid until `loaded`.
     loaded: bool,
     seg_base: u64,
@@ -166,6 +170,8 @@ struct SyncLocal {
 pub(crate) struct RunLog {
     run_id: String,
     dir: PathBuf,
+    /// Where checkpoints are, to start the rules from one.
+    ck_dir: Option<PathBuf>,
     storage: Arc<dyn Storage>,
     meta: RunMeta,
     batch_interval_ms: u64,
@@ -220,6 +226,7 @@ impl RunLog {
     pub(crate) fn open(
         storage: Arc<dyn Storage>,
         dir: PathBuf,
+        ck_dir: Option<PathBuf>,
         run_id: &str,
         user_id: &str,
         opts: &LogOptions,
@@ -248,6 +255,7 @@ impl RunLog {
         Ok(RunLog {
             run_id: run_id.to_string(),
             dir,
+            ck_dir,
             storage,
             meta,
             batch_interval_ms: opts.batch_interval_ms.max(1),
@@ -255,6 +263,7 @@ impl RunLog {
             combine_cv: Condvar::new(),
             writer: Mutex::new(Writer {
                 lock_file,
+                rules: Rules::default(),
                 loaded: false,
                 seg_base: 0,
                 seg: placeholder,
@@ -568,8 +577,12 @@ impl RunLog {
         let ts = now.max(w.head_ts);
         let first = w.head_seq + 1;
         let mut events = Vec::with_capacity(r.batch.len());
-        for (i, c) in r.batch.iter().enumerate() {
-            let seq = first + i as u64;
+        // A batch is checked against a copy of the rules, so that a refusal of its last
+        // event leaves nothing of the first ones behind; a single event is checked first
+        // and applied after.
+        let mut scratch: Option<Rules> = (r.batch.len() > 1).then(|| w.rules.clone());
+        for c in &r.batch {
+            let seq = first + events.len() as u64;
             if let Some(bad) = c.refs.iter().find(|&&x| x == 0 || x >= seq) {
                 return Err(Error::invalid(
                     "refs",
@@ -577,7 +590,40 @@ impl RunLog {
                 ));
             }
             let id = c.id.clone().unwrap_or_else(|| self.generated_id());
-            events.push(c.clone().into_event(&self.run_id, seq, ts, id));
+            let ev = c.clone().into_event(&self.run_id, seq, ts, id);
+            let rules = scratch.as_mut().unwrap_or(&mut w.rules);
+            let fx = rules.check(&rule_event(&ev), c.expect_subject_seq)?;
+            if let Some(refusal) = fx.refuse {
+                // Refused, but what the refusal records (a channel conflict) is stored.
+                let mut recorded = Vec::new();
+                for (kind, content) in fx.after {
+                    let seq = w.head_seq + 1 + recorded.len() as u64;
+                    recorded.push(self.engine_event(seq, ts, kind, content, None));
+                }
+                if !recorded.is_empty() {
+                    for e in &recorded {
+                        w.rules.apply(&rule_event(e));
+                    }
+                    let payload = serde_json::to_vec(&recorded)
+                        .map_err(|e| Error::invalid("event", e.to_string()))?;
+                    frame::encode(&payload, buf);
+                    w.head_seq += recorded.len() as u64;
+                    w.head_ts = ts;
+                }
+                return Err(refusal);
+            }
+            rules.apply(&rule_event(&ev));
+            let subject = ev.subject.clone();
+            events.push(ev);
+            for (kind, content) in fx.after {
+                let seq = first + events.len() as u64;
+                let e = self.engine_event(seq, ts, kind, content, subject.clone());
+                rules.apply(&rule_event(&e));
+                events.push(e);
+            }
+        }
+        if let Some(rules) = scratch {
+            w.rules = rules;
         }
         let payload =
             serde_json::to_vec(&events).map_err(|e| Error::invalid("event", e.to_string()))?;
@@ -607,6 +653,31 @@ impl RunLog {
         w.head_seq = first + events.len() as u64 - 1;
         w.head_ts = ts;
         Ok((events, PlanEnd::InBuf(buf.len() as u64)))
+    }
+
+    fn engine_event(
+        &self,
+        seq: u64,
+        ts: Ts,
+        kind: EventType,
+        content: serde_json::Value,
+        subject: Option<String>,
+    ) -> Event {
+        Event {
+            run_id: self.run_id.clone(),
+            seq,
+            ts,
+            id: self.generated_id(),
+            agent_id: ENGINE_AGENT.to_string(),
+            user_id: self.meta.user_id.clone(),
+            kind,
+            content,
+            confidence: None,
+            refs: Vec::new(),
+            subject,
+            session_id: None,
+            meta: None,
+        }
     }
 
     /// Reads a stored event back (for idempotent retries). Returns it and its frame end.
@@ -663,7 +734,7 @@ impl RunLog {
                 ));
             }
             if len > w.end {
-                self.scan_tail(w, len)?;
+                self.scan_tail(w, len, true)?;
             }
             if w.end < self.meta.segment_bytes {
                 return Ok(());
@@ -689,53 +760,122 @@ impl RunLog {
         Ok(())
     }
 
-    /// First look at the log: the last segment's valid end and the head seq and ts.
+    /// First look at the log: the rules, head seq and ts, and the valid end. Starts from
+    /// the newest checkpoint that matches the log (its rules are the fold up to there),
+    /// then reads every frame after it.
     fn load(&self, w: &mut Writer) -> Result<()> {
         let bases = segment::list_segments(&*self.storage, &self.dir)?;
-        let Some(&last) = bases.last() else {
+        if bases.is_empty() {
             return Err(Error::RunNotFound(self.run_id.clone()));
-        };
-        self.switch_segment(w, last)?;
-        w.head_seq = last - 1;
-        w.head_ts = Ts(0);
-        let len = w
-            .seg
-            .len()
-            .ctx("stat", &segment::segment_path(&self.dir, last))?;
-        // The head ts of an empty last segment comes from the one before it.
-        if len == 0 && bases.len() >= 2 {
-            let prev = bases[bases.len() - 2];
-            let path = segment::segment_path(&self.dir, prev);
-            let mut r = FrameReader::open(&*self.storage, &path, 0, None)?;
-            let mut last_payload: Option<Vec<u8>> = None;
-            while let Step::Frame { .. } = r.step()? {
-                last_payload = Some(r.payload().to_vec());
-            }
-            if let Some(p) = last_payload {
-                if let Some(h) = last_head(&p) {
-                    w.head_ts = h.1;
-                }
-            }
         }
-        if len > 0 {
-            self.scan_tail(w, len)?;
+        w.rules = Rules::default();
+        w.head_seq = 0;
+        w.head_ts = Ts(0);
+        let mut from = Pos {
+            seg: bases[0],
+            off: 0,
+        };
+        if let Some((rules, info)) = self.newest_checkpoint()? {
+            w.rules = rules;
+            w.head_seq = info.seq;
+            w.head_ts = info.ts;
+            from = info.end();
+        }
+        for (i, &base) in bases.iter().enumerate() {
+            if base < from.seg {
+                continue;
+            }
+            self.switch_segment(w, base)?;
+            if base == from.seg {
+                w.end = from.off;
+            } else if w.head_seq + 1 != base {
+                let path = segment::segment_path(&self.dir, base);
+                return Err(corrupt(
+                    &path,
+                    0,
+                    w.head_seq + 1,
+                    format!("segment starts at seq {base}"),
+                ));
+            }
+            let len = w
+                .seg
+                .len()
+                .ctx("stat", &segment::segment_path(&self.dir, base))?;
+            self.scan_tail(w, len, i + 1 == bases.len())?;
         }
         w.ids_upto = Pos::default();
         w.loaded = true;
         Ok(())
     }
 
+    fn newest_checkpoint(&self) -> Result<Option<(Rules, checkpoint::CheckpointInfo)>> {
+        let Some(ck_dir) = &self.ck_dir else {
+            return Ok(None);
+        };
+        for seq in checkpoint::list(&*self.storage, ck_dir)? {
+            let path = ck_dir.join(checkpoint::checkpoint_name(seq));
+            match checkpoint::load(&*self.storage, &path) {
+                Ok((state, info))
+                    if state.run_id == self.run_id
+                        && checkpoint::matches_log(&*self.storage, &self.dir, &info)? =>
+                {
+                    return Ok(Some((state.rules, info)));
+                }
+                Ok(_) => {
+                    tracing::warn!(checkpoint = %path.display(), "checkpoint does not match the log; skipped")
+                }
+                Err(e) => {
+                    tracing::warn!(checkpoint = %path.display(), error = %e, "damaged checkpoint; skipped")
+                }
+            }
+        }
+        Ok(None)
+    }
+
     /// Reads frames in `[w.end, len)` of the current segment, moving the head; a torn tail
     /// is cut off (kept in a `.broken` file), damage followed by valid frames is an error.
-    fn scan_tail(&self, w: &mut Writer, len: u64) -> Result<()> {
+    fn scan_tail(&self, w: &mut Writer, len: u64, last_segment: bool) -> Result<()> {
         let path = segment::segment_path(&self.dir, w.seg_base);
         let mut r = FrameReader::new(w.seg.clone(), path.clone(), w.end, Some(len))?;
-        let mut last: Option<Vec<u8>> = None;
         let (bad_at, reason) = loop {
             match r.step()? {
                 Step::Frame { offset, len } => {
-                    // Only the last frame's JSON matters; keep its bytes.
-                    last = Some(r.payload().to_vec());
+                    let events: Vec<LiteEvent> =
+                        serde_json::from_slice(r.payload()).map_err(|e| {
+                            corrupt(
+                                &path,
+                                offset,
+                                w.head_seq + 1,
+                                format!("bad event JSON: {e}"),
+                            )
+                        })?;
+                    for e in &events {
+                        if e.seq != w.head_seq + 1 {
+                            return Err(corrupt(
+                                &path,
+                                offset,
+                                w.head_seq + 1,
+                                format!("holds seq {}", e.seq),
+                            ));
+                        }
+                        let content = if needs_content(e.kind) {
+                            serde_json::from_str(e.content.get()).map_err(|err| {
+                                corrupt(&path, offset, e.seq, format!("bad content: {err}"))
+                            })?
+                        } else {
+                            serde_json::Value::Null
+                        };
+                        w.rules.apply(&RuleEvent {
+                            seq: e.seq,
+                            agent: &e.agent_id,
+                            kind: e.kind,
+                            subject: e.subject.as_deref(),
+                            refs: &e.refs,
+                            content: &content,
+                        });
+                        w.head_seq = e.seq;
+                        w.head_ts = e.ts;
+                    }
                     w.end = offset + len;
                 }
                 Step::End { offset, incomplete } => {
@@ -748,20 +888,16 @@ impl RunLog {
                 Step::Corrupt { offset, reason } => break (offset, reason),
             }
         };
-        if let Some(p) = last {
-            let (seq, ts) = last_head(&p).ok_or_else(|| {
-                corrupt(
-                    &path,
-                    w.end,
-                    w.head_seq + 1,
-                    "frame holds no valid events".into(),
-                )
-            })?;
-            w.head_seq = seq;
-            w.head_ts = ts;
-        }
         if bad_at == u64::MAX {
             return Ok(());
+        }
+        if !last_segment {
+            return Err(corrupt(
+                &path,
+                bad_at,
+                w.head_seq + 1,
+                format!("{reason} in a segment that is not the last"),
+            ));
         }
         // Damage at `bad_at`. We hold the append lock, so no live writer is mid-write.
         if let Some(next) = r.skip_to_next_frame()? {
@@ -1002,10 +1138,33 @@ fn corrupt(path: &Path, offset: u64, seq: u64, reason: String) -> Error {
     }
 }
 
-/// The seq and ts of the last event of a frame payload.
-fn last_head(payload: &[u8]) -> Option<(u64, Ts)> {
-    let heads: Vec<EventHead> = serde_json::from_slice(payload).ok()?;
-    heads.last().map(|h| (h.seq, h.ts))
+/// The fields of a stored event the writer folds into its rules; content stays raw
+/// unless the rules read it.
+#[derive(Deserialize)]
+struct LiteEvent<'a> {
+    seq: u64,
+    ts: Ts,
+    #[serde(borrow)]
+    agent_id: std::borrow::Cow<'a, str>,
+    #[serde(rename = "type")]
+    kind: EventType,
+    #[serde(borrow, default)]
+    subject: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    refs: Vec<u64>,
+    #[serde(borrow)]
+    content: &'a serde_json::value::RawValue,
+}
+
+fn rule_event(e: &Event) -> RuleEvent<'_> {
+    RuleEvent {
+        seq: e.seq,
+        agent: &e.agent_id,
+        kind: e.kind,
+        subject: e.subject.as_deref(),
+        refs: &e.refs,
+        content: &e.content,
+    }
 }
 
 /// Reads a run's `run.json`.

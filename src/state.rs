@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::event::{Event, EventType};
+use crate::rules::{RuleEvent, Rules};
 use crate::ts::Ts;
 
 /// Counts of entries per type.
@@ -77,6 +78,25 @@ pub struct State {
     pub decisions: Vec<Event>,
     /// Every `action_taken`, in order (pinned: the audit trail).
     pub actions: Vec<Event>,
+    /// Hypotheses with what the orchestrator's pick needs, by seq.
+    pub hypotheses: BTreeMap<u64, HypothesisInfo>,
+    /// Every summary (pruning), in order.
+    pub summaries: Vec<Event>,
+    /// Permissions, channels, board versions, escalations, pruning, closing.
+    pub rules: Rules,
+}
+
+/// A hypothesis as the orchestrator's pick sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HypothesisInfo {
+    /// Its agent.
+    pub agent: String,
+    /// Its subject.
+    pub subject: Option<String>,
+    /// Its confidence (0 when not given).
+    pub confidence: f64,
+    /// Seqs of `evidence` entries that ref it.
+    pub support: Vec<u64>,
 }
 
 impl State {
@@ -97,7 +117,40 @@ impl State {
         debug_assert_eq!(e.seq, self.head_seq + 1, "events applied out of order");
         self.head_seq = e.seq;
         self.head_ts = Some(e.ts);
+        self.rules.apply(&RuleEvent {
+            seq: e.seq,
+            agent: &e.agent_id,
+            kind: e.kind,
+            subject: e.subject.as_deref(),
+            refs: &e.refs,
+            content: &e.content,
+        });
         self.counts.add(e.kind);
+        match e.kind {
+            EventType::Hypothesis => {
+                self.hypotheses.insert(
+                    e.seq,
+                    HypothesisInfo {
+                        agent: e.agent_id.clone(),
+                        subject: e.subject.clone(),
+                        confidence: e.confidence.unwrap_or(0.0),
+                        support: Vec::new(),
+                    },
+                );
+            }
+            EventType::Evidence => {
+                for r in &e.refs {
+                    if let Some(h) = self.hypotheses.get_mut(r) {
+                        h.support.push(e.seq);
+                    }
+                }
+            }
+            EventType::Summary => self.summaries.push(e.clone()),
+            _ => {}
+        }
+        if !e.kind.is_client() {
+            return;
+        }
         let a = self.agents.entry(e.agent_id.clone()).or_default();
         if a.first_seq == 0 {
             a.first_seq = e.seq;

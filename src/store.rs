@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::checkpoint::{self, CheckpointInfo, CHECKPOINT_EVERY_DEFAULT};
 use crate::error::{Error, Result};
-use crate::event::{check_run_id, Event, NewEvent, BATCH_EVENTS_MAX};
+use crate::event::{check_path_id, check_run_id, Event, NewEvent, ANONYMOUS, BATCH_EVENTS_MAX};
 use crate::log::{self, Durability, LogOptions, Request, RunLog, RunMeta};
 use crate::read::{self, EventIter, ReadOptions, VerifyReport};
 use crate::replay::{self, Replayed, RunPaths, Target};
@@ -28,6 +28,7 @@ pub struct Store {
     logs: Mutex<HashMap<String, Arc<RunLog>>>,
     ck_root: PathBuf,
     checkpoint_every: u64,
+    user: String,
 }
 
 /// A summary of one run, as `swarm runs` prints it.
@@ -68,7 +69,29 @@ impl Store {
             logs: Mutex::new(HashMap::new()),
             ck_root: root.join(".checkpoints"),
             checkpoint_every: CHECKPOINT_EVERY_DEFAULT,
+            user: ANONYMOUS.to_string(),
         })
+    }
+
+    /// The same store, acting for `user`: every run belongs to one user (the partition
+    /// key, a directory level: `<data>/<user>/<run>`), and a `Store` only ever sees the
+    /// runs of its user. Another user's runs are not found, on every path.
+    /// `allow_anonymous = false` refuses the `anonymous` user (exit 5).
+    pub fn with_user(mut self, user: &str, allow_anonymous: bool) -> Result<Store> {
+        check_path_id("user_id", user)?;
+        if user == ANONYMOUS && !allow_anonymous {
+            return Err(Error::Forbidden(
+                "anonymous access is disabled; give a user".to_string(),
+            ));
+        }
+        self.user = user.to_string();
+        self.logs = Mutex::new(HashMap::new());
+        Ok(self)
+    }
+
+    /// The user this store acts for.
+    pub fn user(&self) -> &str {
+        &self.user
     }
 
     /// Keeps checkpoints under `dir` (one sub-directory per run) and writes one
@@ -84,7 +107,7 @@ impl Store {
         Ok(RunPaths {
             storage: self.storage.clone(),
             run_dir: self.existing_run(run)?,
-            ck_dir: self.ck_root.join(run),
+            ck_dir: self.checkpoint_dir(run),
             run_id: run.to_string(),
         })
     }
@@ -131,7 +154,7 @@ impl Store {
 
     /// The checkpoint directory of a run.
     pub fn checkpoint_dir(&self, run: &str) -> PathBuf {
-        self.ck_root.join(run)
+        self.ck_root.join(&self.user).join(run)
     }
 
     fn maybe_checkpoint(&self, run: &str, stored: &[Event]) {
@@ -166,9 +189,10 @@ impl Store {
         &self.storage
     }
 
-    fn run_dir(&self, run: &str) -> Result<PathBuf> {
+    /// The directory of a run of this store's user.
+    pub fn run_dir(&self, run: &str) -> Result<PathBuf> {
         check_run_id(run)?;
-        Ok(self.root.join(run))
+        Ok(self.root.join(&self.user).join(run))
     }
 
     fn writer(&self, run: &str, user: &str) -> Result<Arc<RunLog>> {
@@ -177,9 +201,11 @@ impl Store {
             return Ok(l.clone());
         }
         let dir = self.run_dir(run)?;
+        let ck = Some(self.checkpoint_dir(run));
         let l = Arc::new(RunLog::open(
             self.storage.clone(),
             dir,
+            ck,
             run,
             user,
             &self.opts,
@@ -218,7 +244,17 @@ impl Store {
             ));
         }
         let mut batch = Vec::with_capacity(events.len());
-        for (i, e) in events.into_iter().enumerate() {
+        for (i, mut e) in events.into_iter().enumerate() {
+            match &e.user_id {
+                None => e.user_id = Some(self.user.clone()),
+                Some(u) if *u != self.user => {
+                    return Err(Error::Forbidden(format!(
+                        "event {i} names user {u:?} but the caller is {:?}",
+                        self.user
+                    )))
+                }
+                Some(_) => {}
+            }
             if e.expect_seq.is_some() && e.expect_seq != expect_seq {
                 return Err(Error::invalid(
                     "expect_seq",
@@ -272,21 +308,21 @@ impl Store {
 
     /// Ids of every run in the store, sorted.
     pub fn run_ids(&self) -> Result<Vec<String>> {
-        if !self.storage.exists(&self.root) {
+        let root = self.root.join(&self.user);
+        if !self.storage.exists(&root) {
             return Ok(Vec::new());
         }
         let mut ids: Vec<String> = self
             .storage
-            .list(&self.root)
+            .list(&root)
             .map_err(|source| Error::Io {
                 op: "list",
-                path: self.root.clone(),
+                path: root.clone(),
                 source,
             })?
             .into_iter()
             .filter(|n| {
-                check_run_id(n).is_ok()
-                    && self.storage.exists(&self.root.join(n).join(log::META_FILE))
+                check_run_id(n).is_ok() && self.storage.exists(&root.join(n).join(log::META_FILE))
             })
             .collect();
         ids.sort();

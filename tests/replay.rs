@@ -30,7 +30,13 @@ fn new_event(i: u32, agent: u8, kind: u8, subject: u8) -> NewEvent {
         EventType::ALL[kind as usize % 4],
         format!("finding {i} about s{subject}"),
     );
-    e.subject = (!subject.is_multiple_of(5)).then(|| format!("s{}", subject % 7));
+    // Decisions and actions get a subject of their own: on a shared subject, agents'
+    // disagreeing actions would (rightly) be escalated and block later appends.
+    e.subject = if e.kind == "decision" || e.kind == "action_taken" {
+        Some(format!("act-{i}"))
+    } else {
+        (!subject.is_multiple_of(5)).then(|| format!("s{}", subject % 7))
+    };
     e
 }
 
@@ -63,14 +69,14 @@ proptest! {
         let mem = MemStorage::new();
         let store = mem_store(&mem);
         let mut n = 0u32;
+        let mut head = 0;
         for (batch, agent, kind, subject, ck) in ops {
             let evs: Vec<NewEvent> = (0..batch).map(|k| { n += 1; new_event(n, agent % 5, kind.wrapping_add(k), subject.wrapping_add(k)) }).collect();
-            store.append_batch("r", evs, None, Durability::None).unwrap();
+            head = store.append_batch("r", evs, None, Durability::None).unwrap().last().unwrap().seq;
             if ck {
                 store.checkpoint("r", |_| {}).unwrap();
             }
         }
-        let head = u64::from(n);
         for t in targets.into_iter().chain([head, 0]) {
             let t = t.min(head);
             let got = store.state_at("r", Target::Seq(t), |_| {}).unwrap();
@@ -103,7 +109,9 @@ fn damaged_or_deleted_checkpoints_fall_back_to_the_same_state() {
     assert_eq!(fresh.state.to_bytes(), expected);
 
     // Damage the newest checkpoint: the older one is used, with a skip counted.
-    let newest = Path::new("/ck/r").join(swarm_memory::checkpoint::checkpoint_name(200));
+    let newest = store
+        .checkpoint_dir("r")
+        .join(swarm_memory::checkpoint::checkpoint_name(200));
     let mut bytes = mem.contents(&newest).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0xff;
@@ -115,8 +123,12 @@ fn damaged_or_deleted_checkpoints_fall_back_to_the_same_state() {
 
     // Delete every checkpoint: a full replay gives the same bytes.
     for seq in store.checkpoints("r").unwrap() {
-        mem.remove_file(&Path::new("/ck/r").join(swarm_memory::checkpoint::checkpoint_name(seq)))
-            .unwrap();
+        mem.remove_file(
+            &store
+                .checkpoint_dir("r")
+                .join(swarm_memory::checkpoint::checkpoint_name(seq)),
+        )
+        .unwrap();
     }
     let r = store.state_at("r", Target::Head, |_| {}).unwrap();
     assert_eq!(r.stats.from_checkpoint, None);
@@ -131,9 +143,11 @@ fn damaged_or_deleted_checkpoints_fall_back_to_the_same_state() {
             .append("r", new_event(i, 1, 1, 1), Durability::None)
             .unwrap();
     }
-    let ck = Path::new("/ck/r").join(swarm_memory::checkpoint::checkpoint_name(300));
+    let ck = store
+        .checkpoint_dir("r")
+        .join(swarm_memory::checkpoint::checkpoint_name(300));
     let bytes = mem.contents(&ck).unwrap();
-    other.create_dir_all(Path::new("/ck/r")).unwrap();
+    other.create_dir_all(&store.checkpoint_dir("r")).unwrap();
     other
         .open(&ck, swarm_memory::storage::OpenMode::CreateNew)
         .unwrap();
