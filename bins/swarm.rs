@@ -4,6 +4,8 @@ use std::io::{self, BufRead, BufWriter, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod scratch;
+
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use serde_json::Value;
@@ -127,6 +129,44 @@ enum Cmd {
     ///   swarm replay --run inc-42 --at-seq 50 --agent db-agent
     #[command(after_help = EXIT_CODES, verbatim_doc_comment)]
     Replay(ReplayArgs),
+    /// Set or show the run's policy (permissions per agent, pruning threshold).
+    #[command(subcommand)]
+    Policy(scratch::PolicyCmd),
+    /// Declare, write, read and inspect channels (append / replace / merge).
+    #[command(subcommand)]
+    Channel(scratch::ChannelCmd),
+    /// The board: each subject's authoritative (latest) entry, version, evidence, history.
+    ///
+    /// Use a subject's version as --expect-subject-seq to append only if nobody else
+    /// wrote on it since you read it.
+    ///
+    /// Example:
+    ///   swarm board --run inc-42 --subject orders-db | jq '.version, .value.content'
+    #[command(verbatim_doc_comment)]
+    Board(scratch::BoardArgs),
+    /// Pick between competing hypotheses on a subject (confidence, then supporting
+    /// evidence, then recency); appends a decision citing winner and losers. A tie it
+    /// cannot break is escalated (exit 6) instead of guessed.
+    ///
+    /// Example:
+    ///   swarm pick --run inc-42 --subject root-cause
+    #[command(verbatim_doc_comment)]
+    Pick(scratch::PickArgs),
+    /// Resolve an escalation (a human's call); actions on its subject are allowed again.
+    ///
+    /// Example:
+    ///   swarm resolve --run inc-42 --escalation 17 --winner 15 --by alice --note "15 is right, 16 raced"
+    #[command(verbatim_doc_comment)]
+    Resolve(scratch::ResolveArgs),
+    /// List the run's open escalations as NDJSON (--all: resolved ones too).
+    Escalations {
+        /// The run.
+        #[arg(long)]
+        run: String,
+        /// Resolved ones too.
+        #[arg(long)]
+        all: bool,
+    },
     /// Run the demo: agent processes work an SRE incident together in a new run.
     ///
     /// Four agent processes append hypotheses, evidence, decisions and actions
@@ -245,6 +285,9 @@ struct ReadArgs {
     /// Skip corrupt records instead of stopping; each skip is reported on stderr.
     #[arg(long)]
     skip_corrupt: bool,
+    /// Read as this agent: only what the run's policy lets it see.
+    #[arg(long)]
+    as_agent: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -293,6 +336,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Replay(a) => replay(&store, a),
+        Cmd::Policy(c) => scratch::policy(&store, c),
+        Cmd::Channel(c) => scratch::channel(&store, c),
+        Cmd::Board(a) => scratch::board(&store, a),
+        Cmd::Pick(a) => scratch::pick(&store, a),
+        Cmd::Resolve(a) => scratch::resolve(&store, a),
+        Cmd::Escalations { run, all } => scratch::escalations(&store, &run, all),
         Cmd::Append(a) => append(&store, a),
         Cmd::Read(a) => read(&store, a),
         Cmd::Verify { run } => verify(&store, run),
@@ -439,6 +488,7 @@ fn read(store: &Store, a: ReadArgs) -> anyhow::Result<ExitCode> {
         until: parse_ts("until", &a.until)?,
         limit: a.limit,
         skip_corrupt: a.skip_corrupt,
+        reader: a.as_agent,
         ..ReadOptions::default()
     };
     let mut it = store.read(&a.run, opts)?;

@@ -54,6 +54,8 @@ pub struct ReadOptions {
     pub skip_corrupt: bool,
     /// Durable-only (default) or everything written.
     pub visibility: Visibility,
+    /// Read as this agent: only what the run's policy lets it see is returned.
+    pub reader: Option<String>,
 }
 
 /// A range of damaged bytes a reader skipped.
@@ -104,6 +106,8 @@ pub struct EventIter {
     bytes: u64,
     pos: Pos,
     frame_start: u64,
+    /// The reader's rules, when reading as an agent.
+    perm: Option<Box<crate::rules::Rules>>,
     /// Where to start instead of a segment's first byte: a frame boundary and the seq of
     /// the frame there (from a checkpoint or the index).
     start: Option<(Pos, u64)>,
@@ -173,6 +177,7 @@ impl EventIter {
             bytes: 0,
             pos: Pos::default(),
             frame_start: 0,
+            perm: None,
             start: None,
         })
     }
@@ -391,7 +396,33 @@ impl EventIter {
         f.len().ctx("stat", path)
     }
 
+    /// Applies the run's permissions for `opts.reader` (the rules of the run's head).
+    pub(crate) fn with_rules(mut self, rules: crate::rules::Rules) -> EventIter {
+        self.perm = Some(Box::new(rules));
+        self
+    }
+
+    fn permitted(&self, e: &Event) -> bool {
+        let (Some(rules), Some(agent)) = (&self.perm, &self.opts.reader) else {
+            return true;
+        };
+        if !rules.may_read_type(agent, e.kind) && e.kind.is_client() {
+            return false;
+        }
+        match e.kind {
+            EventType::ChannelDeclare | EventType::ChannelWrite | EventType::Conflict => e
+                .content
+                .get("channel")
+                .and_then(|c| c.as_str())
+                .is_some_and(|c| rules.may_read_channel(agent, c)),
+            _ => true,
+        }
+    }
+
     fn matches(&self, e: &Event) -> bool {
+        if !self.permitted(e) {
+            return false;
+        }
         let o = &self.opts;
         o.from_seq.is_none_or(|s| e.seq >= s)
             && o.agent.as_ref().is_none_or(|a| *a == e.agent_id)

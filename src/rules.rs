@@ -166,6 +166,9 @@ pub struct EscalationRecord {
     pub entries: [u64; 2],
     /// Their agents.
     pub agents: [String; 2],
+    /// Their normalized contents (empty when not decisions or actions).
+    #[serde(default)]
+    pub norms: [String; 2],
 }
 
 /// Content of a `resolution` event.
@@ -545,6 +548,7 @@ impl Rules {
                     ),
                     entries: [d.seq, e.seq],
                     agents: [d.agent.clone(), e.agent.to_string()],
+                    norms: [d.norm.clone(), norm],
                 };
                 fx.after.push((
                     EventType::Escalation,
@@ -699,20 +703,12 @@ impl Rules {
                 if let Some(rec) = parse::<EscalationRecord>(e.kind, e.content) {
                     let r = self.subjects.entry(rec.subject.clone()).or_default();
                     r.blocked_by = Some(e.seq);
-                    let newer = r.standing.clone();
-                    let older = Standing {
-                        seq: rec.entries[0],
-                        agent: rec.agents[0].clone(),
-                        norm: String::new(),
+                    let side = |i: usize| Standing {
+                        seq: rec.entries[i],
+                        agent: rec.agents[i].clone(),
+                        norm: rec.norms[i].clone(),
                     };
-                    let sides = [
-                        older,
-                        newer.unwrap_or(Standing {
-                            seq: rec.entries[1],
-                            agent: rec.agents[1].clone(),
-                            norm: String::new(),
-                        }),
-                    ];
+                    let sides = [side(0), side(1)];
                     self.escalations.insert(
                         e.seq,
                         EscalationState {

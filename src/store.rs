@@ -8,7 +8,9 @@ use serde::Serialize;
 
 use crate::checkpoint::{self, CheckpointInfo, CHECKPOINT_EVERY_DEFAULT};
 use crate::error::{Error, Result};
-use crate::event::{check_path_id, check_run_id, Event, NewEvent, ANONYMOUS, BATCH_EVENTS_MAX};
+use crate::event::{
+    check_path_id, check_run_id, Checked, Event, NewEvent, ANONYMOUS, BATCH_EVENTS_MAX,
+};
 use crate::log::{self, Durability, LogOptions, Request, RunLog, RunMeta};
 use crate::read::{self, EventIter, ReadOptions, VerifyReport};
 use crate::replay::{self, Replayed, RunPaths, Target};
@@ -269,8 +271,18 @@ impl Store {
                 other => other,
             })?);
         }
-        let user = batch[0].user_id.clone();
-        let log = self.writer(run, &user)?;
+        self.append_checked(run, batch, expect_seq, durability)
+    }
+
+    /// Appends validated events (client or engine) as one atomic batch.
+    pub(crate) fn append_checked(
+        &self,
+        run: &str,
+        batch: Vec<Checked>,
+        expect_seq: Option<u64>,
+        durability: Durability,
+    ) -> Result<Vec<Event>> {
+        let log = self.writer(run, &self.user)?;
         let stored = log.append(Request {
             batch,
             expect_seq,
@@ -283,6 +295,10 @@ impl Store {
     /// Reads a run's events in seq order.
     pub fn read(&self, run: &str, opts: ReadOptions) -> Result<EventIter> {
         let dir = self.existing_run(run)?;
+        if opts.reader.is_some() {
+            let rules = self.state_at(run, Target::Head, |_| {})?.state.rules;
+            return Ok(EventIter::new(self.storage.clone(), dir, run, opts)?.with_rules(rules));
+        }
         EventIter::new(self.storage.clone(), dir, run, opts)
     }
 

@@ -1,0 +1,340 @@
+//! The scratchpad operations over a run: policy, channels, the board, the orchestrator's
+//! pick, escalations and their resolution. Each write is an event checked by the
+//! [`crate::rules`] under the append lock; each read is a view of the fold.
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::error::{Error, Result};
+use crate::event::{Checked, Event, EventType, ENGINE_AGENT};
+use crate::log::Durability;
+use crate::replay::Target;
+use crate::rules::{
+    ChannelDecl, ChannelState, ChannelWrite, EscalationRecord, EscalationState, Policy,
+    ResolutionRecord,
+};
+use crate::state::State;
+use crate::store::Store;
+
+/// One subject on the board: its authoritative value and how it got there.
+#[derive(Clone, Debug, Serialize)]
+pub struct BoardEntry {
+    /// The subject.
+    pub subject: String,
+    /// Its version: the seq of its latest entry (use it as `expect_subject_seq`).
+    pub version: u64,
+    /// The latest entry: the authoritative value.
+    pub value: Event,
+    /// Evidence links of the value.
+    pub refs: Vec<u64>,
+    /// Seqs of every entry on the subject.
+    pub history: Vec<u64>,
+    /// Hypotheses on the subject.
+    pub hypotheses: Vec<u64>,
+    /// Open escalation blocking decisions and actions, if any.
+    pub blocked_by: Option<u64>,
+}
+
+/// What `pick` did.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum PickOutcome {
+    /// A decision citing the winner and the losers was appended.
+    Picked {
+        /// The decision event.
+        decision: Event,
+        /// Seq of the winning hypothesis.
+        winner: u64,
+        /// Seqs of the others (they stay in the log as context).
+        losers: Vec<u64>,
+        /// Which rule decided: `confidence`, `evidence` or `recency`.
+        rule: String,
+    },
+    /// The top hypotheses tie on every rule: escalated instead of guessed.
+    Escalated {
+        /// The escalation event.
+        escalation: Event,
+    },
+}
+
+/// An escalation as `swarm escalations` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct EscalationView {
+    /// Seq of the escalation event.
+    pub seq: u64,
+    /// What and why.
+    pub record: EscalationRecord,
+    /// Seq of the resolution, if resolved.
+    pub resolved_by: Option<u64>,
+}
+
+impl Store {
+    fn head_state(&self, run: &str) -> Result<State> {
+        Ok(self.state_at(run, Target::Head, |_| {})?.state)
+    }
+
+    fn engine_append(
+        &self,
+        run: &str,
+        agent: &str,
+        kind: EventType,
+        content: Value,
+        subject: Option<String>,
+        refs: Vec<u64>,
+    ) -> Result<Event> {
+        crate::event::check_id("agent_id", agent)?;
+        let c = Checked {
+            expect_subject_seq: None,
+            id: None,
+            agent_id: agent.to_string(),
+            user_id: self.user().to_string(),
+            kind,
+            content,
+            confidence: None,
+            refs,
+            subject,
+            session_id: None,
+            meta: None,
+        };
+        let mut v = self.append_checked(run, vec![c], None, Durability::Sync)?;
+        v.pop()
+            .ok_or_else(|| Error::invalid("event", "nothing stored"))
+    }
+
+    /// Sets the run's policy (permissions, pruning threshold). The first policy may be
+    /// set by anyone; replacing one needs an agent with `admin` in it.
+    pub fn set_policy(&self, run: &str, agent: &str, policy: &Policy) -> Result<Event> {
+        let v =
+            serde_json::to_value(policy).map_err(|e| Error::invalid("policy", e.to_string()))?;
+        self.engine_append(run, agent, EventType::Policy, v, None, Vec::new())
+    }
+
+    /// The run's current policy.
+    pub fn policy(&self, run: &str) -> Result<Option<Policy>> {
+        Ok(self.head_state(run)?.rules.policy)
+    }
+
+    /// Declares a channel.
+    pub fn declare_channel(&self, run: &str, agent: &str, decl: &ChannelDecl) -> Result<Event> {
+        let v = serde_json::to_value(decl).map_err(|e| Error::invalid("channel", e.to_string()))?;
+        self.engine_append(run, agent, EventType::ChannelDeclare, v, None, Vec::new())
+    }
+
+    /// Writes to a channel. `base_version` is the channel version the writer read
+    /// (required by `reject` channels; a stale one is a conflict, see [`crate::rules`]).
+    pub fn write_channel(
+        &self,
+        run: &str,
+        agent: &str,
+        channel: &str,
+        value: Value,
+        base_version: Option<u64>,
+    ) -> Result<Event> {
+        let w = ChannelWrite {
+            channel: channel.to_string(),
+            value,
+            base_version,
+        };
+        let v = serde_json::to_value(&w).map_err(|e| Error::invalid("channel", e.to_string()))?;
+        self.engine_append(run, agent, EventType::ChannelWrite, v, None, Vec::new())
+    }
+
+    /// A channel's state (value, version, history), as `reader` may see it.
+    pub fn channel(&self, run: &str, reader: Option<&str>, channel: &str) -> Result<ChannelState> {
+        let s = self.head_state(run)?;
+        if let Some(r) = reader {
+            if !s.rules.may_read_channel(r, channel) {
+                return Err(Error::Forbidden(format!(
+                    "agent {r:?} may not read channel {channel:?}"
+                )));
+            }
+        }
+        s.rules.channels.get(channel).cloned().ok_or_else(|| {
+            Error::invalid(
+                "channel",
+                format!("{channel:?} is not declared in run {run:?}"),
+            )
+        })
+    }
+
+    /// Declared channel names, as `reader` may see them.
+    pub fn channels(&self, run: &str, reader: Option<&str>) -> Result<Vec<String>> {
+        let s = self.head_state(run)?;
+        Ok(s.rules
+            .channels
+            .keys()
+            .filter(|c| reader.is_none_or(|r| s.rules.may_read_channel(r, c)))
+            .cloned()
+            .collect())
+    }
+
+    /// The board: each subject's authoritative (latest) entry, its version, its evidence
+    /// links and history. With a `reader`, subjects whose latest entry's type the reader
+    /// may not see are left out.
+    pub fn board(
+        &self,
+        run: &str,
+        reader: Option<&str>,
+        subject: Option<&str>,
+    ) -> Result<Vec<BoardEntry>> {
+        let s = self.head_state(run)?;
+        let mut out = Vec::new();
+        for (name, st) in &s.subjects {
+            if subject.is_some_and(|x| x != name) {
+                continue;
+            }
+            if reader.is_some_and(|r| !s.rules.may_read_type(r, st.latest.kind)) {
+                continue;
+            }
+            out.push(BoardEntry {
+                subject: name.clone(),
+                version: st.latest.seq,
+                value: st.latest.clone(),
+                refs: st.latest.refs.clone(),
+                history: st.seqs.clone(),
+                hypotheses: st.hypotheses.clone(),
+                blocked_by: s.rules.subjects.get(name).and_then(|r| r.blocked_by),
+            });
+        }
+        if let (Some(x), true) = (subject, out.is_empty()) {
+            return Err(Error::invalid(
+                "subject",
+                format!("no entry on {x:?} in run {run:?}"),
+            ));
+        }
+        Ok(out)
+    }
+
+    /// The orchestrator's pick between competing hypotheses on `subject` (seed 000):
+    /// highest confidence, then most supporting evidence (evidence entries that ref the
+    /// hypothesis), then recency (the hypothesis of the most recently scheduled agent:
+    /// the agent whose latest entry is newest). Appends a `decision` by `orchestrator`
+    /// citing the winner and the losers; a tie on all three is escalated, never guessed.
+    pub fn pick(&self, run: &str, orchestrator: &str, subject: &str) -> Result<PickOutcome> {
+        let s = self.head_state(run)?;
+        let st = s
+            .subjects
+            .get(subject)
+            .ok_or_else(|| Error::invalid("subject", format!("no entry on {subject:?}")))?;
+        let mut cands: Vec<(u64, f64, usize, u64, String)> = st
+            .hypotheses
+            .iter()
+            .filter_map(|h| s.hypotheses.get(h).map(|i| (*h, i)))
+            .map(|(h, i)| {
+                let recency = s.agents.get(&i.agent).map_or(0, |a| a.last_seq);
+                (h, i.confidence, i.support.len(), recency, i.agent.clone())
+            })
+            .collect();
+        if cands.len() < 2 {
+            return Err(Error::invalid(
+                "subject",
+                format!(
+                    "{subject:?} has {} hypotheses; a pick needs at least two",
+                    cands.len()
+                ),
+            ));
+        }
+        cands.sort_by(|a, b| {
+            b.1.total_cmp(&a.1)
+                .then(b.2.cmp(&a.2))
+                .then(b.3.cmp(&a.3))
+                .then(a.0.cmp(&b.0))
+        });
+        let (w, r) = (&cands[0], &cands[1]);
+        let rule = if w.1 != r.1 {
+            "confidence"
+        } else if w.2 != r.2 {
+            "evidence"
+        } else if w.3 != r.3 {
+            "recency"
+        } else {
+            let rec = EscalationRecord {
+                subject: subject.to_string(),
+                reason: format!(
+                    "pick: hypotheses #{} ({}) and #{} ({}) tie on confidence {}, evidence {} and recency",
+                    w.0, w.4, r.0, r.4, w.1, w.2
+                ),
+                entries: [r.0.min(w.0), r.0.max(w.0)],
+                agents: if r.0 < w.0 { [r.4.clone(), w.4.clone()] } else { [w.4.clone(), r.4.clone()] },
+                norms: Default::default(),
+            };
+            let v = serde_json::to_value(&rec)
+                .map_err(|e| Error::invalid("escalation", e.to_string()))?;
+            let escalation = self.engine_append(
+                run,
+                ENGINE_AGENT,
+                EventType::Escalation,
+                v,
+                Some(subject.to_string()),
+                vec![w.0, r.0],
+            )?;
+            return Ok(PickOutcome::Escalated { escalation });
+        };
+        let losers: Vec<u64> = cands[1..].iter().map(|c| c.0).collect();
+        let mut refs = vec![w.0];
+        refs.extend(&losers);
+        refs.truncate(crate::event::REFS_MAX);
+        let text = format!(
+            "pick on {subject:?}: hypothesis #{} by {} (confidence {}, {} supporting evidence) over {} by {rule}",
+            w.0,
+            w.4,
+            w.1,
+            w.2,
+            losers.iter().map(|l| format!("#{l}")).collect::<Vec<_>>().join(", ")
+        );
+        let mut ev = crate::event::NewEvent::new(orchestrator, EventType::Decision, text);
+        ev.subject = Some(subject.to_string());
+        ev.refs = refs;
+        ev.meta = json!({"pick": {"winner": w.0, "losers": losers, "rule": rule}})
+            .as_object()
+            .cloned();
+        let decision = self.append(run, ev, Durability::Sync)?;
+        Ok(PickOutcome::Picked {
+            decision,
+            winner: w.0,
+            losers,
+            rule: rule.to_string(),
+        })
+    }
+
+    /// Resolves an escalation (a human's call), unblocking its subject. `winner`, one of
+    /// the escalated entries, becomes the standing one.
+    pub fn resolve(
+        &self,
+        run: &str,
+        by: &str,
+        escalation: u64,
+        winner: Option<u64>,
+        note: &str,
+    ) -> Result<Event> {
+        let subject = self
+            .head_state(run)?
+            .rules
+            .escalations
+            .get(&escalation)
+            .map(|e| e.record.subject.clone());
+        let r = ResolutionRecord {
+            escalation,
+            winner,
+            note: note.to_string(),
+        };
+        let v =
+            serde_json::to_value(&r).map_err(|e| Error::invalid("resolution", e.to_string()))?;
+        self.engine_append(run, by, EventType::Resolution, v, subject, vec![escalation])
+    }
+
+    /// Escalations of the run (open ones only unless `all`).
+    pub fn escalations(&self, run: &str, all: bool) -> Result<Vec<EscalationView>> {
+        let s = self.head_state(run)?;
+        Ok(s.rules
+            .escalations
+            .iter()
+            .filter(|(_, e)| all || e.resolved_by.is_none())
+            .map(|(seq, e): (&u64, &EscalationState)| EscalationView {
+                seq: *seq,
+                record: e.record.clone(),
+                resolved_by: e.resolved_by,
+            })
+            .collect())
+    }
+}
