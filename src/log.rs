@@ -528,12 +528,27 @@ impl RunLog {
         if known.iter().all(Option::is_some) {
             let mut events = Vec::with_capacity(known.len());
             let mut end = Pos::default();
+            let mut end_in_buf: Option<u64> = None;
+            let unwritten = Pos {
+                seg: w.seg_base,
+                off: w.end,
+            };
             for (seq, pos) in known.into_iter().flatten() {
+                if pos >= unwritten {
+                    // An earlier request of this same group stored it (a retry raced its
+                    // original): the frame is still in `buf`, not yet in the file.
+                    let (ev, rel_end) = self.read_buffered(buf, pos.off - w.end, seq)?;
+                    end_in_buf = end_in_buf.max(Some(rel_end));
+                    events.push(ev);
+                    continue;
+                }
                 let (ev, frame_end) = self.read_stored(seq, pos)?;
                 end = end.max(frame_end);
                 events.push(ev);
             }
-            return Ok((events, PlanEnd::Stored(end)));
+            // A frame in `buf` ends after every frame in the file: its end covers them.
+            let end = end_in_buf.map_or(PlanEnd::Stored(end), PlanEnd::InBuf);
+            return Ok((events, end));
         }
         if let Some(i) = known.iter().position(Option::is_some) {
             return Err(Error::invalid(
@@ -607,6 +622,34 @@ impl RunLog {
         w.head_seq = first + events.len() as u64 - 1;
         w.head_ts = ts;
         Ok((events, PlanEnd::InBuf(buf.len() as u64)))
+    }
+
+    /// Reads an event back from a frame of the group being prepared, at `rel` in `buf`.
+    /// Returns it and the frame's end in `buf`.
+    fn read_buffered(&self, buf: &[u8], rel: u64, seq: u64) -> Result<(Event, u64)> {
+        let bug = |reason: &str| Error::Io {
+            op: "append",
+            path: self.dir.clone(),
+            source: std::io::Error::other(format!(
+                "internal: no buffered frame for seq {seq}: {reason}"
+            )),
+        };
+        let at = usize::try_from(rel).map_err(|_| bug("offset"))?;
+        let Some(bytes) = buf.get(at..) else {
+            return Err(bug("offset past the buffer"));
+        };
+        match frame::decode(bytes) {
+            frame::Decoded::Frame { payload, len } => {
+                let events: Vec<Event> =
+                    serde_json::from_slice(payload).map_err(|e| bug(&e.to_string()))?;
+                let ev = events
+                    .into_iter()
+                    .find(|e| e.seq == seq)
+                    .ok_or_else(|| bug("seq not in the frame"))?;
+                Ok((ev, rel + len as u64))
+            }
+            _ => Err(bug("not a frame")),
+        }
     }
 
     /// Reads a stored event back (for idempotent retries). Returns it and its frame end.
