@@ -121,7 +121,7 @@ pub fn decode(buf: &[u8]) -> Decoded<'_> {
     if buf.len() < HEADER_LEN {
         return Decoded::Incomplete;
     }
-    if len > PAYLOAD_BYTES_MAX || len < 2 {
+    if !(2..=PAYLOAD_BYTES_MAX).contains(&len) {
         return Decoded::Corrupt("len out of range");
     }
     let total = frame_len(len);

@@ -117,9 +117,8 @@ fn check_frame(
     if events.is_empty() {
         return Err((None, "empty frame".into()));
     }
-    let mut want = expect.unwrap_or(events[0].seq);
     let mut ts = last_ts;
-    for e in &events {
+    for (want, e) in (expect.unwrap_or(events[0].seq)..).zip(events.iter()) {
         if e.seq != want {
             return Err((Some(want), format!("holds seq {}, expected {want}", e.seq)));
         }
@@ -129,7 +128,6 @@ fn check_frame(
         if e.run_id != run_id {
             return Err((Some(want), format!("belongs to run {:?}", e.run_id)));
         }
-        want += 1;
         ts = e.ts;
     }
     Ok(events)
@@ -481,7 +479,7 @@ pub(crate) fn verify(
                 if it.position() <= marks.visible {
                     visible_seq = e.seq;
                 }
-                if records % 65_536 == 0 {
+                if records.is_multiple_of(65_536) {
                     progress(records);
                 }
             }

@@ -19,6 +19,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 ///
 /// Reads and writes are positional so one handle can be shared by threads; `append`
 /// writes at the current end of the file in one call.
+#[allow(clippy::len_without_is_empty)]
 pub trait StorageFile: Send + Sync {
     /// Reads up to `buf.len()` bytes at `offset`; returns how many were read (0 at EOF).
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
