@@ -10,7 +10,8 @@
 //! Durability is then reached *outside* the append lock, so that other writers can append
 //! while one waits for the disk: the syncer takes the `SYNCED` file's lock, reads the
 //! durable position, and if it does not yet cover its record it notes the segment's
-//! length, `fdatasync`s it and advances the durable position to that length. One fsync
+//! length, `fdatasync`s it and advances the durable position to the end of the last
+//! whole frame before that length (never over a torn write a later repair may cut). One fsync
 //! thus covers every record written by any process before it began (group commit across
 //! processes, as PostgreSQL's WAL flush does); inside a process, threads first combine
 //! their appends into one write (a leader writes for all waiting threads) and then share
@@ -763,9 +764,43 @@ impl RunLog {
         if len > 0 {
             self.scan_tail(w, len)?;
         }
+        self.clamp_watermark(Pos {
+            seg: w.seg_base,
+            off: w.end,
+        })?;
         w.ids_upto = Pos::default();
         w.loaded = true;
         Ok(())
+    }
+
+    /// Lowers the watermark to `end`, the end of the log's whole frames, if it points
+    /// past it. `SYNCED` is not fsynced, so after a power loss its newer `visible` can
+    /// survive while the unsynced frames it covered did not; and a cut segment leaves
+    /// both marks past its end. Left alone, such a mark would cover the next frames
+    /// written there: shown to readers before their fsync, or, for `durable`,
+    /// acknowledged without one. Under `LOCK`: every live writer's frames are whole and
+    /// before `end`, so no mark a live process set is lowered.
+    fn clamp_watermark(&self, end: Pos) -> Result<()> {
+        let mut s = lock(&self.sync);
+        s.durable = s.durable.min(end);
+        self.synced.lock().ctx("lock", &self.synced_path)?;
+        let r = (|| {
+            let mut m = watermark::read(&*self.synced, &self.synced_path)?;
+            if m.durable > end || m.visible > end {
+                tracing::warn!(
+                    path = %self.synced_path.display(),
+                    ?m,
+                    ?end,
+                    "watermark past the end of the log; lowered"
+                );
+                m.durable = m.durable.min(end);
+                m.visible = m.visible.min(end);
+                watermark::write(&*self.synced, &self.synced_path, m)?;
+            }
+            Ok(())
+        })();
+        let _ = self.synced.unlock();
+        r
     }
 
     /// Reads frames in `[w.end, len)` of the current segment, moving the head; a torn tail
@@ -835,16 +870,17 @@ impl RunLog {
         self.storage
             .sync_dir(&self.dir)
             .ctx("fsync dir", &self.dir)?;
-        let _s = lock(&self.sync);
+        let mut s = lock(&self.sync);
+        let cut = Pos {
+            seg: w.seg_base,
+            off: at,
+        };
+        s.durable = s.durable.min(cut);
         self.synced.lock().ctx("lock", &self.synced_path)?;
         let r = (|| {
             w.seg.set_len(at).ctx("truncate", &path)?;
             w.seg.sync_data().ctx("fsync", &path)?;
             let mut m = watermark::read(&*self.synced, &self.synced_path)?;
-            let cut = Pos {
-                seg: w.seg_base,
-                off: at,
-            };
             m.durable = m.durable.min(cut);
             m.visible = m.visible.min(cut);
             watermark::write(&*self.synced, &self.synced_path, m)
@@ -976,6 +1012,11 @@ impl RunLog {
             }
             let seg_path = segment::segment_path(&self.dir, end.seg);
             let len = seg.len().ctx("stat", &seg_path)?;
+            // The fsync covers every byte before `len`, but only whole frames may count
+            // as durable: bytes after them may be a frame still being written or the torn
+            // write of a dead writer, which the next writer cuts and overwrites with a
+            // frame of its own that this fsync never saw.
+            let whole = whole_frames_end(seg, &seg_path, end.off, len)?;
             if let Err(e) = seg.sync_data().ctx("fsync", &seg_path) {
                 // Never retry a failed fsync and then acknowledge: the kernel may have
                 // dropped the dirty pages. Refuse every further append in this process.
@@ -985,7 +1026,7 @@ impl RunLog {
             }
             let covered = Pos {
                 seg: end.seg,
-                off: len.max(end.off),
+                off: whole,
             };
             m.durable = m.durable.max(covered);
             m.visible = m.visible.max(m.durable);
@@ -1043,6 +1084,20 @@ fn corrupt(path: &Path, offset: u64, seq: u64, reason: String) -> Error {
         seq,
         reason,
     }
+}
+
+/// End of the last whole frame in `[from, len)` of a segment, `from` being a frame
+/// boundary: where a durable or visible mark may be placed.
+fn whole_frames_end(seg: &Arc<dyn StorageFile>, path: &Path, from: u64, len: u64) -> Result<u64> {
+    if len <= from {
+        return Ok(from);
+    }
+    let mut r = FrameReader::new(seg.clone(), path.to_path_buf(), from, Some(len))?;
+    let mut end = from;
+    while let Step::Frame { offset, len } = r.step()? {
+        end = offset + len;
+    }
+    Ok(end)
 }
 
 /// The seq and ts of the last event of a frame payload.
