@@ -8,6 +8,7 @@ mod scratch;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
+use serde::Deserialize;
 use serde_json::Value;
 use swarm_memory::{Durability, Error, EventType, NewEvent, ReadOptions, Store, Target, Ts};
 
@@ -318,8 +319,13 @@ fn main() -> ExitCode {
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
+        // serde_json wraps the writer's io::Error in its own error type (and does not
+        // return it as the source), so look there too.
         c.downcast_ref::<io::Error>()
             .is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)
+            || c.downcast_ref::<serde_json::Error>()
+                .and_then(serde_json::Error::io_error_kind)
+                == Some(io::ErrorKind::BrokenPipe)
     })
 }
 
@@ -435,15 +441,28 @@ fn append_stdin(
                 other => anyhow::Error::new(other).context(format!("line {n}")),
             }
         };
-        let parse = |v: Value| -> Result<NewEvent, anyhow::Error> {
-            serde_json::from_value::<NewEvent>(v)
-                .map_err(|e| invalid(&format!("line {n}"), e.to_string()))
+        let parse = |i: usize, v: &Value| -> Result<NewEvent, anyhow::Error> {
+            NewEvent::deserialize(v).map_err(|e| {
+                // serde's message names an unknown or missing field but not the field
+                // whose value has the wrong type: find it, so the message names it.
+                let at = if i > 0 {
+                    format!("[{i}].")
+                } else {
+                    String::new()
+                };
+                match bad_field(v) {
+                    Some(f) => invalid(&format!("line {n}: {at}{f}"), e.to_string()),
+                    None if i > 0 => invalid(&format!("line {n}: [{i}]"), e.to_string()),
+                    None => invalid(&format!("line {n}"), e.to_string()),
+                }
+            })
         };
         let stored = match value {
             Value::Array(items) => {
                 let evs = items
-                    .into_iter()
-                    .map(parse)
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| parse(i, v))
                     .collect::<Result<Vec<_>, _>>()?;
                 let expect = evs.first().and_then(|e| e.expect_seq);
                 store
@@ -451,7 +470,9 @@ fn append_stdin(
                     .map_err(at_line)?
             }
             v @ Value::Object(_) => {
-                vec![store.append(run, parse(v)?, durability).map_err(at_line)?]
+                vec![store
+                    .append(run, parse(0, &v)?, durability)
+                    .map_err(at_line)?]
             }
             _ => bail!(invalid(
                 &format!("line {n}"),
@@ -465,6 +486,17 @@ fn append_stdin(
         out.flush()?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The first field of an event object that cannot be read as its field: each one is
+/// tried alone beside valid required fields.
+fn bad_field(v: &Value) -> Option<String> {
+    let obj = v.as_object()?;
+    obj.iter().find_map(|(k, val)| {
+        let mut probe = serde_json::json!({"agent_id": "a", "type": "evidence", "content": "x"});
+        probe[k.as_str()] = val.clone();
+        NewEvent::deserialize(&probe).is_err().then(|| k.clone())
+    })
 }
 
 fn parse_ts(field: &str, s: &Option<String>) -> anyhow::Result<Option<Ts>> {

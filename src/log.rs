@@ -10,7 +10,8 @@
 //! Durability is then reached *outside* the append lock, so that other writers can append
 //! while one waits for the disk: the syncer takes the `SYNCED` file's lock, reads the
 //! durable position, and if it does not yet cover its record it notes the segment's
-//! length, `fdatasync`s it and advances the durable position to that length. One fsync
+//! length, `fdatasync`s it and advances the durable position to the end of the last
+//! whole frame before that length (never over a torn write a later repair may cut). One fsync
 //! thus covers every record written by any process before it began (group commit across
 //! processes, as PostgreSQL's WAL flush does); inside a process, threads first combine
 //! their appends into one write (a leader writes for all waiting threads) and then share
@@ -537,12 +538,27 @@ impl RunLog {
         if known.iter().all(Option::is_some) {
             let mut events = Vec::with_capacity(known.len());
             let mut end = Pos::default();
+            let mut end_in_buf: Option<u64> = None;
+            let unwritten = Pos {
+                seg: w.seg_base,
+                off: w.end,
+            };
             for (seq, pos) in known.into_iter().flatten() {
+                if pos >= unwritten {
+                    // An earlier request of this same group stored it (a retry raced its
+                    // original): the frame is still in `buf`, not yet in the file.
+                    let (ev, rel_end) = self.read_buffered(buf, pos.off - w.end, seq)?;
+                    end_in_buf = end_in_buf.max(Some(rel_end));
+                    events.push(ev);
+                    continue;
+                }
                 let (ev, frame_end) = self.read_stored(seq, pos)?;
                 end = end.max(frame_end);
                 events.push(ev);
             }
-            return Ok((events, PlanEnd::Stored(end)));
+            // A frame in `buf` ends after every frame in the file: its end covers them.
+            let end = end_in_buf.map_or(PlanEnd::Stored(end), PlanEnd::InBuf);
+            return Ok((events, end));
         }
         if let Some(i) = known.iter().position(Option::is_some) {
             return Err(Error::invalid(
@@ -680,6 +696,34 @@ impl RunLog {
         }
     }
 
+    /// Reads an event back from a frame of the group being prepared, at `rel` in `buf`.
+    /// Returns it and the frame's end in `buf`.
+    fn read_buffered(&self, buf: &[u8], rel: u64, seq: u64) -> Result<(Event, u64)> {
+        let bug = |reason: &str| Error::Io {
+            op: "append",
+            path: self.dir.clone(),
+            source: std::io::Error::other(format!(
+                "internal: no buffered frame for seq {seq}: {reason}"
+            )),
+        };
+        let at = usize::try_from(rel).map_err(|_| bug("offset"))?;
+        let Some(bytes) = buf.get(at..) else {
+            return Err(bug("offset past the buffer"));
+        };
+        match frame::decode(bytes) {
+            frame::Decoded::Frame { payload, len } => {
+                let events: Vec<Event> =
+                    serde_json::from_slice(payload).map_err(|e| bug(&e.to_string()))?;
+                let ev = events
+                    .into_iter()
+                    .find(|e| e.seq == seq)
+                    .ok_or_else(|| bug("seq not in the frame"))?;
+                Ok((ev, rel + len as u64))
+            }
+            _ => Err(bug("not a frame")),
+        }
+    }
+
     /// Reads a stored event back (for idempotent retries). Returns it and its frame end.
     fn read_stored(&self, seq: u64, pos: Pos) -> Result<(Event, Pos)> {
         let path = segment::segment_path(&self.dir, pos.seg);
@@ -803,6 +847,10 @@ impl RunLog {
                 .ctx("stat", &segment::segment_path(&self.dir, base))?;
             self.scan_tail(w, len, i + 1 == bases.len())?;
         }
+        self.clamp_watermark(Pos {
+            seg: w.seg_base,
+            off: w.end,
+        })?;
         w.ids_upto = Pos::default();
         w.loaded = true;
         Ok(())
@@ -830,6 +878,36 @@ impl RunLog {
             }
         }
         Ok(None)
+    }
+
+    /// Lowers the watermark to `end`, the end of the log's whole frames, if it points
+    /// past it. `SYNCED` is not fsynced, so after a power loss its newer `visible` can
+    /// survive while the unsynced frames it covered did not; and a cut segment leaves
+    /// both marks past its end. Left alone, such a mark would cover the next frames
+    /// written there: shown to readers before their fsync, or, for `durable`,
+    /// acknowledged without one. Under `LOCK`: every live writer's frames are whole and
+    /// before `end`, so no mark a live process set is lowered.
+    fn clamp_watermark(&self, end: Pos) -> Result<()> {
+        let mut s = lock(&self.sync);
+        s.durable = s.durable.min(end);
+        self.synced.lock().ctx("lock", &self.synced_path)?;
+        let r = (|| {
+            let mut m = watermark::read(&*self.synced, &self.synced_path)?;
+            if m.durable > end || m.visible > end {
+                tracing::warn!(
+                    path = %self.synced_path.display(),
+                    ?m,
+                    ?end,
+                    "watermark past the end of the log; lowered"
+                );
+                m.durable = m.durable.min(end);
+                m.visible = m.visible.min(end);
+                watermark::write(&*self.synced, &self.synced_path, m)?;
+            }
+            Ok(())
+        })();
+        let _ = self.synced.unlock();
+        r
     }
 
     /// Reads frames in `[w.end, len)` of the current segment, moving the head; a torn tail
@@ -928,16 +1006,17 @@ impl RunLog {
         self.storage
             .sync_dir(&self.dir)
             .ctx("fsync dir", &self.dir)?;
-        let _s = lock(&self.sync);
+        let mut s = lock(&self.sync);
+        let cut = Pos {
+            seg: w.seg_base,
+            off: at,
+        };
+        s.durable = s.durable.min(cut);
         self.synced.lock().ctx("lock", &self.synced_path)?;
         let r = (|| {
             w.seg.set_len(at).ctx("truncate", &path)?;
             w.seg.sync_data().ctx("fsync", &path)?;
             let mut m = watermark::read(&*self.synced, &self.synced_path)?;
-            let cut = Pos {
-                seg: w.seg_base,
-                off: at,
-            };
             m.durable = m.durable.min(cut);
             m.visible = m.visible.min(cut);
             watermark::write(&*self.synced, &self.synced_path, m)
@@ -1069,6 +1148,11 @@ impl RunLog {
             }
             let seg_path = segment::segment_path(&self.dir, end.seg);
             let len = seg.len().ctx("stat", &seg_path)?;
+            // The fsync covers every byte before `len`, but only whole frames may count
+            // as durable: bytes after them may be a frame still being written or the torn
+            // write of a dead writer, which the next writer cuts and overwrites with a
+            // frame of its own that this fsync never saw.
+            let whole = whole_frames_end(seg, &seg_path, end.off, len)?;
             if let Err(e) = seg.sync_data().ctx("fsync", &seg_path) {
                 // Never retry a failed fsync and then acknowledge: the kernel may have
                 // dropped the dirty pages. Refuse every further append in this process.
@@ -1078,7 +1162,7 @@ impl RunLog {
             }
             let covered = Pos {
                 seg: end.seg,
-                off: len.max(end.off),
+                off: whole,
             };
             m.durable = m.durable.max(covered);
             m.visible = m.visible.max(m.durable);
@@ -1165,6 +1249,20 @@ fn rule_event(e: &Event) -> RuleEvent<'_> {
         refs: &e.refs,
         content: &e.content,
     }
+}
+
+/// End of the last whole frame in `[from, len)` of a segment, `from` being a frame
+/// boundary: where a durable or visible mark may be placed.
+fn whole_frames_end(seg: &Arc<dyn StorageFile>, path: &Path, from: u64, len: u64) -> Result<u64> {
+    if len <= from {
+        return Ok(from);
+    }
+    let mut r = FrameReader::new(seg.clone(), path.to_path_buf(), from, Some(len))?;
+    let mut end = from;
+    while let Step::Frame { offset, len } = r.step()? {
+        end = offset + len;
+    }
+    Ok(end)
 }
 
 /// Reads a run's `run.json`.

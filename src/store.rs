@@ -271,6 +271,7 @@ impl Store {
                 other => other,
             })?);
         }
+        self.refuse_on_new_run(run, &batch, expect_seq)?;
         self.append_checked(run, batch, expect_seq, durability)
     }
 
@@ -290,6 +291,48 @@ impl Store {
         })?;
         self.maybe_checkpoint(run, &stored);
         Ok(stored)
+    }
+
+    /// Refuses, before the run is created, a request that cannot succeed on an empty run
+    /// (an `expect_seq` other than 0, a ref to a seq it would not have), so that a
+    /// refused append never leaves a new empty run behind. The writer checks again under
+    /// the lock; if another process creates the run meanwhile, the refusal still
+    /// describes the run as it was when checked.
+    fn refuse_on_new_run(
+        &self,
+        run: &str,
+        batch: &[Checked],
+        expect_seq: Option<u64>,
+    ) -> Result<()> {
+        let cached = self
+            .logs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(run);
+        if cached
+            || self
+                .storage
+                .exists(&self.run_dir(run)?.join(log::META_FILE))
+        {
+            return Ok(());
+        }
+        if let Some(expected) = expect_seq.filter(|&e| e != 0) {
+            return Err(Error::SeqConflict {
+                run: run.to_string(),
+                expected,
+                actual: 0,
+            });
+        }
+        for (i, e) in batch.iter().enumerate() {
+            let seq = i as u64 + 1;
+            if let Some(bad) = e.refs.iter().find(|&&x| x == 0 || x >= seq) {
+                return Err(Error::invalid(
+                    "refs",
+                    format!("seq {bad} does not name an earlier event (this one gets seq {seq})"),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Reads a run's events in seq order.

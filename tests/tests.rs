@@ -1,3 +1,20 @@
-//! The integration tests: one binary, one module per area.
+//! The integration tests of swarm-memory: one binary, one module per concern.
+//!
+//! Tests that run the CLI use the `swarm` binary cargo built for this run; tests of the
+//! engine's crash behaviour use `MemStorage`, which keeps a written and a durable image
+//! of every file.
 
+mod util;
+
+mod bad_input;
+mod cli;
+mod concurrent;
+mod damage;
+mod fsync_failure;
+mod kill;
+mod model;
+mod random_bytes;
 mod replay;
+mod retry;
+mod truncate;
+mod visibility;

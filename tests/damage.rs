@@ -1,0 +1,287 @@
+//! Damaged bytes: bit flips in a middle record are reported and never dropped silently;
+//! a zero-filled or garbage tail is a torn tail, cut (and kept) by the next append.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use swarm_memory::storage::OpenMode;
+use swarm_memory::{
+    Durability, Error, LogOptions, MemStorage, ReadOptions, Storage, Store, Visibility,
+};
+
+use crate::util::{frame_boundaries, lib_append, lib_read, new_ev, Env};
+
+/// A run of five single-event frames; returns the segment path and its frame boundaries.
+fn five_frames(env: &Env, run: &str) -> (std::path::PathBuf, Vec<usize>) {
+    let store = env.store();
+    for i in 1..=5 {
+        lib_append(&store, run, &format!("event number {i}"));
+    }
+    let seg = env.segments(run).remove(0);
+    let bounds = frame_boundaries(&std::fs::read(&seg).unwrap());
+    assert_eq!(bounds.len(), 6);
+    (seg, bounds)
+}
+
+#[test]
+fn cli_bit_flips_in_a_middle_record() {
+    let env = Env::new();
+    let run = "flip";
+    let (seg, b) = five_frames(&env, run);
+    let clean = std::fs::read(&seg).unwrap();
+    let seg_name = seg.file_name().unwrap().to_string_lossy().into_owned();
+    // Header (crc digit, len digit, len padding), payload, trailer '}' and the newline.
+    let spots = [
+        b[2] + 15,
+        b[2] + 37,
+        b[2] + 31,
+        b[2] + 100,
+        b[3] - 2,
+        b[3] - 1,
+    ];
+    for (i, &at) in spots.iter().enumerate() {
+        let mut bytes = clean.clone();
+        bytes[at] ^= 1 << (i % 8);
+        std::fs::write(&seg, &bytes).unwrap();
+        let (code, rep) = env.verify(run);
+        assert_eq!(code, 3, "flip at {at}: {rep}");
+        assert_eq!(rep["ok"], false);
+        assert_eq!(rep["corrupt"][0]["seq"], 3, "{rep}");
+        assert_eq!(rep["corrupt"][0]["offset"], b[2], "{rep}");
+        let out = env.swarm(&["read", "--run", run]).code(3).one_line_error(&[
+            &seg_name,
+            &format!("offset {}", b[2]),
+            "seq 3",
+        ]);
+        let seqs: Vec<u64> = out.events().iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [1, 2], "read stops at the damage");
+        let out = env
+            .swarm(&["read", "--run", run, "--skip-corrupt"])
+            .ok()
+            .stderr_has(&["skipped", &format!("{}..{}", b[2], b[3]), &seg_name]);
+        let seqs: Vec<u64> = out.events().iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [1, 2, 4, 5]);
+        let before = env.snapshot();
+        env.swarm(&[
+            "append",
+            "--run",
+            run,
+            "--agent",
+            "a",
+            "--type",
+            "evidence",
+            "--content",
+            "more",
+        ])
+        .code(3)
+        .one_line_error(&["refusing to truncate", &format!("offset {}", b[2])]);
+        assert_eq!(env.snapshot(), before, "a refused append changed files");
+    }
+    std::fs::write(&seg, &clean).unwrap();
+    env.check_run(run);
+}
+
+/// Every bit of the middle frame, through the library on `MemStorage`.
+#[test]
+fn every_bit_of_a_middle_record() {
+    let mem = MemStorage::new();
+    let root = Path::new("/data");
+    let run = "flip";
+    let store = Store::open_with(Arc::new(mem.clone()), root, LogOptions::default()).unwrap();
+    for i in 1..=5 {
+        lib_append(&store, run, &format!("event number {i}"));
+    }
+    drop(store);
+    let seg = root
+        .join("anonymous")
+        .join(run)
+        .join("seg-00000000000000000001.jsonl");
+    let clean = mem.contents(&seg).unwrap();
+    let b = frame_boundaries(&clean);
+    for at in b[2]..b[3] {
+        for bit in 0..8 {
+            let mut bytes = clean.clone();
+            bytes[at] ^= 1 << bit;
+            mem.set_contents(&seg, bytes.clone());
+            let store =
+                Store::open_with(Arc::new(mem.clone()), root, LogOptions::default()).unwrap();
+            let rep = store.verify(run, |_| {}).unwrap();
+            assert!(!rep.ok, "flip {at}.{bit}");
+            assert_eq!(
+                (rep.corrupt[0].seq, rep.corrupt[0].offset),
+                (3, b[2] as u64),
+                "flip {at}.{bit}"
+            );
+            let mut it = store.read(run, ReadOptions::default()).unwrap();
+            assert_eq!(it.next().unwrap().unwrap().seq, 1);
+            assert_eq!(it.next().unwrap().unwrap().seq, 2);
+            match it.next() {
+                Some(Err(Error::Corrupt { offset, seq, .. })) => {
+                    assert_eq!((offset, seq), (b[2] as u64, 3), "flip {at}.{bit}")
+                }
+                other => panic!("flip {at}.{bit}: {other:?}"),
+            }
+            let mut it = store
+                .read(
+                    run,
+                    ReadOptions {
+                        skip_corrupt: true,
+                        ..ReadOptions::default()
+                    },
+                )
+                .unwrap();
+            let seqs: Vec<u64> = (&mut it).map(|e| e.unwrap().seq).collect();
+            assert_eq!(seqs, [1, 2, 4, 5], "flip {at}.{bit}");
+            assert_eq!(it.skipped().len(), 1);
+            assert_eq!(it.skipped()[0].offset, b[2] as u64);
+            match store.append(run, new_ev(None, "more"), Durability::Sync) {
+                Err(Error::Corrupt { offset, .. }) => assert_eq!(offset, b[2] as u64),
+                other => panic!("flip {at}.{bit}: append gave {other:?}"),
+            }
+            assert_eq!(mem.contents(&seg).unwrap(), bytes, "flip {at}.{bit}");
+        }
+    }
+}
+
+/// Damage at the end of a segment that is not the last one is corruption, not a torn
+/// tail: later segments hold valid records.
+#[test]
+fn damage_at_the_end_of_an_older_segment() {
+    let mem = MemStorage::new();
+    let root = Path::new("/data");
+    let run = "older";
+    let opts = LogOptions {
+        segment_bytes: 4096,
+        ..LogOptions::default()
+    };
+    let store = Store::open_with(Arc::new(mem.clone()), root, opts.clone()).unwrap();
+    for i in 0..40 {
+        lib_append(&store, run, &format!("{i} {}", "w".repeat(200)));
+    }
+    drop(store);
+    let mut segs: Vec<String> = mem
+        .list(&root.join("anonymous").join(run))
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.starts_with("seg-"))
+        .collect();
+    segs.sort();
+    assert!(segs.len() >= 3);
+    let first = root.join("anonymous").join(run).join(&segs[0]);
+    let mut bytes = mem.contents(&first).unwrap();
+    let last_frame = *frame_boundaries(&bytes).iter().rev().nth(1).unwrap();
+    let n = bytes.len();
+    bytes[n - 10] ^= 0x20;
+    mem.set_contents(&first, bytes);
+    let store = Store::open_with(Arc::new(mem.clone()), root, opts).unwrap();
+    let rep = store.verify(run, |_| {}).unwrap();
+    assert!(!rep.ok, "{rep:?}");
+    assert_eq!(rep.corrupt[0].offset, last_frame as u64);
+    let err = store
+        .read(run, ReadOptions::default())
+        .unwrap()
+        .find_map(Result::err);
+    assert!(matches!(err, Some(Error::Corrupt { .. })), "{err:?}");
+    // A writer folds the whole log into its rules (permissions, escalations) before it
+    // appends, so it refuses to append past damage it cannot read rather than decide
+    // with rules that may miss what the damaged record said.
+    let err = store
+        .append(run, new_ev(None, "after damage"), Durability::Sync)
+        .unwrap_err();
+    assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+}
+
+/// A zero-filled tail (a power loss after the file grew but before its data reached the
+/// disk) and a garbage tail: reads and verify see a torn tail, the next append cuts it,
+/// keeps the bytes in a `.broken` file and continues the seqs.
+#[test]
+fn zero_and_garbage_tails_are_cut_at_the_next_append() {
+    let mut garbage = b"garbage \x01\x02\xff {\"f\":1,\"crc\":\"zz\n more garbage\n".to_vec();
+    garbage.extend(std::iter::repeat_n(b'#', 3000));
+    for tail in [vec![0u8; 4096], garbage] {
+        let env = Env::new();
+        let run = "tail";
+        let store = env.store();
+        for i in 1..=3 {
+            lib_append(&store, run, &format!("event {i}"));
+        }
+        drop(store);
+        let seg = env.segments(run).remove(0);
+        let clean = std::fs::read(&seg).unwrap();
+        let mut bytes = clean.clone();
+        bytes.extend_from_slice(&tail);
+        std::fs::write(&seg, &bytes).unwrap();
+        assert_eq!(env.read(run).len(), 3);
+        let (code, rep) = env.verify(run);
+        assert_eq!(code, 0, "{rep}");
+        assert_eq!(rep["torn_tail"]["offset"], clean.len(), "{rep}");
+        assert_eq!(rep["torn_tail"]["bytes"], tail.len(), "{rep}");
+        let out = env
+            .swarm(&[
+                "append",
+                "--run",
+                run,
+                "--agent",
+                "a",
+                "--type",
+                "evidence",
+                "--content",
+                "next",
+            ])
+            .ok();
+        assert_eq!(out.events()[0].seq, 4);
+        assert!(out.stderr.contains("torn tail"), "a warning is logged");
+        let broken = env.broken_files(run);
+        assert_eq!(broken.len(), 1);
+        assert_eq!(std::fs::read(&broken[0]).unwrap(), tail);
+        let events = env.check_run(run);
+        assert_eq!(events.len(), 4);
+        let (_, rep) = env.verify(run);
+        assert_eq!(rep["repaired_tails"][0]["bytes"], tail.len(), "{rep}");
+    }
+}
+
+/// A damaged *last* record is indistinguishable from a torn write: the spec says it is
+/// cut at the next append and kept in a `.broken` file, never silently discarded.
+#[test]
+fn damaged_last_record_is_kept_in_a_broken_file() {
+    let mem = MemStorage::new();
+    let root = Path::new("/data");
+    let run = "last";
+    let store = Store::open_with(Arc::new(mem.clone()), root, LogOptions::default()).unwrap();
+    for i in 1..=3 {
+        lib_append(&store, run, &format!("event {i}"));
+    }
+    drop(store);
+    let seg = root
+        .join("anonymous")
+        .join(run)
+        .join("seg-00000000000000000001.jsonl");
+    let mut bytes = mem.contents(&seg).unwrap();
+    let b = frame_boundaries(&bytes);
+    bytes[b[2] + 60] ^= 4;
+    mem.set_contents(&seg, bytes.clone());
+    let store = Store::open_with(Arc::new(mem.clone()), root, LogOptions::default()).unwrap();
+    let rep = store.verify(run, |_| {}).unwrap();
+    assert!(rep.ok && rep.torn_tail.is_some(), "{rep:?}");
+    let e = lib_append(&store, run, "next");
+    assert_eq!(e.seq, 3);
+    let broken = root
+        .join("anonymous")
+        .join(run)
+        .join(format!("seg-00000000000000000001.jsonl.{}.broken", b[2]));
+    let f = mem.open(&broken, OpenMode::Read).unwrap();
+    assert_eq!(f.len().unwrap(), (b[3] - b[2]) as u64);
+    let all = store
+        .read(
+            run,
+            ReadOptions {
+                visibility: Visibility::Written,
+                ..ReadOptions::default()
+            },
+        )
+        .unwrap()
+        .count();
+    assert_eq!(all, 3);
+    assert_eq!(lib_read(&store, run).len(), 3);
+}
