@@ -11,6 +11,7 @@ mod cli;
 mod concurrent;
 mod damage;
 mod fsync_failure;
+mod golden;
 mod kill;
 mod model;
 mod random_bytes;
