@@ -4,6 +4,7 @@ use std::io::{self, BufRead, BufWriter, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod demo;
 mod scratch;
 
 use anyhow::{bail, Context};
@@ -352,7 +353,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Read(a) => read(&store, a),
         Cmd::Verify { run } => verify(&store, run),
         Cmd::Runs { json } => runs(&store, json),
-        Cmd::Demo { run } => demo(&cli.data_dir, &cli.checkpoint_dir, run),
+        Cmd::Demo { run } => demo::run(&cli.data_dir, &cli.checkpoint_dir, &cli.user, run),
     }
 }
 
@@ -469,10 +470,14 @@ fn append_stdin(
                     .append_batch(run, evs, expect, durability)
                     .map_err(at_line)?
             }
+            // Engine events the append caused (an escalation) are printed after it, so
+            // the agent learns at once that its action was escalated.
             v @ Value::Object(_) => {
-                vec![store
-                    .append(run, parse(0, &v)?, durability)
-                    .map_err(at_line)?]
+                let e = parse(0, &v)?;
+                let expect = e.expect_seq;
+                store
+                    .append_batch(run, vec![e], expect, durability)
+                    .map_err(at_line)?
             }
             _ => bail!(invalid(
                 &format!("line {n}"),
@@ -596,217 +601,6 @@ fn runs(store: &Store, json: bool) -> anyhow::Result<ExitCode> {
         }
     }
     out.flush()?;
-    Ok(ExitCode::SUCCESS)
-}
-
-/// The scripted incident: each agent's entries, in its own order. Later entries of the
-/// lead refer to the seqs its peers' findings got, looked up by id at run time.
-fn demo_script() -> Vec<(&'static str, Vec<Value>)> {
-    use serde_json::json;
-    let ev = |id: &str, agent: &str, kind: &str, subject: &str, content: &str, conf: f64| {
-        json!({"id": id, "agent_id": agent, "type": kind, "subject": subject,
-               "content": content, "confidence": conf, "session_id": format!("{agent}-s1")})
-    };
-    vec![
-        (
-            "metrics",
-            vec![
-                ev(
-                    "m1",
-                    "metrics",
-                    "evidence",
-                    "checkout-latency",
-                    "p99 latency of checkout rose from 180 ms to 2.4 s at 14:01",
-                    0.95,
-                ),
-                ev(
-                    "m2",
-                    "metrics",
-                    "hypothesis",
-                    "root-cause",
-                    "connection pool saturation on orders-db",
-                    0.7,
-                ),
-                ev(
-                    "m3",
-                    "metrics",
-                    "evidence",
-                    "orders-db",
-                    "orders-db active connections pinned at max_connections=100",
-                    0.9,
-                ),
-            ],
-        ),
-        (
-            "logs",
-            vec![
-                ev(
-                    "l1",
-                    "logs",
-                    "evidence",
-                    "checkout",
-                    "checkout pods log 'timeout acquiring connection' 3,214 times since 14:01",
-                    0.9,
-                ),
-                ev(
-                    "l2",
-                    "logs",
-                    "hypothesis",
-                    "root-cause",
-                    "deploy 2026.11.22-3 of orders-svc leaks connections",
-                    0.6,
-                ),
-                ev(
-                    "l3",
-                    "logs",
-                    "evidence",
-                    "orders-svc",
-                    "orders-svc deploy 2026.11.22-3 rolled out at 13:58",
-                    0.95,
-                ),
-            ],
-        ),
-        (
-            "traces",
-            vec![
-                ev(
-                    "t1",
-                    "traces",
-                    "evidence",
-                    "checkout",
-                    "trace exemplars: 96% of checkout time spent waiting on orders-db",
-                    0.85,
-                ),
-                ev(
-                    "t2",
-                    "traces",
-                    "hypothesis",
-                    "root-cause",
-                    "orders-svc retries without closing connections after 13:58",
-                    0.75,
-                ),
-            ],
-        ),
-        (
-            "lead",
-            vec![
-                ev(
-                    "d1",
-                    "lead",
-                    "decision",
-                    "orders-svc",
-                    "roll back orders-svc to 2026.11.22-2",
-                    0.8,
-                ),
-                ev(
-                    "a1",
-                    "lead",
-                    "action_taken",
-                    "orders-svc",
-                    "rolled back orders-svc; pool usage fell to 35/100 by 14:09",
-                    0.9,
-                ),
-            ],
-        ),
-    ]
-}
-
-fn demo(
-    data_dir: &std::path::Path,
-    checkpoint_dir: &std::path::Path,
-    run: Option<String>,
-) -> anyhow::Result<ExitCode> {
-    use std::process::{Command, Stdio};
-    let run = run.unwrap_or_else(|| format!("demo-{}", Ts::now().0 / 1000));
-    let exe = std::env::current_exe().context("locating the swarm binary")?;
-    println!("swarm demo: run {run:?} in {}", data_dir.display());
-    println!("starting 4 agent processes that append concurrently ...");
-    let mut children = Vec::new();
-    for (agent, entries) in demo_script() {
-        let mut child = Command::new(&exe)
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(["append", "--run", &run, "--stdin"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("starting an agent process")?;
-        let mut stdin = child.stdin.take().context("agent stdin")?;
-        let body: String = entries
-            .iter()
-            .map(|e| {
-                let mut e = e.clone();
-                e["id"] = Value::String(format!("{run}.{}", e["id"].as_str().unwrap_or("x")));
-                format!("{e}\n")
-            })
-            .collect();
-        std::thread::spawn(move || {
-            let _ = stdin.write_all(body.as_bytes());
-        });
-        children.push((agent, child));
-    }
-    for (agent, child) in children {
-        let out = child.wait_with_output().context("waiting for an agent")?;
-        if !out.status.success() {
-            bail!("agent {agent} failed with {}", out.status);
-        }
-        let n = out
-            .stdout
-            .split(|&b| b == b'\n')
-            .filter(|l| !l.is_empty())
-            .count();
-        println!("  agent {agent:<8} appended {n} entries (pid-separate process, sync durability)");
-    }
-    let store = Store::open(data_dir)?.with_checkpoints(checkpoint_dir, 10_000);
-    let events: Vec<_> = store
-        .read(&run, ReadOptions::default())?
-        .collect::<Result<_, _>>()?;
-    println!("\nthe run, read back in seq order:");
-    for e in &events {
-        let content = e
-            .content
-            .as_str()
-            .map_or_else(|| e.content.to_string(), str::to_string);
-        println!(
-            "  #{:<3} {}  {:<8} {:<12} [{}] {}",
-            e.seq,
-            &e.ts.to_string()[11..23],
-            e.agent_id,
-            e.kind.as_str(),
-            e.subject.as_deref().unwrap_or("-"),
-            content
-        );
-    }
-    let report = store.verify(&run, |_| {})?;
-    println!(
-        "\nverify: ok={} records={} frames={} bytes={} corrupt={}",
-        report.ok,
-        report.records,
-        report.frames,
-        report.bytes,
-        report.corrupt.len()
-    );
-    let count = |k: EventType| events.iter().filter(|e| e.kind == k).count();
-    println!(
-        "summary: {} hypotheses, {} evidence, {} decisions, {} actions from {} agents; seqs 1..{} gap-free",
-        count(EventType::Hypothesis),
-        count(EventType::Evidence),
-        count(EventType::Decision),
-        count(EventType::ActionTaken),
-        {
-            let mut a: Vec<_> = events.iter().map(|e| e.agent_id.as_str()).collect();
-            a.sort();
-            a.dedup();
-            a.len()
-        },
-        events.len()
-    );
-    if io::stdout().is_terminal() {
-        println!("\nnext: swarm read --run {run} | jq .   |   swarm verify --run {run}");
-    }
-    if !report.ok {
-        return Ok(ExitCode::from(3));
-    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -96,8 +96,9 @@ impl Store {
             session_id: None,
             meta: None,
         };
-        let mut v = self.append_checked(run, vec![c], None, Durability::Sync)?;
-        v.pop()
+        let v = self.append_checked(run, vec![c], None, Durability::Sync)?;
+        v.into_iter()
+            .next()
             .ok_or_else(|| Error::invalid("event", "nothing stored"))
     }
 

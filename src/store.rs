@@ -220,8 +220,10 @@ impl Store {
     /// last seq. Creates the run if it does not exist.
     pub fn append(&self, run: &str, ev: NewEvent, durability: Durability) -> Result<Event> {
         let expect = ev.expect_seq;
-        let mut v = self.append_batch(run, vec![ev], expect, durability)?;
-        v.pop()
+        // The first stored event is the caller's; engine events (an escalation) may follow.
+        let v = self.append_batch(run, vec![ev], expect, durability)?;
+        v.into_iter()
+            .next()
             .ok_or_else(|| Error::invalid("batch", "no event stored"))
     }
 

@@ -1,0 +1,432 @@
+//! `swarm demo`: agent processes work an SRE incident together in a new run.
+//!
+//! Every agent is a separate `swarm append --stdin` process; the orchestrator and the
+//! human use the library in this process. Each stage prints what happened and why.
+
+use std::io::{self, IsTerminal, Write};
+use std::path::Path;
+use std::process::{Command, ExitCode, Stdio};
+
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+use swarm_memory::{Error, Event, EventType, PickOutcome, ReadOptions, Store, Target, Ts};
+
+/// One agent process fed NDJSON lines; returns the events it stored.
+fn agent_process(
+    exe: &Path,
+    data_dir: &Path,
+    user: &str,
+    run: &str,
+    lines: Vec<Value>,
+) -> anyhow::Result<std::process::Child> {
+    let mut child = Command::new(exe)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--user", user, "append", "--run", run, "--stdin"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting an agent process")?;
+    let mut stdin = child.stdin.take().context("agent stdin")?;
+    let body: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::thread::spawn(move || {
+        let _ = stdin.write_all(body.as_bytes());
+    });
+    Ok(child)
+}
+
+fn wait_agent(
+    agent: &str,
+    child: std::process::Child,
+) -> anyhow::Result<(Vec<Event>, String, Option<i32>)> {
+    let out = child.wait_with_output().context("waiting for an agent")?;
+    let events = out
+        .stdout
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(serde_json::from_slice)
+        .collect::<Result<Vec<Event>, _>>()
+        .with_context(|| format!("agent {agent} printed something that is not an event"))?;
+    Ok((
+        events,
+        String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        out.status.code(),
+    ))
+}
+
+fn ev(
+    run: &str,
+    id: &str,
+    agent: &str,
+    kind: &str,
+    subject: &str,
+    content: &str,
+    conf: f64,
+) -> Value {
+    json!({"id": format!("{run}.{id}"), "agent_id": agent, "type": kind, "subject": subject,
+           "content": content, "confidence": conf, "session_id": format!("{agent}-s1")})
+}
+
+fn line(e: &Event) -> String {
+    let content = e
+        .content
+        .as_str()
+        .map_or_else(|| e.content.to_string(), str::to_string);
+    let refs = if e.refs.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "  <- {}",
+            e.refs
+                .iter()
+                .map(|r| format!("#{r}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        )
+    };
+    let content: String = if content.chars().count() > 90 {
+        content
+            .chars()
+            .take(89)
+            .chain(std::iter::once('…'))
+            .collect()
+    } else {
+        content
+    };
+    format!(
+        "  #{:<3} {}  {:<12} {:<12} [{}] {}{}",
+        e.seq,
+        &e.ts.to_string()[11..23],
+        e.agent_id,
+        e.kind.as_str(),
+        e.subject.as_deref().unwrap_or("-"),
+        content,
+        refs
+    )
+}
+
+/// Runs the demo.
+pub fn run(
+    data_dir: &Path,
+    checkpoint_dir: &Path,
+    user: &str,
+    run: Option<String>,
+) -> anyhow::Result<ExitCode> {
+    let run = run.unwrap_or_else(|| format!("demo-{}", Ts::now().0 / 1000));
+    let exe = std::env::current_exe().context("locating the swarm binary")?;
+    let store = Store::open(data_dir)?
+        .with_checkpoints(checkpoint_dir, 10_000)
+        .with_user(user, true)?;
+    println!(
+        "swarm demo: run {run:?} (user {user:?}) in {}",
+        data_dir.display()
+    );
+
+    // Stage 1: three investigators in three processes, appending at the same time.
+    println!("\n1. three agent processes investigate concurrently (durable appends, one log):");
+    let r = &run;
+    let scripts = vec![
+        (
+            "metrics",
+            vec![
+                ev(
+                    r,
+                    "m1",
+                    "metrics",
+                    "evidence",
+                    "checkout-latency",
+                    "p99 latency of checkout rose from 180 ms to 2.4 s at 14:01",
+                    0.95,
+                ),
+                ev(
+                    r,
+                    "m2",
+                    "metrics",
+                    "hypothesis",
+                    "root-cause",
+                    "connection pool saturation on orders-db",
+                    0.7,
+                ),
+                ev(
+                    r,
+                    "m3",
+                    "metrics",
+                    "evidence",
+                    "orders-db",
+                    "orders-db active connections pinned at max_connections=100",
+                    0.9,
+                ),
+            ],
+        ),
+        (
+            "logs",
+            vec![
+                ev(
+                    r,
+                    "l1",
+                    "logs",
+                    "evidence",
+                    "checkout",
+                    "checkout pods log 'timeout acquiring connection' 3,214 times since 14:01",
+                    0.9,
+                ),
+                ev(
+                    r,
+                    "l2",
+                    "logs",
+                    "hypothesis",
+                    "root-cause",
+                    "deploy 2026.11.22-3 of orders-svc leaks connections",
+                    0.8,
+                ),
+                ev(
+                    r,
+                    "l3",
+                    "logs",
+                    "evidence",
+                    "orders-svc",
+                    "orders-svc deploy 2026.11.22-3 rolled out at 13:58",
+                    0.95,
+                ),
+            ],
+        ),
+        (
+            "traces",
+            vec![
+                ev(
+                    r,
+                    "t1",
+                    "traces",
+                    "evidence",
+                    "checkout",
+                    "trace exemplars: 96% of checkout time spent waiting on orders-db",
+                    0.85,
+                ),
+                ev(
+                    r,
+                    "t2",
+                    "traces",
+                    "hypothesis",
+                    "root-cause",
+                    "orders-svc retries without closing connections after 13:58",
+                    0.8,
+                ),
+            ],
+        ),
+    ];
+    let mut children = Vec::new();
+    for (agent, lines) in scripts {
+        children.push((agent, agent_process(&exe, data_dir, user, &run, lines)?));
+    }
+    for (agent, child) in children {
+        let (events, err, code) = wait_agent(agent, child)?;
+        if code != Some(0) {
+            bail!("agent {agent} failed ({code:?}): {err}");
+        }
+        println!(
+            "   agent {agent:<8} stored {} entries: seqs {:?}",
+            events.len(),
+            events.iter().map(|e| e.seq).collect::<Vec<_>>()
+        );
+    }
+
+    // Stage 2: an agent builds on a peer's finding (refs it), then the orchestrator picks.
+    let all: Vec<Event> = store
+        .read(&run, ReadOptions::default())?
+        .collect::<Result<_, _>>()?;
+    let deploy = all
+        .iter()
+        .find(|e| e.id == format!("{run}.l3"))
+        .context("the deploy finding")?;
+    let leak = all
+        .iter()
+        .find(|e| e.id == format!("{run}.l2"))
+        .context("the leak hypothesis")?;
+    println!(
+        "\n2. the traces agent reads the logs agent's finding #{} and builds on it:",
+        deploy.seq
+    );
+    let (support, _, _) = wait_agent(
+        "traces",
+        agent_process(
+            &exe,
+            data_dir,
+            user,
+            &run,
+            vec![json!({
+            "id": format!("{run}.t3"), "agent_id": "traces", "type": "evidence", "subject": "root-cause",
+            "content": "connection leak starts with the 13:58 deploy: open connections grow 4/s after it",
+            "confidence": 0.9, "refs": [deploy.seq, leak.seq]})],
+        )?,
+    )?;
+    for e in &support {
+        println!("{}", line(e));
+    }
+    println!("   competing hypotheses on root-cause; the orchestrator picks (confidence, then evidence, then recency):");
+    match store.pick(&run, "orchestrator", "root-cause")? {
+        PickOutcome::Picked {
+            decision,
+            winner,
+            losers,
+            rule,
+        } => {
+            println!("{}", line(&decision));
+            println!("   winner #{winner} by {rule}; losers {losers:?} stay in the log as context");
+        }
+        PickOutcome::Escalated { escalation } => {
+            println!("   tie, escalated: {}", line(&escalation))
+        }
+    }
+
+    // Stage 3: contradictory actions are a hard stop.
+    println!("\n3. two agents act on orders-svc without building on each other's action:");
+    let (a, _, _) = wait_agent(
+        "lead",
+        agent_process(
+            &exe,
+            data_dir,
+            user,
+            &run,
+            vec![ev(
+                r,
+                "a1",
+                "lead",
+                "action_taken",
+                "orders-svc",
+                "rolled back orders-svc to 2026.11.22-2",
+                0.9,
+            )],
+        )?,
+    )?;
+    let (b, _, _) = wait_agent(
+        "sre-bot",
+        agent_process(
+            &exe,
+            data_dir,
+            user,
+            &run,
+            vec![ev(
+                r,
+                "a2",
+                "sre-bot",
+                "action_taken",
+                "orders-svc",
+                "scaled orders-svc from 6 to 12 replicas",
+                0.6,
+            )],
+        )?,
+    )?;
+    for e in a.iter().chain(&b) {
+        println!("{}", line(e));
+    }
+    let open = store.escalations(&run, false)?;
+    for x in &open {
+        println!("   ESCALATION #{}: {}", x.seq, x.record.reason);
+    }
+    let (_, err, code) = wait_agent(
+        "sre-bot",
+        agent_process(
+            &exe,
+            data_dir,
+            user,
+            &run,
+            vec![ev(
+                r,
+                "a3",
+                "sre-bot",
+                "action_taken",
+                "orders-svc",
+                "restarted orders-svc pods",
+                0.5,
+            )],
+        )?,
+    )?;
+    println!(
+        "   a further action is refused (exit {}): {}",
+        code.unwrap_or(-1),
+        err.trim_start_matches("swarm: ")
+    );
+    if let Some(x) = open.first() {
+        let res = store.resolve(
+            &run,
+            "alice",
+            x.seq,
+            Some(x.record.entries[0]),
+            "rollback is the fix; scaling only hid the leak",
+        )?;
+        println!("   a human resolves it:\n{}", line(&res));
+        let (ok, _, _) = wait_agent(
+            "sre-bot",
+            agent_process(
+                &exe,
+                data_dir,
+                user,
+                &run,
+                vec![json!({
+            "id": format!("{run}.a4"), "agent_id": "sre-bot", "type": "action_taken", "subject": "orders-svc",
+            "content": "scaled orders-svc back to 6 replicas", "refs": [x.record.entries[0]]})],
+            )?,
+        )?;
+        for e in &ok {
+            println!("{}", line(e));
+        }
+    }
+
+    // Stage 4: time travel.
+    let events: Vec<Event> = store
+        .read(&run, ReadOptions::default())?
+        .collect::<Result<_, _>>()?;
+    let mid = events.len() as u64 / 2;
+    let then = store.state_at(&run, Target::Seq(mid), |_| {})?;
+    println!(
+        "\n4. replay: what did the swarm know at seq {mid} ({})?",
+        then.state
+            .head_ts
+            .map(|t| t.to_string())
+            .unwrap_or_default()
+    );
+    for (subject, s) in &then.state.subjects {
+        println!(
+            "   {subject:<16} latest #{:<3} by {:<8} {}",
+            s.latest.seq,
+            s.latest.agent_id,
+            s.latest.content.as_str().unwrap_or("")
+        );
+    }
+    println!("\n   the whole timeline:");
+    for e in &events {
+        println!("{}", line(e));
+    }
+
+    // Stage 5: verify.
+    let report = store.verify(&run, |_| {})?;
+    let count = |k: EventType| events.iter().filter(|e| e.kind == k).count();
+    println!(
+        "\n5. verify: ok={} records={} frames={} bytes={} corrupt={}\n   {} hypotheses, {} evidence, {} decisions, {} actions, {} escalations; seqs 1..{} gap-free",
+        report.ok,
+        report.records,
+        report.frames,
+        report.bytes,
+        report.corrupt.len(),
+        count(EventType::Hypothesis),
+        count(EventType::Evidence),
+        count(EventType::Decision),
+        count(EventType::ActionTaken),
+        count(EventType::Escalation),
+        events.len()
+    );
+    if io::stdout().is_terminal() {
+        println!("\nnext: swarm read --run {run} | jq .   |   swarm replay --run {run} --timeline");
+    }
+    if !report.ok {
+        return Err(Error::Corrupt {
+            path: data_dir.to_path_buf(),
+            offset: 0,
+            seq: 0,
+            reason: "the demo run failed verification".into(),
+        }
+        .into());
+    }
+    Ok(ExitCode::SUCCESS)
+}
