@@ -11,7 +11,9 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 use serde_json::Value;
-use swarm_memory::{Durability, Error, EventType, NewEvent, ReadOptions, Store, Target, Ts};
+use swarm_memory::{
+    Durability, Error, EventType, NewEvent, ReadOptions, Store, TailOptions, Target, Ts,
+};
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -83,6 +85,24 @@ enum Cmd {
     ///   swarm read --run inc-42 --from-seq 100 --limit 10
     #[command(after_help = EXIT_CODES, verbatim_doc_comment)]
     Read(ReadArgs),
+    /// Follow a run: print its events as NDJSON from a seq (or a saved cursor) and, with
+    /// --follow, every new event as soon as it is visible (durable, for sync appends).
+    ///
+    /// Each event is one line, flushed at once. Without --follow it prints what is
+    /// visible when it starts and exits. With --cursor-file the position is saved after
+    /// each printed event (temp file + rename, not fsynced), and a restarted tail resumes
+    /// after the last event saved: delivery is at-least-once, and a crash re-delivers at
+    /// most the one event printed last (drop it by seq: seqs only grow). Wake-ups come
+    /// from inotify on the run's SYNCED file, with polling every --poll-ms as the safety
+    /// net (the only mechanism with --no-notify). A run that does not exist yet is
+    /// waited for when following.
+    ///
+    /// Examples:
+    ///   swarm tail --run inc-42 --follow | jq -r '"\(.seq) \(.agent_id): \(.content)"'
+    ///   swarm tail --run inc-42 --follow --type decision --cursor-file ~/.lead.cursor
+    ///   swarm tail --run inc-42 --from-seq 100 --agent db
+    #[command(after_help = EXIT_CODES, verbatim_doc_comment)]
+    Tail(TailArgs),
     /// Check every record of one run (or all runs) and print a JSON report per run.
     ///
     /// Exits 3 if any run has a corrupt record. A torn tail (a write in progress, or one
@@ -292,6 +312,37 @@ struct ReadArgs {
     as_agent: Option<String>,
 }
 
+#[derive(Args)]
+struct TailArgs {
+    /// The run.
+    #[arg(long)]
+    run: String,
+    /// First seq to print (default 1). Ignored when the cursor file exists.
+    #[arg(long)]
+    from_seq: Option<u64>,
+    /// Keep running and print new events as they become visible.
+    #[arg(long)]
+    follow: bool,
+    /// Only this agent's events.
+    #[arg(long)]
+    agent: Option<String>,
+    /// Only this type.
+    #[arg(long = "type")]
+    kind: Option<String>,
+    /// Resume after the event saved in this file, and save each printed event to it.
+    #[arg(long)]
+    cursor_file: Option<PathBuf>,
+    /// fsync the cursor file at each save (slower; survives a power loss).
+    #[arg(long)]
+    cursor_fsync: bool,
+    /// Polling interval of the safety net, in milliseconds.
+    #[arg(long, default_value_t = swarm_memory::tail::POLL_INTERVAL_MS_DEFAULT)]
+    poll_ms: u64,
+    /// Do not use inotify: poll only.
+    #[arg(long)]
+    no_notify: bool,
+}
+
 fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SWARM_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
@@ -351,6 +402,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Escalations { run, all } => scratch::escalations(&store, &run, all),
         Cmd::Append(a) => append(&store, a),
         Cmd::Read(a) => read(&store, a),
+        Cmd::Tail(a) => tail(&store, a),
         Cmd::Verify { run } => verify(&store, run),
         Cmd::Runs { json } => runs(&store, json),
         Cmd::Demo { run } => demo::run(&cli.data_dir, &cli.checkpoint_dir, &cli.user, run),
@@ -545,6 +597,38 @@ fn read(store: &Store, a: ReadArgs) -> anyhow::Result<ExitCode> {
             s.seq,
             s.reason
         );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn tail(store: &Store, a: TailArgs) -> anyhow::Result<ExitCode> {
+    let kind = a.kind.as_deref().map(EventType::parse_client).transpose()?;
+    if a.poll_ms == 0 {
+        bail!(invalid("poll-ms", "must be at least 1"));
+    }
+    let opts = TailOptions {
+        from_seq: a.from_seq,
+        agent: a.agent,
+        kind,
+        follow: a.follow,
+        cursor_file: a.cursor_file,
+        cursor_fsync: a.cursor_fsync,
+        poll_interval_ms: a.poll_ms,
+        notify: !a.no_notify,
+        ..TailOptions::default()
+    };
+    let mut t = store.tail(&a.run, opts)?;
+    let out = io::stdout();
+    let mut out = out.lock();
+    let mut line = Vec::with_capacity(1024);
+    while let Some(e) = t.next() {
+        line.clear();
+        serde_json::to_writer(&mut line, &e?)?;
+        line.push(b'\n');
+        out.write_all(&line)?;
+        out.flush()?;
+        // After the flush: a crash between the two re-delivers this event (at-least-once).
+        t.commit()?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -14,6 +14,7 @@
 //! - [`checkpoint`]: zstd snapshots of the state at frame boundaries.
 //! - [`replay`]: the state at any seq or time, from a checkpoint plus the log.
 //! - [`store`]: the public handle over a data directory.
+//! - [`tail`]: the live tail: catch up from the log, then follow it (iterator and `Stream`).
 //! - [`storage`]: the I/O trait every file access goes through (real and fault-injecting).
 //!
 //! # Example
@@ -44,6 +45,7 @@ pub mod segment;
 pub mod state;
 pub mod storage;
 pub mod store;
+pub mod tail;
 pub mod ts;
 pub mod watermark;
 
@@ -56,4 +58,5 @@ pub use scratchpad::{BoardEntry, EscalationView, PickOutcome};
 pub use state::State;
 pub use storage::{FsStorage, MemStorage, Storage};
 pub use store::{RunInfo, Store};
+pub use tail::{Cursor, Tail, TailOptions, TailPosition, TailStream};
 pub use ts::Ts;

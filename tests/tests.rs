@@ -17,5 +17,6 @@ mod model;
 mod random_bytes;
 mod replay;
 mod retry;
+mod tail;
 mod truncate;
 mod visibility;

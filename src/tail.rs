@@ -1,0 +1,1356 @@
+//! The live tail: follow one run from a seq (or a saved cursor) through its history and
+//! on into live delivery, with no gap and no duplicate at the switch.
+//!
+//! # Protocol
+//! A [`Tail`] keeps one position in the log: a segment (its base seq), the byte offset
+//! of the next unread frame in it, and the seq it expects next. Catching up and following
+//! live are *the same loop*: read the visibility watermark (`SYNCED`, with `pread`, no
+//! lock), read the whole frames between the position and the watermark, move the
+//! position past them, and when nothing new is visible wait for a wake-up. There is no
+//! hand-over from a history reader to a subscription, so there is no moment where an
+//! event can fall between the two or be seen by both.
+//!
+//! * **No gap.** The position only moves past a frame after its events were queued for
+//!   delivery (or filtered out), and every frame's first seq must be the last seq seen
+//!   plus one; anything else is reported as corruption, never skipped.
+//! * **No duplicate.** The position is a byte offset that only grows, and every event
+//!   carries its seq: events below the expected seq (the part of a batch before a
+//!   `from_seq`, or before a cursor) are dropped, so none is delivered twice.
+//! * **Visibility.** Only frames that end at or before the `visible` mark are read
+//!   ([`Visibility::Visible`], the default): in `sync` mode that is the durable mark, so
+//!   nothing a power loss could take away is delivered. Bytes past the mark (a write in
+//!   progress, or a torn write a later writer will cut off) are never looked at.
+//! * **Half-written lines.** With [`Visibility::Written`] (or a watermark that points
+//!   into a frame) the last bytes of the last segment may be a frame still being
+//!   written: an incomplete frame, or damage with no whole frame after it, is "not yet
+//!   complete" and waited on, never reported as corruption. Damage followed by a whole
+//!   frame, or at the end of a closed segment, is corruption ([`Error::Corrupt`]).
+//! * **Rotation.** A segment is closed once a later one holds a visible record (the
+//!   writer syncs a segment before it starts the next one), so when the watermark is in a
+//!   later segment the tail reads the rest of the current one and moves to the segment
+//!   whose base is the next seq.
+//! * **Wake-ups.** A `notify` (inotify) watch on the run's `SYNCED` file wakes the tail
+//!   when the watermark moves (every visible append rewrites it); periodic polling every
+//!   [`TailOptions::poll_interval_ms`] is the safety net (inotify queues can overflow, and
+//!   network file systems send nothing), and the only mechanism with
+//!   [`TailOptions::notify`] off. The watch is armed, and the wake-up flag cleared, before
+//!   the watermark is read, so a move after the read always causes another pass.
+//!
+//! **Invariant:** a tail never takes a lock a writer takes and never writes to the run:
+//! it opens `SYNCED` and the segments read-only and reads them with `pread`, so any
+//! number of tailers cannot slow appends (beyond the inotify event the kernel queues per
+//! watch when `SYNCED` is rewritten).
+//!
+//! # Cursors and the delivery guarantee
+//! With a cursor file, [`Tail::commit`] saves the position of the last event handed out
+//! (its seq and the position of its frame); a new tail with the same cursor file resumes
+//! right after it. The caller chooses the guarantee by when it commits: committing
+//! *after* handling each event (what `swarm tail` does: print, flush, then commit) gives
+//! **at-least-once** delivery where a crash re-delivers at most the one event handled
+//! but not yet committed; committing *before* handling gives at-most-once. Seqs only grow,
+//! so a consumer that remembers the last seq it handled can drop the re-delivered one and
+//! get exactly-once.
+//!
+//! The cursor is written to a temporary file and renamed over the old one, so a reader
+//! sees the old or the new cursor, never a mix. It is not fsynced unless
+//! [`TailOptions::cursor_fsync`] is set: an fsync per event would cost more than the
+//! delivery itself, and a cursor that a power loss rolls back only causes re-deliveries,
+//! which at-least-once allows. A cursor whose position does not hold its seq (the run was
+//! rebuilt, the file was edited) is not trusted: the tail scans for the seq instead.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, IoContext, Result};
+use crate::event::{check_run_id, Event, EventType};
+use crate::log::{META_FILE, SYNCED_FILE};
+use crate::read::Visibility;
+use crate::segment::{self, FrameReader, Step};
+use crate::storage::{OpenMode, Storage, StorageFile};
+use crate::store::Store;
+use crate::ts::Ts;
+use crate::watermark::{self, Marks, Pos};
+
+/// Default interval of the polling safety net.
+pub const POLL_INTERVAL_MS_DEFAULT: u64 = 50;
+/// Format version written in cursor files.
+pub const CURSOR_FORMAT: u32 = 1;
+/// Largest cursor file accepted (a cursor is about 100 bytes).
+pub const CURSOR_BYTES_MAX: u64 = 4096;
+/// Events a [`TailStream`] buffers ahead of its consumer.
+const STREAM_BUFFER_EVENTS: usize = 256;
+
+/// What to follow and how.
+#[derive(Clone, Debug)]
+pub struct TailOptions {
+    /// First seq to deliver (default 1). Ignored when a cursor file exists.
+    pub from_seq: Option<u64>,
+    /// Only this agent's events.
+    pub agent: Option<String>,
+    /// Only events of this type.
+    pub kind: Option<EventType>,
+    /// Keep waiting for new events (default). When false, the tail delivers what is
+    /// visible when it is opened and then ends.
+    pub follow: bool,
+    /// Resume from, and [`Tail::commit`] to, this cursor file.
+    pub cursor_file: Option<PathBuf>,
+    /// fsync the cursor file (and its directory) at each commit. Off by default.
+    pub cursor_fsync: bool,
+    /// Interval of the polling safety net, in milliseconds (at least 1).
+    pub poll_interval_ms: u64,
+    /// Use inotify wake-ups (default). When false, the tail only polls.
+    pub notify: bool,
+    /// Deliver only visible (in `sync` mode: durable) records (default), or every whole
+    /// record written.
+    pub visibility: Visibility,
+}
+
+impl Default for TailOptions {
+    fn default() -> Self {
+        TailOptions {
+            from_seq: None,
+            agent: None,
+            kind: None,
+            follow: true,
+            cursor_file: None,
+            cursor_fsync: false,
+            poll_interval_ms: POLL_INTERVAL_MS_DEFAULT,
+            notify: true,
+            visibility: Visibility::Visible,
+        }
+    }
+}
+
+/// A saved tail position: the last event delivered and where its frame starts.
+///
+/// Stored as one JSON line: `{"format":1,"run":"R","seq":S,"segment":B,"offset":O}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cursor {
+    /// Cursor format version ([`CURSOR_FORMAT`]).
+    pub format: u32,
+    /// The run.
+    pub run: String,
+    /// Seq of the last event delivered.
+    pub seq: u64,
+    /// Base seq of the segment holding its frame.
+    pub segment: u64,
+    /// Byte offset of its frame in that segment.
+    pub offset: u64,
+}
+
+impl Cursor {
+    /// Position of the frame holding the cursor's event.
+    pub fn pos(&self) -> Pos {
+        Pos {
+            seg: self.segment,
+            off: self.offset,
+        }
+    }
+
+    /// Reads a cursor file; `None` when it does not exist.
+    pub fn load(storage: &dyn Storage, path: &Path) -> Result<Option<Cursor>> {
+        let f = match storage.open(path, OpenMode::Read) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e).ctx("open", path),
+        };
+        let len = f.len().ctx("stat", path)?;
+        let field = || format!("cursor file {}", path.display());
+        if len > CURSOR_BYTES_MAX {
+            return Err(Error::invalid(
+                field(),
+                format!("{len} bytes, limit {CURSOR_BYTES_MAX}"),
+            ));
+        }
+        let mut b = vec![0u8; len as usize];
+        f.read_exact_at(&mut b, 0).ctx("read", path)?;
+        let c: Cursor = serde_json::from_slice(&b).map_err(|e| {
+            Error::invalid(
+                field(),
+                format!("not a cursor ({e}); delete it to start from --from-seq"),
+            )
+        })?;
+        if c.format != CURSOR_FORMAT {
+            return Err(Error::invalid(
+                field(),
+                format!("format {} (this build reads {CURSOR_FORMAT})", c.format),
+            ));
+        }
+        Ok(Some(c))
+    }
+
+    /// Writes the cursor atomically: a temporary file beside `path`, renamed over it.
+    /// With `fsync`, the file and then its directory are synced as well.
+    pub fn save(&self, storage: &dyn Storage, path: &Path, fsync: bool) -> Result<()> {
+        let mut name = path
+            .file_name()
+            .ok_or_else(|| Error::invalid("cursor file", "the path has no file name"))?
+            .to_os_string();
+        name.push(".tmp");
+        let tmp = path.with_file_name(name);
+        let mut bytes = serde_json::to_vec(self).map_err(|e| Error::Io {
+            op: "encode",
+            path: tmp.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        bytes.push(b'\n');
+        let f = storage
+            .open(&tmp, OpenMode::ReadWriteCreate)
+            .ctx("create", &tmp)?;
+        f.set_len(0).ctx("truncate", &tmp)?;
+        f.write_all_at(&bytes, 0).ctx("write", &tmp)?;
+        if fsync {
+            f.sync_data().ctx("fsync", &tmp)?;
+        }
+        drop(f);
+        storage.rename(&tmp, path).ctx("rename", &tmp)?;
+        if fsync {
+            let dir = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            storage.sync_dir(dir).ctx("fsync dir", dir)?;
+        }
+        Ok(())
+    }
+}
+
+/// Where a tail stands: the next frame to read and the next seq expected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TailPosition {
+    /// Start of the next unread frame.
+    pub pos: Pos,
+    /// The seq the tail delivers (or filters out) next.
+    pub next_seq: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The wake-up flag shared by a tail, its inotify callback and its stream handle.
+///
+/// A `std::sync::Mutex` and not a Tokio one: it is held only to flip two booleans, never
+/// across an await or an I/O call.
+#[derive(Default)]
+struct Wake {
+    state: Mutex<WakeState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct WakeState {
+    signaled: bool,
+    closed: bool,
+}
+
+impl Wake {
+    fn signal(&self) {
+        lock(&self.state).signaled = true;
+        self.cv.notify_all();
+    }
+
+    fn close(&self) {
+        lock(&self.state).closed = true;
+        self.cv.notify_all();
+    }
+
+    fn is_closed(&self) -> bool {
+        lock(&self.state).closed
+    }
+
+    /// Forgets earlier signals. Called before the watermark is read, so that a signal
+    /// raised after the read is still pending at the next `wait`.
+    fn clear(&self) {
+        lock(&self.state).signaled = false;
+    }
+
+    /// Waits for a signal, a close or the timeout.
+    fn wait(&self, timeout: Duration) {
+        let s = lock(&self.state);
+        if s.signaled || s.closed {
+            return;
+        }
+        let _ = self
+            .cv
+            .wait_timeout_while(s, timeout, |s| !s.signaled && !s.closed);
+    }
+}
+
+/// What the inotify watch is on.
+enum Watch {
+    /// Nothing yet (the run does not exist yet, or notify is off or failed).
+    None,
+    /// The run directory, until `SYNCED` exists. (The watcher is kept for its `Drop`,
+    /// which removes the watch.)
+    Dir {
+        _watcher: notify::RecommendedWatcher,
+    },
+    /// The `SYNCED` file: woken only when the watermark is rewritten.
+    Synced {
+        _watcher: notify::RecommendedWatcher,
+    },
+}
+
+/// The outcome of one wait for the next event.
+// A short-lived return value: boxing the event would cost an allocation per event to save
+// a 272-byte move.
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    Event(Event),
+    /// The deadline passed (or the stream handle was dropped).
+    Timeout,
+    /// Not following, and everything visible at open was delivered.
+    End,
+}
+
+/// Follows one run: a blocking iterator over its events, from a seq or a cursor, on into
+/// live delivery. See the [module documentation](self) for the protocol and guarantees.
+///
+/// ```
+/// use std::time::Duration;
+/// use swarm_memory::{Durability, EventType, NewEvent, Store, Tail, TailOptions};
+/// let dir = tempfile::tempdir().unwrap();
+/// let store = Store::open(dir.path()).unwrap();
+/// store.append("inc-1", NewEvent::new("db", EventType::Evidence, "disk full"), Durability::Sync).unwrap();
+/// let mut tail = Tail::open(&store, "inc-1", TailOptions::default()).unwrap();
+/// let first = tail.next_timeout(Duration::from_secs(5)).unwrap().unwrap();
+/// assert_eq!(first.seq, 1);
+/// store.append("inc-1", NewEvent::new("net", EventType::Hypothesis, "dns"), Durability::Sync).unwrap();
+/// assert_eq!(tail.next_timeout(Duration::from_secs(5)).unwrap().unwrap().seq, 2);
+/// ```
+pub struct Tail {
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    run: String,
+    opts: TailOptions,
+    poll: Duration,
+    /// The position has been resolved to a segment (the run exists).
+    located: bool,
+    /// A cursor loaded at open, checked when the run is located.
+    resume: Option<Cursor>,
+    seg: u64,
+    seg_file: Option<Arc<dyn StorageFile>>,
+    /// Start of the next unread frame in `seg`.
+    off: u64,
+    /// The seq to deliver or filter out next.
+    next_seq: u64,
+    /// The last seq read from the log (delivered, filtered or skipped).
+    head_seen: u64,
+    last_ts: Ts,
+    /// Events of the last frame read that are not consumed yet, and that frame's start.
+    pending: VecDeque<Event>,
+    pending_frame: Pos,
+    synced: Option<Box<dyn StorageFile>>,
+    /// The watermark as of open, when not following.
+    frozen: Option<Marks>,
+    wake: Arc<Wake>,
+    watch: Watch,
+    watch_failed: bool,
+    last: Option<Cursor>,
+    committed: Option<Cursor>,
+    finished: bool,
+}
+
+impl Tail {
+    /// Opens a tail of `run` in `store`.
+    ///
+    /// When following, the run need not exist yet: the tail waits for it (by polling).
+    /// When not following, a missing run is [`Error::RunNotFound`]. With a cursor file
+    /// that exists, the tail resumes after the cursor's event and `from_seq` is ignored;
+    /// a cursor file of another run is [`Error::Invalid`].
+    pub fn open(store: &Store, run: &str, opts: TailOptions) -> Result<Tail> {
+        check_run_id(run)?;
+        let storage = store.storage().clone();
+        let dir = store.run_dir(run)?;
+        let resume = match &opts.cursor_file {
+            Some(p) => Cursor::load(&*storage, p)?,
+            None => None,
+        };
+        if let Some(c) = &resume {
+            if c.run != run {
+                return Err(Error::invalid(
+                    "cursor file",
+                    format!("it belongs to run {:?}, not {run:?}", c.run),
+                ));
+            }
+        }
+        let next_seq = match &resume {
+            Some(c) => c.seq.saturating_add(1),
+            None => opts.from_seq.unwrap_or(1).max(1),
+        };
+        let mut t = Tail {
+            storage,
+            dir,
+            run: run.to_string(),
+            poll: Duration::from_millis(opts.poll_interval_ms.max(1)),
+            opts,
+            located: false,
+            resume,
+            seg: 0,
+            seg_file: None,
+            off: 0,
+            next_seq,
+            head_seen: 0,
+            last_ts: Ts(0),
+            pending: VecDeque::new(),
+            pending_frame: Pos::default(),
+            synced: None,
+            frozen: None,
+            wake: Arc::new(Wake::default()),
+            watch: Watch::None,
+            watch_failed: false,
+            last: None,
+            committed: None,
+            finished: false,
+        };
+        if !t.opts.follow {
+            if !t.storage.exists(&t.dir.join(META_FILE)) {
+                return Err(Error::RunNotFound(run.to_string()));
+            }
+            t.frozen = Some(t.read_marks()?);
+        }
+        Ok(t)
+    }
+
+    /// The next event, waiting at most `timeout` for one. `Ok(None)` when the time ran
+    /// out, or, when not following, at the end (see [`Tail::is_finished`]).
+    pub fn next_timeout(&mut self, timeout: Duration) -> Result<Option<Event>> {
+        let deadline = Instant::now().checked_add(timeout);
+        match self.next_inner(deadline)? {
+            Next::Event(e) => Ok(Some(e)),
+            Next::Timeout | Next::End => Ok(None),
+        }
+    }
+
+    /// The next event if one is visible now, without waiting.
+    pub fn try_next(&mut self) -> Result<Option<Event>> {
+        self.next_timeout(Duration::ZERO)
+    }
+
+    /// True when not following and every event visible at open was delivered.
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// The cursor of the last event delivered, if any.
+    pub fn cursor(&self) -> Option<&Cursor> {
+        self.last.as_ref()
+    }
+
+    /// Where the tail stands.
+    pub fn position(&self) -> TailPosition {
+        TailPosition {
+            pos: Pos {
+                seg: self.seg,
+                off: self.off,
+            },
+            next_seq: self.next_seq,
+        }
+    }
+
+    /// Saves the cursor of the last event delivered to the cursor file (a no-op without
+    /// a cursor file, or when nothing new was delivered since the last commit).
+    pub fn commit(&mut self) -> Result<()> {
+        let (Some(path), Some(c)) = (&self.opts.cursor_file, &self.last) else {
+            return Ok(());
+        };
+        if self.committed.as_ref() == Some(c) {
+            return Ok(());
+        }
+        c.save(&*self.storage, path, self.opts.cursor_fsync)?;
+        self.committed = Some(c.clone());
+        Ok(())
+    }
+
+    /// Turns the tail into an async [`futures_core::Stream`].
+    ///
+    /// The tail runs on its own thread (file reads and waits are blocking) and hands
+    /// events over through a bounded Tokio channel, so a slow consumer holds the thread
+    /// back instead of buffering without limit. Dropping the stream stops the thread.
+    pub fn into_stream(self) -> Result<TailStream> {
+        let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BUFFER_EVENTS);
+        let wake = self.wake.clone();
+        let storage = self.storage.clone();
+        let cursor_file = self.opts.cursor_file.clone();
+        let cursor_fsync = self.opts.cursor_fsync;
+        let dir = self.dir.clone();
+        let mut tail = self;
+        std::thread::Builder::new()
+            .name("swarm-tail".into())
+            .spawn(move || loop {
+                match tail.next_inner(None) {
+                    Ok(Next::Event(e)) => {
+                        let Some(c) = tail.last.clone() else { return };
+                        if tx.blocking_send(Ok((e, c))).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(Next::End) => return,
+                    Ok(Next::Timeout) => {
+                        if tail.wake.is_closed() || tx.is_closed() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(e));
+                        return;
+                    }
+                }
+            })
+            .ctx("spawn tail thread for", &dir)?;
+        Ok(TailStream {
+            rx,
+            wake,
+            storage,
+            cursor_file,
+            cursor_fsync,
+            last: None,
+            committed: None,
+        })
+    }
+
+    fn next_inner(&mut self, deadline: Option<Instant>) -> Result<Next> {
+        loop {
+            if let Some(e) = self.pop_pending() {
+                return Ok(Next::Event(e));
+            }
+            if self.finished {
+                return Ok(Next::End);
+            }
+            if self.wake.is_closed() {
+                return Ok(Next::Timeout);
+            }
+            self.ensure_watch();
+            self.wake.clear();
+            self.advance()?;
+            if !self.pending.is_empty() {
+                continue;
+            }
+            if !self.opts.follow {
+                self.finished = true;
+                continue;
+            }
+            let now = Instant::now();
+            let wait = match deadline {
+                Some(d) if d <= now => return Ok(Next::Timeout),
+                Some(d) => (d - now).min(self.poll),
+                None => self.poll,
+            };
+            self.wake.wait(wait);
+        }
+    }
+
+    /// Hands out the next pending event that passes the filters.
+    fn pop_pending(&mut self) -> Option<Event> {
+        while let Some(e) = self.pending.pop_front() {
+            self.next_seq = e.seq + 1;
+            let o = &self.opts;
+            if o.agent.as_ref().is_none_or(|a| *a == e.agent_id)
+                && o.kind.is_none_or(|k| k == e.kind)
+            {
+                self.last = Some(Cursor {
+                    format: CURSOR_FORMAT,
+                    run: self.run.clone(),
+                    seq: e.seq,
+                    segment: self.pending_frame.seg,
+                    offset: self.pending_frame.off,
+                });
+                return Some(e);
+            }
+        }
+        None
+    }
+
+    /// Arms the inotify watch: on `SYNCED` once it exists, on the run directory before.
+    /// A failure to watch falls back to polling, with one warning.
+    fn ensure_watch(&mut self) {
+        if !self.opts.notify || self.watch_failed || matches!(self.watch, Watch::Synced { .. }) {
+            return;
+        }
+        let synced = self.dir.join(SYNCED_FILE);
+        let target = if self.storage.exists(&synced) {
+            synced
+        } else if self.storage.exists(&self.dir) {
+            if matches!(self.watch, Watch::Dir { .. }) {
+                return;
+            }
+            self.dir.clone()
+        } else {
+            return;
+        };
+        let on_synced = target != self.dir;
+        let wake = self.wake.clone();
+        let made = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+            // Opens and closes of the file do not move the watermark; every other event,
+            // and every error (an overflowed queue among them), may have.
+            if let Ok(ev) = &res {
+                if matches!(ev.kind, notify::EventKind::Access(_)) {
+                    return;
+                }
+            }
+            wake.signal();
+        });
+        let r = made.and_then(|mut w| {
+            use notify::Watcher;
+            w.watch(&target, notify::RecursiveMode::NonRecursive)
+                .map(|()| w)
+        });
+        match r {
+            // Replacing the directory watch drops it only after the file watch is armed.
+            Ok(w) if on_synced => self.watch = Watch::Synced { _watcher: w },
+            Ok(w) => self.watch = Watch::Dir { _watcher: w },
+            Err(e) => {
+                tracing::warn!(path = %target.display(), error = %e,
+                    "cannot watch for changes; falling back to polling");
+                self.watch_failed = true;
+            }
+        }
+    }
+
+    fn read_marks(&mut self) -> Result<Marks> {
+        let path = self.dir.join(SYNCED_FILE);
+        if self.synced.is_none() {
+            match self.storage.open(&path, OpenMode::Read) {
+                Ok(f) => self.synced = Some(f),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Marks::default()),
+                Err(e) => return Err(e).ctx("open", &path),
+            }
+        }
+        match &self.synced {
+            Some(f) => watermark::read(&**f, &path),
+            None => Ok(Marks::default()),
+        }
+    }
+
+    fn seg_path(&self) -> PathBuf {
+        segment::segment_path(&self.dir, self.seg)
+    }
+
+    fn open_segment(&mut self, base: u64) -> Result<()> {
+        let path = segment::segment_path(&self.dir, base);
+        let f = self
+            .storage
+            .open(&path, OpenMode::Read)
+            .ctx("open", &path)?;
+        self.seg_file = Some(Arc::from(f));
+        self.seg = base;
+        self.off = 0;
+        Ok(())
+    }
+
+    /// Resolves the starting position once the run exists: from the cursor when its
+    /// position holds its seq, else by scanning from the segment that holds `next_seq`.
+    fn locate(&mut self) -> Result<bool> {
+        if self.located {
+            return Ok(true);
+        }
+        if !self.storage.exists(&self.dir.join(META_FILE)) {
+            return Ok(false);
+        }
+        if let Some(c) = self.resume.take() {
+            if self.resume_at(&c)? {
+                self.located = true;
+                return Ok(true);
+            }
+            tracing::warn!(run = %self.run, seq = c.seq, segment = c.segment, offset = c.offset,
+                "cursor position does not hold its seq; scanning for the seq instead");
+        }
+        let bases = segment::list_segments(&*self.storage, &self.dir)?;
+        let Some(&first) = bases.first() else {
+            return Ok(false);
+        };
+        let base = bases
+            .iter()
+            .rev()
+            .find(|&&b| b <= self.next_seq)
+            .copied()
+            .unwrap_or(first);
+        self.open_segment(base)?;
+        self.head_seen = base.saturating_sub(1);
+        self.last_ts = Ts(0);
+        self.located = true;
+        Ok(true)
+    }
+
+    /// Checks that the cursor's position holds a visible frame with its seq, and if so
+    /// moves there, with the rest of that frame pending.
+    fn resume_at(&mut self, c: &Cursor) -> Result<bool> {
+        let path = segment::segment_path(&self.dir, c.segment);
+        if !self.storage.exists(&path) {
+            return Ok(false);
+        }
+        let marks = self.marks()?;
+        let limit = self.limit_in(c.segment, &marks);
+        let file: Arc<dyn StorageFile> = Arc::from(
+            self.storage
+                .open(&path, OpenMode::Read)
+                .ctx("open", &path)?,
+        );
+        let mut r = FrameReader::new(file.clone(), path, c.offset, limit)?;
+        let Step::Frame { offset, len } = r.step()? else {
+            return Ok(false);
+        };
+        let Ok(events) = serde_json::from_slice::<Vec<Event>>(r.payload()) else {
+            return Ok(false);
+        };
+        let (Some(first), Some(last)) = (events.first(), events.last()) else {
+            return Ok(false);
+        };
+        if !(first.seq..=last.seq).contains(&c.seq)
+            || events.iter().any(|e| e.run_id != self.run)
+            || check_events(&events).is_err()
+        {
+            return Ok(false);
+        }
+        self.seg = c.segment;
+        self.seg_file = Some(file);
+        self.off = offset + len;
+        self.head_seen = last.seq;
+        self.last_ts = last.ts;
+        self.next_seq = c.seq + 1;
+        self.pending_frame = c.pos();
+        self.pending = events.into_iter().filter(|e| e.seq > c.seq).collect();
+        Ok(true)
+    }
+
+    fn marks(&mut self) -> Result<Marks> {
+        match self.frozen {
+            Some(m) => Ok(m),
+            None => self.read_marks(),
+        }
+    }
+
+    /// Byte limit of what may be read in segment `seg` (`None`: all of it).
+    fn limit_in(&self, seg: u64, marks: &Marks) -> Option<u64> {
+        match self.opts.visibility {
+            Visibility::Written => None,
+            Visibility::Visible if marks.visible.seg > seg => None,
+            Visibility::Visible if marks.visible.seg == seg => Some(marks.visible.off),
+            Visibility::Visible => Some(0),
+        }
+    }
+
+    /// Reads frames from the position up to what may be read, until some event is
+    /// pending or nothing more can be read now.
+    fn advance(&mut self) -> Result<()> {
+        if !self.locate()? {
+            return Ok(());
+        }
+        let marks = match self.opts.visibility {
+            Visibility::Visible => self.marks()?,
+            Visibility::Written => Marks::default(),
+        };
+        loop {
+            let path = self.seg_path();
+            let Some(file) = self.seg_file.clone() else {
+                return Ok(());
+            };
+            // A closed segment is one a later segment follows; its length is final.
+            let closed = match self.opts.visibility {
+                Visibility::Visible => marks.visible.seg > self.seg,
+                Visibility::Written => {
+                    self.storage
+                        .exists(&segment::segment_path(&self.dir, self.head_seen + 1))
+                        && self.head_seen + 1 > self.seg
+                }
+            };
+            let limit = match self.limit_in(self.seg, &marks) {
+                Some(l) => l,
+                None => file.len().ctx("stat", &path)?,
+            };
+            if limit <= self.off && !closed {
+                // Nothing new is visible: the common case of an idle poll, one pread.
+                return Ok(());
+            }
+            let mut r = FrameReader::new(file.clone(), path.clone(), self.off, Some(limit))?;
+            let tail_incomplete = loop {
+                match r.step()? {
+                    Step::Frame { offset, len } => {
+                        self.take_frame(r.payload(), &path, offset)?;
+                        self.off = offset + len;
+                        if !self.pending.is_empty() {
+                            return Ok(());
+                        }
+                    }
+                    Step::End { incomplete, .. } => break incomplete,
+                    Step::Corrupt { offset, reason } => {
+                        if let Some(next) = r.skip_to_next_frame()? {
+                            return Err(corrupt(
+                                &path,
+                                offset,
+                                self.head_seen + 1,
+                                format!("{reason}; valid records follow at byte {next}"),
+                            ));
+                        }
+                        // Nothing whole follows: a frame still being written (or a torn
+                        // one the next writer will cut off), unless the segment is closed.
+                        break true;
+                    }
+                }
+            };
+            if !closed {
+                return Ok(());
+            }
+            // Bytes may have been added to a closed segment between our stat and the
+            // creation of the next one: read to its final length before leaving it.
+            let len = file.len().ctx("stat", &path)?;
+            if len > limit {
+                continue;
+            }
+            if tail_incomplete {
+                return Err(corrupt(
+                    &path,
+                    self.off,
+                    self.head_seen + 1,
+                    "damaged bytes at the end of a closed segment".into(),
+                ));
+            }
+            let next = self.head_seen + 1;
+            if !self.storage.exists(&segment::segment_path(&self.dir, next)) {
+                return Err(corrupt(
+                    &path,
+                    self.off,
+                    next,
+                    format!(
+                        "no segment starts at seq {next} after this one, but a later segment holds visible records"
+                    ),
+                ));
+            }
+            self.open_segment(next)?;
+        }
+    }
+
+    /// Parses and checks a frame, and queues its events from `next_seq` on.
+    fn take_frame(&mut self, payload: &[u8], path: &Path, offset: u64) -> Result<()> {
+        let want = self.head_seen + 1;
+        let events: Vec<Event> = serde_json::from_slice(payload)
+            .map_err(|e| corrupt(path, offset, want, format!("bad event JSON: {e}")))?;
+        check_events(&events).map_err(|reason| corrupt(path, offset, want, reason))?;
+        let (Some(first), Some(last)) = (events.first(), events.last()) else {
+            return Err(corrupt(path, offset, want, "empty frame".into()));
+        };
+        if first.seq != want {
+            return Err(corrupt(
+                path,
+                offset,
+                want,
+                format!("frame starts at seq {}, expected {want}", first.seq),
+            ));
+        }
+        if first.ts < self.last_ts {
+            return Err(corrupt(
+                path,
+                offset,
+                want,
+                format!("ts {} before the previous {}", first.ts, self.last_ts),
+            ));
+        }
+        if let Some(e) = events.iter().find(|e| e.run_id != self.run) {
+            return Err(corrupt(
+                path,
+                offset,
+                e.seq,
+                format!("belongs to run {:?}", e.run_id),
+            ));
+        }
+        self.head_seen = last.seq;
+        self.last_ts = last.ts;
+        self.pending_frame = Pos {
+            seg: self.seg,
+            off: offset,
+        };
+        let from = self.next_seq;
+        self.pending
+            .extend(events.into_iter().filter(|e| e.seq >= from));
+        Ok(())
+    }
+}
+
+/// Checks that a frame's events have consecutive seqs and non-decreasing timestamps.
+fn check_events(events: &[Event]) -> std::result::Result<(), String> {
+    if events.is_empty() {
+        return Err("empty frame".into());
+    }
+    for w in events.windows(2) {
+        if w[1].seq != w[0].seq + 1 {
+            return Err(format!("holds seq {} after {}", w[1].seq, w[0].seq));
+        }
+        if w[1].ts < w[0].ts {
+            return Err(format!("ts {} before the previous {}", w[1].ts, w[0].ts));
+        }
+    }
+    Ok(())
+}
+
+fn corrupt(path: &Path, offset: u64, seq: u64, reason: String) -> Error {
+    Error::Corrupt {
+        path: path.to_path_buf(),
+        offset,
+        seq,
+        reason,
+    }
+}
+
+impl Iterator for Tail {
+    type Item = Result<Event>;
+
+    /// Blocks until the next event when following; ends at the end of what was visible
+    /// at open when not. After an error it ends.
+    fn next(&mut self) -> Option<Result<Event>> {
+        if self.finished {
+            return None;
+        }
+        match self.next_inner(None) {
+            Ok(Next::Event(e)) => Some(Ok(e)),
+            Ok(Next::End | Next::Timeout) => {
+                self.finished = true;
+                None
+            }
+            Err(e) => {
+                self.finished = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+/// An async stream of a tail's events, from [`Tail::into_stream`].
+///
+/// It ends when not following and everything visible at open was delivered, or after
+/// yielding an error.
+pub struct TailStream {
+    rx: tokio::sync::mpsc::Receiver<Result<(Event, Cursor)>>,
+    wake: Arc<Wake>,
+    storage: Arc<dyn Storage>,
+    cursor_file: Option<PathBuf>,
+    cursor_fsync: bool,
+    last: Option<Cursor>,
+    committed: Option<Cursor>,
+}
+
+impl TailStream {
+    /// The cursor of the last event this stream yielded.
+    pub fn cursor(&self) -> Option<&Cursor> {
+        self.last.as_ref()
+    }
+
+    /// Saves the cursor of the last event yielded to the cursor file (see
+    /// [`Tail::commit`]). It does blocking file I/O of about 100 bytes.
+    pub fn commit(&mut self) -> Result<()> {
+        let (Some(path), Some(c)) = (&self.cursor_file, &self.last) else {
+            return Ok(());
+        };
+        if self.committed.as_ref() == Some(c) {
+            return Ok(());
+        }
+        c.save(&*self.storage, path, self.cursor_fsync)?;
+        self.committed = Some(c.clone());
+        Ok(())
+    }
+}
+
+impl futures_core::Stream for TailStream {
+    type Item = Result<Event>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Event>>> {
+        let this = self.get_mut();
+        match this.rx.poll_recv(cx) {
+            Poll::Ready(Some(Ok((e, c)))) => {
+                this.last = Some(c);
+                Poll::Ready(Some(Ok(e)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for TailStream {
+    fn drop(&mut self) {
+        // Wakes the tail thread out of its wait so that it notices and exits.
+        self.wake.close();
+    }
+}
+
+impl Store {
+    /// Opens a live tail of `run`: see [`Tail::open`].
+    pub fn tail(&self, run: &str, opts: TailOptions) -> Result<Tail> {
+        Tail::open(self, run, opts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame;
+    use crate::log::{Durability, LogOptions};
+    use crate::storage::MemStorage;
+    use crate::NewEvent;
+
+    const RUN: &str = "r";
+
+    fn mem_store(segment_bytes: u64) -> (MemStorage, Store) {
+        let mem = MemStorage::new();
+        let store = Store::open_with(
+            Arc::new(mem.clone()),
+            Path::new("/data"),
+            LogOptions {
+                segment_bytes,
+                ..LogOptions::default()
+            },
+        )
+        .unwrap();
+        (mem, store)
+    }
+
+    fn ev(agent: &str, kind: EventType, n: u64) -> NewEvent {
+        NewEvent::new(
+            agent,
+            kind,
+            format!("finding number {n} {}", "x".repeat(60)),
+        )
+    }
+
+    fn polling() -> TailOptions {
+        TailOptions {
+            notify: false,
+            poll_interval_ms: 1,
+            ..TailOptions::default()
+        }
+    }
+
+    fn drain(t: &mut Tail) -> Vec<u64> {
+        let mut v = Vec::new();
+        while let Some(e) = t.try_next().unwrap() {
+            v.push(e.seq);
+        }
+        v
+    }
+
+    #[test]
+    fn from_seq_inside_a_batch_and_filters() {
+        let (_m, store) = mem_store(1 << 20);
+        let batch: Vec<NewEvent> = (1..=5)
+            .map(|i| ev(if i % 2 == 0 { "b" } else { "a" }, EventType::Evidence, i))
+            .collect();
+        store
+            .append_batch(RUN, batch, None, Durability::Sync)
+            .unwrap();
+        store
+            .append(RUN, ev("a", EventType::Decision, 6), Durability::Sync)
+            .unwrap();
+        let mut t = store
+            .tail(
+                RUN,
+                TailOptions {
+                    from_seq: Some(3),
+                    ..polling()
+                },
+            )
+            .unwrap();
+        assert_eq!(drain(&mut t), vec![3, 4, 5, 6]);
+        let got: Vec<u64> = store
+            .tail(
+                RUN,
+                TailOptions {
+                    agent: Some("a".into()),
+                    follow: false,
+                    ..polling()
+                },
+            )
+            .unwrap()
+            .map(|e| e.unwrap().seq)
+            .collect();
+        assert_eq!(got, vec![1, 3, 5, 6]);
+        let got: Vec<u64> = store
+            .tail(
+                RUN,
+                TailOptions {
+                    agent: Some("a".into()),
+                    kind: Some(EventType::Decision),
+                    follow: false,
+                    ..polling()
+                },
+            )
+            .unwrap()
+            .map(|e| e.unwrap().seq)
+            .collect();
+        assert_eq!(got, vec![6]);
+    }
+
+    #[test]
+    fn follows_rotation_interleaved_with_appends() {
+        let (_m, store) = mem_store(4096);
+        let mut early = store.tail(RUN, polling()).unwrap();
+        assert_eq!(
+            drain(&mut early),
+            Vec::<u64>::new(),
+            "run does not exist yet"
+        );
+        let mut seen = Vec::new();
+        for i in 1..=300u64 {
+            store
+                .append(RUN, ev("a", EventType::Evidence, i), Durability::Sync)
+                .unwrap();
+            if i % 7 == 0 {
+                seen.extend(drain(&mut early));
+            }
+        }
+        seen.extend(drain(&mut early));
+        assert_eq!(seen, (1..=300).collect::<Vec<_>>());
+        let segs =
+            segment::list_segments(&**store.storage(), &store.run_dir(RUN).unwrap()).unwrap();
+        assert!(segs.len() > 5, "only {} segments", segs.len());
+        // A tail that starts in a later segment, at its first seq and inside it.
+        for from in [segs[3], segs[3] + 1, 300, 301] {
+            let mut t = store
+                .tail(
+                    RUN,
+                    TailOptions {
+                        from_seq: Some(from),
+                        ..polling()
+                    },
+                )
+                .unwrap();
+            assert_eq!(drain(&mut t), (from..=300).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn not_following_delivers_what_was_visible_at_open() {
+        let (_m, store) = mem_store(1 << 20);
+        for i in 1..=3 {
+            store
+                .append(RUN, ev("a", EventType::Evidence, i), Durability::Sync)
+                .unwrap();
+        }
+        let mut t = store
+            .tail(
+                RUN,
+                TailOptions {
+                    follow: false,
+                    ..polling()
+                },
+            )
+            .unwrap();
+        assert_eq!(t.next().unwrap().unwrap().seq, 1);
+        store
+            .append(RUN, ev("a", EventType::Evidence, 4), Durability::Sync)
+            .unwrap();
+        let rest: Vec<u64> = t.by_ref().map(|e| e.unwrap().seq).collect();
+        assert_eq!(rest, vec![2, 3]);
+        assert!(t.is_finished());
+        assert!(matches!(
+            store.tail(
+                "missing",
+                TailOptions {
+                    follow: false,
+                    ..polling()
+                }
+            ),
+            Err(Error::RunNotFound(_))
+        ));
+    }
+
+    #[test]
+    fn cursor_resumes_and_a_wrong_position_falls_back_to_the_seq() {
+        let (mem, store) = mem_store(4096);
+        let batch: Vec<NewEvent> = (1..=4).map(|i| ev("a", EventType::Evidence, i)).collect();
+        store
+            .append_batch(RUN, batch, None, Durability::Sync)
+            .unwrap();
+        for i in 5..=60 {
+            store
+                .append(RUN, ev("a", EventType::Evidence, i), Durability::Sync)
+                .unwrap();
+        }
+        let cur = PathBuf::from("/cursor.json");
+        let opts = TailOptions {
+            cursor_file: Some(cur.clone()),
+            ..polling()
+        };
+        // Stop inside the batch: the cursor points at the batch's frame, seq 2.
+        let mut t = store.tail(RUN, opts.clone()).unwrap();
+        assert_eq!(t.try_next().unwrap().unwrap().seq, 1);
+        assert_eq!(t.try_next().unwrap().unwrap().seq, 2);
+        t.commit().unwrap();
+        assert_eq!(t.try_next().unwrap().unwrap().seq, 3);
+        drop(t); // seq 3 was delivered but not committed: it comes again.
+        let mut t = store.tail(RUN, opts.clone()).unwrap();
+        assert_eq!(drain(&mut t), (3..=60).collect::<Vec<_>>());
+        t.commit().unwrap();
+        let saved = Cursor::load(&mem, &cur).unwrap().unwrap();
+        assert_eq!(saved.seq, 60);
+        let mut t = store.tail(RUN, opts.clone()).unwrap();
+        assert_eq!(drain(&mut t), Vec::<u64>::new());
+        store
+            .append(RUN, ev("a", EventType::Evidence, 61), Durability::Sync)
+            .unwrap();
+        assert_eq!(drain(&mut t), vec![61]);
+
+        // Positions that do not hold the seq: mid-frame, past the end, a missing segment.
+        for (segment, offset) in [
+            (saved.segment, saved.offset + 7),
+            (saved.segment, 1 << 30),
+            (999_999, 0),
+            (1, 0),
+        ] {
+            let bad = Cursor {
+                segment,
+                offset,
+                ..saved.clone()
+            };
+            bad.save(&mem, &cur, false).unwrap();
+            let mut t = store.tail(RUN, opts.clone()).unwrap();
+            assert_eq!(drain(&mut t), vec![61], "cursor at {segment}:{offset}");
+        }
+
+        // A cursor of another run, and a damaged cursor file, are refused.
+        Cursor {
+            run: "other".into(),
+            ..saved.clone()
+        }
+        .save(&mem, &cur, false)
+        .unwrap();
+        assert!(matches!(
+            store.tail(RUN, opts.clone()),
+            Err(Error::Invalid { .. })
+        ));
+        mem.set_contents(&cur, b"{\"format\":1,\"ru".to_vec());
+        assert!(matches!(store.tail(RUN, opts), Err(Error::Invalid { .. })));
+    }
+
+    fn raw_frame(run: &str, seq: u64, ts: u64) -> Vec<u8> {
+        let e = serde_json::json!([{"run_id": run, "seq": seq, "ts": Ts(ts).to_string(), "id": format!("raw{seq}"),
+            "agent_id": "raw", "user_id": "u", "type": "evidence", "content": "raw"}]);
+        let mut out = Vec::new();
+        frame::encode(e.to_string().as_bytes(), &mut out);
+        out
+    }
+
+    fn set_visible(mem: &MemStorage, run_dir: &Path, pos: Pos) {
+        let m = Marks {
+            durable: pos,
+            visible: pos,
+        };
+        mem.set_contents(&run_dir.join(SYNCED_FILE), watermark::encode(m).to_vec());
+    }
+
+    #[test]
+    fn half_written_frame_waits_and_damage_before_a_frame_is_corrupt() {
+        let (mem, store) = mem_store(1 << 20);
+        store
+            .append(RUN, ev("a", EventType::Evidence, 1), Durability::Sync)
+            .unwrap();
+        let dir = store.run_dir(RUN).unwrap();
+        let seg = segment::segment_path(&dir, 1);
+        let good = mem.contents(&seg).unwrap();
+        let f2 = raw_frame(RUN, 2, 2_000_000_000_000_000);
+        for visibility in [Visibility::Visible, Visibility::Written] {
+            mem.set_contents(&seg, good.clone());
+            set_visible(
+                &mem,
+                &dir,
+                Pos {
+                    seg: 1,
+                    off: good.len() as u64,
+                },
+            );
+            let mut t = store
+                .tail(
+                    RUN,
+                    TailOptions {
+                        visibility,
+                        ..polling()
+                    },
+                )
+                .unwrap();
+            assert_eq!(drain(&mut t), vec![1]);
+            let half = [&good[..], &f2[..f2.len() / 2]].concat();
+            mem.set_contents(&seg, half);
+            assert_eq!(drain(&mut t), Vec::<u64>::new(), "{visibility:?}");
+            let whole = [&good[..], &f2[..]].concat();
+            mem.set_contents(&seg, whole.clone());
+            if visibility == Visibility::Visible {
+                // Written but not yet visible: not delivered until the mark moves.
+                assert_eq!(drain(&mut t), Vec::<u64>::new());
+                set_visible(
+                    &mem,
+                    &dir,
+                    Pos {
+                        seg: 1,
+                        off: whole.len() as u64,
+                    },
+                );
+            }
+            assert_eq!(drain(&mut t), vec![2], "{visibility:?}");
+        }
+        // Garbage at the tail with nothing whole after it waits; a whole frame after
+        // damage is corruption.
+        let garbage = [&good[..], b"{\"f\":1,\"crc\":\"zz"].concat();
+        mem.set_contents(&seg, garbage.clone());
+        set_visible(
+            &mem,
+            &dir,
+            Pos {
+                seg: 1,
+                off: garbage.len() as u64,
+            },
+        );
+        let mut t = store.tail(RUN, polling()).unwrap();
+        assert_eq!(drain(&mut t), vec![1]);
+        let damaged = [&garbage[..], &f2[..]].concat();
+        mem.set_contents(&seg, damaged.clone());
+        set_visible(
+            &mem,
+            &dir,
+            Pos {
+                seg: 1,
+                off: damaged.len() as u64,
+            },
+        );
+        assert!(matches!(t.try_next(), Err(Error::Corrupt { .. })));
+    }
+
+    #[test]
+    fn a_gap_in_seqs_is_corruption() {
+        let (mem, store) = mem_store(1 << 20);
+        store
+            .append(RUN, ev("a", EventType::Evidence, 1), Durability::Sync)
+            .unwrap();
+        let dir = store.run_dir(RUN).unwrap();
+        let seg = segment::segment_path(&dir, 1);
+        let bytes = [
+            &mem.contents(&seg).unwrap()[..],
+            &raw_frame(RUN, 3, 2_000_000_000_000_000)[..],
+        ]
+        .concat();
+        mem.set_contents(&seg, bytes.clone());
+        set_visible(
+            &mem,
+            &dir,
+            Pos {
+                seg: 1,
+                off: bytes.len() as u64,
+            },
+        );
+        let mut t = store.tail(RUN, polling()).unwrap();
+        assert_eq!(t.try_next().unwrap().unwrap().seq, 1);
+        match t.try_next() {
+            Err(Error::Corrupt { seq, reason, .. }) => {
+                assert_eq!(seq, 2);
+                assert!(reason.contains("expected 2"), "{reason}");
+            }
+            other => panic!("expected corruption, got {other:?}"),
+        }
+    }
+}
