@@ -9,12 +9,14 @@ use serde::Serialize;
 use crate::checkpoint::{self, CheckpointInfo, CHECKPOINT_EVERY_DEFAULT};
 use crate::error::{Error, Result};
 use crate::event::{check_run_id, Event, NewEvent, BATCH_EVENTS_MAX};
+use crate::index::{self, IndexCell, IndexSnapshot, IndexStats};
 use crate::log::{self, Durability, LogOptions, Request, RunLog, RunMeta};
-use crate::read::{self, EventIter, ReadOptions, VerifyReport};
+use crate::read::{self, EventIter, ReadOptions, VerifyReport, Visibility};
 use crate::replay::{self, Replayed, RunPaths, Target};
 use crate::segment;
 use crate::storage::{FsStorage, OpenMode, Storage};
 use crate::ts::Ts;
+use crate::watermark::Marks;
 
 /// A data directory holding one sub-directory per run.
 ///
@@ -28,6 +30,8 @@ pub struct Store {
     logs: Mutex<HashMap<String, Arc<RunLog>>>,
     ck_root: PathBuf,
     checkpoint_every: u64,
+    /// Each run's index as this process has caught it up (see [`crate::index`]).
+    indexes: Mutex<HashMap<String, Arc<IndexCell>>>,
 }
 
 /// A summary of one run, as `swarm runs` prints it.
@@ -68,6 +72,7 @@ impl Store {
             logs: Mutex::new(HashMap::new()),
             ck_root: root.join(".checkpoints"),
             checkpoint_every: CHECKPOINT_EVERY_DEFAULT,
+            indexes: Mutex::new(HashMap::new()),
         })
     }
 
@@ -245,9 +250,123 @@ impl Store {
     }
 
     /// Reads a run's events in seq order.
+    ///
+    /// A read with a key filter (agent, type, subject, user), `last`, `from_seq` or `since`
+    /// goes through the run's index (caught up first, see [`crate::index`]) and fetches
+    /// only the frames that can match; every frame read is still checked, and an index
+    /// that disagrees with the log is dropped and the read goes on by scanning.
     pub fn read(&self, run: &str, opts: ReadOptions) -> Result<EventIter> {
         let dir = self.existing_run(run)?;
-        EventIter::new(self.storage.clone(), dir, run, opts)
+        let mut marks = read::read_marks(&*self.storage, &dir)?;
+        let snap = if index::useful_for(&opts) {
+            self.index_snapshot(run, &dir, &mut marks)
+        } else {
+            None
+        };
+        let limit = match opts.visibility {
+            Visibility::Visible => Some(marks.visible),
+            Visibility::Written => None,
+        };
+        EventIter::with_index(self.storage.clone(), dir, run, opts, limit, snap)
+    }
+
+    fn index_cell(&self, run: &str) -> Arc<IndexCell> {
+        let mut m = self.indexes.lock().unwrap_or_else(|e| e.into_inner());
+        m.entry(run.to_string())
+            .or_insert_with(|| Arc::new(IndexCell::new(run)))
+            .clone()
+    }
+
+    /// The run's index caught up to `marks.visible`, or `None` when it cannot serve this
+    /// read (then the read scans: the index is an accelerator, never a requirement).
+    fn index_snapshot(&self, run: &str, dir: &Path, marks: &mut Marks) -> Option<IndexSnapshot> {
+        let snap = match self
+            .index_cell(run)
+            .snapshot(&self.storage, dir, marks.visible)
+        {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(run, error = %e, "index unavailable; scanning the log");
+                return None;
+            }
+        };
+        if let Some((covered, _, _)) = snap.covered() {
+            if covered > marks.visible {
+                // Loaded from a file written by a process that saw a later watermark.
+                *marks = read::read_marks(&*self.storage, dir).ok()?;
+                if covered > marks.visible {
+                    return None;
+                }
+            }
+        }
+        Some(snap)
+    }
+
+    /// Catches up a run's index (loading, checking and extending it, writing it when the
+    /// policy of [`crate::index`] says so) and reports on it.
+    pub fn index_stats(&self, run: &str) -> Result<IndexStats> {
+        self.index_op(run, false, false, &mut |_, _| {})
+    }
+
+    /// Catches up a run's index and writes every part of it not on disk yet (waiting for
+    /// the index lock), e.g. before a process exits.
+    pub fn flush_index(&self, run: &str) -> Result<IndexStats> {
+        self.index_op(run, true, false, &mut |_, _| {})
+    }
+
+    /// Forgets a run's index, in memory and on disk, builds it again from the log up to
+    /// the visible position and writes it. `progress` gets (bytes indexed, bytes total).
+    pub fn rebuild_index(
+        &self,
+        run: &str,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<IndexStats> {
+        self.index_op(run, true, true, &mut progress)
+    }
+
+    fn index_op(
+        &self,
+        run: &str,
+        flush: bool,
+        rebuild: bool,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<IndexStats> {
+        let dir = self.existing_run(run)?;
+        let marks = read::read_marks(&*self.storage, &dir)?;
+        let mut total = 0;
+        for b in segment::list_segments(&*self.storage, &dir)? {
+            if b < marks.visible.seg {
+                let p = segment::segment_path(&dir, b);
+                let f = self
+                    .storage
+                    .open(&p, OpenMode::Read)
+                    .map_err(|source| Error::Io {
+                        op: "open",
+                        path: p.clone(),
+                        source,
+                    })?;
+                total += f.len().map_err(|source| Error::Io {
+                    op: "stat",
+                    path: p,
+                    source,
+                })?;
+            } else if b == marks.visible.seg {
+                total += marks.visible.off;
+            }
+        }
+        let mut done = 0;
+        let mut report = |n: u64| {
+            done += n;
+            progress(done, total);
+        };
+        self.index_cell(run).stats(
+            &self.storage,
+            &dir,
+            marks.visible,
+            flush,
+            rebuild,
+            &mut report,
+        )
     }
 
     /// Checks every record of a run; `progress` is called with the records checked so far.
