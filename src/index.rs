@@ -332,6 +332,9 @@ impl SegIndex {
         }
         let lo = (lo.max(self.base) - self.base) as u32;
         let hi = (hi.min(self.head) - self.base) as u32;
+        if lo > hi {
+            return Vec::new();
+        }
         let mut lists: Vec<&[u32]> = Vec::with_capacity(keys.len());
         for (f, key) in keys {
             match self.postings[*f as usize].get(*key) {
@@ -729,16 +732,18 @@ impl IndexSnapshot {
         self.segs.last().map_or(1, |s| s.head + 1)
     }
 
-    /// Last seq of the first frame whose last event is after `t`: nothing later can be at
-    /// or before `t`. `u64::MAX` when every indexed frame is at or before `t`.
-    fn seq_until(&self, t: Ts) -> u64 {
+    /// For the first frame whose last event is after `t`: the seq before it (every event
+    /// up to there is at or before `t`) and its last seq (nothing later can be at or
+    /// before `t`). `u64::MAX` twice when every indexed frame is at or before `t`.
+    fn seq_until(&self, t: Ts) -> (u64, u64) {
         for s in &self.segs {
             let i = s.frame_ts.partition_point(|&x| x <= t.0);
             if i < s.frames() {
-                return s.frame_first_seq(i) + s.frame_events(i) - 1;
+                let first = s.frame_first_seq(i);
+                return (first - 1, first + s.frame_events(i) - 1);
             }
         }
-        u64::MAX
+        (u64::MAX, u64::MAX)
     }
 
     /// The frame holding `seq`: (segment position in the snapshot, frame index).
@@ -793,6 +798,9 @@ pub(crate) struct Plan {
     keys: Vec<(Field, String)>,
     lo: u64,
     hi: u64,
+    /// Hits up to here surely match the time range; those in `(hi_sure, hi]` may not (a
+    /// frame whose events straddle `until`), so `last` does not count them.
+    hi_sure: u64,
     /// Next segment (position in the snapshot) whose hits are not computed yet.
     next_seg: usize,
     /// Wanted frames, per segment: (segment position, frame indexes, next to read).
@@ -844,11 +852,14 @@ impl Plan {
         };
         let mut lo = opts.from_seq.unwrap_or(1).max(1);
         let mut hi = opts.to_seq.unwrap_or(u64::MAX);
+        let mut hi_sure = hi;
         if let Some(t) = opts.since {
             lo = lo.max(snap.seq_since(t));
         }
         if let Some(t) = opts.until {
-            hi = hi.min(snap.seq_until(t));
+            let (sure, maybe) = snap.seq_until(t);
+            hi = hi.min(maybe);
+            hi_sure = hi_sure.min(sure);
         }
         let keys = key_filters(opts);
         if keys.is_empty() && opts.last.is_none() {
@@ -866,6 +877,7 @@ impl Plan {
             keys,
             lo,
             hi,
+            hi_sure,
             next_seg: 0,
             queue: VecDeque::new(),
         };
@@ -920,18 +932,21 @@ impl Plan {
                     Vec::new()
                 } else {
                     let top = self.hi.min(s.head);
+                    let sure_top = top.min(self.hi_sure);
                     let bottom = self
                         .lo
                         .max(s.base)
-                        .max((top + 1).saturating_sub(need as u64));
+                        .max((sure_top + 1).saturating_sub(need as u64));
                     ((bottom - s.base) as u32..=(top - s.base) as u32).collect()
                 }
             } else {
                 s.hits(&keys, self.lo, self.hi)
             };
-            let take = hits.len().min(need);
+            let unsure =
+                hits.len() - hits.partition_point(|&h| s.base + u64::from(h) <= self.hi_sure);
+            let take = (hits.len() - unsure).min(need);
             need -= take;
-            let frames = self.seg_frames(k, &hits[hits.len() - take..]);
+            let frames = self.seg_frames(k, &hits[hits.len() - unsure - take..]);
             if !frames.is_empty() {
                 parts.push((k, frames, 0));
             }
@@ -1174,7 +1189,7 @@ impl IndexCell {
             return Ok(());
         }
         let created = crate::log::read_meta(&**storage, dir)?.created.0;
-        if st.loaded && st.created != created {
+        if st.created != 0 && st.created != created {
             tracing::warn!(run = %self.run, "run was recreated; dropping its index");
             *st = RunIndex::default();
         }

@@ -476,7 +476,11 @@ impl EventIter {
                         }
                     }
                 }
-                Step::End { offset, incomplete } if incomplete && self.seek_from.is_some() => {
+                // Past the last segment's end this is a write in progress (a torn tail),
+                // anywhere else the index pointed into the middle of something.
+                Step::End { offset, incomplete }
+                    if incomplete && self.seek_from.is_some() && !last_segment =>
+                {
                     let seq = self.expect_seq.unwrap_or(1);
                     let reason =
                         format!("{} at byte {offset}: incomplete frame", r.path().display());
