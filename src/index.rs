@@ -41,7 +41,7 @@ use crate::read::ReadOptions;
 use crate::segment::{self, FrameReader, Step};
 use crate::storage::{OpenMode, Storage, StorageFile};
 use crate::ts::Ts;
-use crate::watermark::Pos;
+use crate::watermark::{self, Marks, Pos};
 
 /// Directory of a run that holds its index files.
 pub const INDEX_DIR: &str = "index";
@@ -181,7 +181,14 @@ impl SegIndex {
 
     /// The frame holding relative seq `rel` (which must be indexed).
     fn frame_of(&self, rel: u32) -> usize {
-        self.frame_seq
+        // Frame i starts at seq i or later, so the frame of `rel` is at most `rel`; when no
+        // frame before it held several events (agents append one at a time), it is `rel`.
+        let i = rel as usize;
+        if self.frame_seq.get(i) == Some(&rel) {
+            return i;
+        }
+        let upto = (i + 1).min(self.frame_seq.len());
+        self.frame_seq[..upto]
             .partition_point(|&s| s <= rel)
             .saturating_sub(1)
     }
@@ -351,6 +358,56 @@ impl SegIndex {
         }
         lists.sort_by_key(|l| l.len());
         intersect(&lists)
+    }
+
+    /// The last `n` indexed seqs (relative) in `[lo, hi]` that carry every key, in order:
+    /// walks the lists from their ends and stops early, so `last 50` costs ~50 steps.
+    fn last_hits(&self, keys: &[(Field, &str)], lo: u64, hi: u64, n: usize) -> Vec<u32> {
+        if self.head < self.base || hi < self.base || lo > self.head || n == 0 {
+            return Vec::new();
+        }
+        let lo = (lo.max(self.base) - self.base) as u32;
+        let hi = (hi.min(self.head) - self.base) as u32;
+        if lo > hi {
+            return Vec::new();
+        }
+        let mut lists: Vec<&[u32]> = Vec::with_capacity(keys.len());
+        for (f, key) in keys {
+            match self.postings[*f as usize].get(*key) {
+                Some(l) => {
+                    let a = l.partition_point(|&s| s < lo);
+                    let b = l.partition_point(|&s| s <= hi);
+                    lists.push(&l[a..b]);
+                }
+                None => return Vec::new(),
+            }
+        }
+        let mut out = Vec::with_capacity(n.min(4096));
+        match lists.len() {
+            0 => out.extend((lo.max((hi + 1).saturating_sub(n as u32))..=hi).rev()),
+            _ => {
+                lists.sort_by_key(|l| l.len());
+                // `ends[i]`: how many of list i's values are still below the candidate.
+                let mut ends: Vec<usize> = lists[1..].iter().map(|l| l.len()).collect();
+                'outer: for &x in lists[0].iter().rev() {
+                    for (l, end) in lists[1..].iter().zip(ends.iter_mut()) {
+                        *end = l[..*end].partition_point(|&v| v <= x);
+                        if *end == 0 {
+                            break 'outer;
+                        }
+                        if l[*end - 1] != x {
+                            continue 'outer;
+                        }
+                    }
+                    out.push(x);
+                    if out.len() == n {
+                        break;
+                    }
+                }
+            }
+        }
+        out.reverse();
+        out
     }
 
     /// Encodes the index file (header and body).
@@ -706,7 +763,8 @@ pub(crate) struct IndexSnapshot {
     segs: Vec<Arc<SegIndex>>,
     files: Vec<Arc<dyn StorageFile>>,
     cell: Arc<IndexCell>,
-    dir: PathBuf,
+    /// The log's segments as last listed: every one up to the covered position.
+    bases: Vec<u64>,
 }
 
 impl IndexSnapshot {
@@ -719,6 +777,12 @@ impl IndexSnapshot {
 
     pub(crate) fn cell(&self) -> &Arc<IndexCell> {
         &self.cell
+    }
+
+    /// The log's segments as listed when the index last caught up: complete up to the
+    /// covered position (so enough for a read limited to it), maybe not beyond.
+    pub(crate) fn bases(&self) -> &[u64] {
+        &self.bases
     }
 
     /// First seq of the first frame that may hold an event at or after `t`.
@@ -786,10 +850,16 @@ pub(crate) struct PlannedFrame {
 pub(crate) struct ReadRun {
     pub seg_base: u64,
     pub file: Arc<dyn StorageFile>,
-    pub path: PathBuf,
     pub start: u64,
     pub end: u64,
     pub frames: Vec<PlannedFrame>,
+}
+
+impl ReadRun {
+    /// The segment's path (built only for error messages: it costs an allocation).
+    pub(crate) fn path(&self, dir: &Path) -> PathBuf {
+        segment::segment_path(dir, self.seg_base)
+    }
 }
 
 /// The frames a filtered read must fetch, computed segment by segment from the postings.
@@ -926,27 +996,16 @@ impl Plan {
                 break;
             }
             let s = &self.snap.segs[k];
-            let hits = if keys.is_empty() {
-                // Only the range: the last hits are the last seqs of it.
-                if self.hi < s.base || self.lo > s.head || s.head < s.base {
-                    Vec::new()
-                } else {
-                    let top = self.hi.min(s.head);
-                    let sure_top = top.min(self.hi_sure);
-                    let bottom = self
-                        .lo
-                        .max(s.base)
-                        .max((sure_top + 1).saturating_sub(need as u64));
-                    ((bottom - s.base) as u32..=(top - s.base) as u32).collect()
-                }
+            // Hits above `hi_sure` may fail the time filter: take them all, uncounted.
+            let mut hits = if self.hi > self.hi_sure {
+                s.hits(&keys, self.lo.max(self.hi_sure.saturating_add(1)), self.hi)
             } else {
-                s.hits(&keys, self.lo, self.hi)
+                Vec::new()
             };
-            let unsure =
-                hits.len() - hits.partition_point(|&h| s.base + u64::from(h) <= self.hi_sure);
-            let take = (hits.len() - unsure).min(need);
-            need -= take;
-            let frames = self.seg_frames(k, &hits[hits.len() - unsure - take..]);
+            let sure = s.last_hits(&keys, self.lo, self.hi.min(self.hi_sure), need);
+            need -= sure.len();
+            hits.splice(0..0, sure);
+            let frames = self.seg_frames(k, &hits);
             if !frames.is_empty() {
                 parts.push((k, frames, 0));
             }
@@ -987,7 +1046,6 @@ impl Plan {
                     return Some(ReadRun {
                         seg_base: s.base,
                         file: self.snap.files[*k].clone(),
-                        path: segment::segment_path(&self.snap.dir, s.base),
                         start,
                         end,
                         frames: planned,
@@ -1041,6 +1099,10 @@ struct RunIndex {
     rewrite: HashSet<u64>,
     discarded: Vec<String>,
     stopped: Option<String>,
+    /// The log's segments at the last slow-path refresh.
+    bases: Vec<u64>,
+    /// The run's `SYNCED` file, kept open: reading the watermark is one `pread`.
+    synced: Option<Box<dyn StorageFile>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -1072,21 +1134,43 @@ impl IndexCell {
         self.invalid.store(true, Ordering::Release);
     }
 
-    /// Catches the index up to `visible` and freezes it for one read.
+    /// Reads the run's watermark, catches the index up to its visible position and
+    /// freezes it for one read.
     pub(crate) fn snapshot(
         self: &Arc<Self>,
         storage: &Arc<dyn Storage>,
         dir: &Path,
-        visible: Pos,
-    ) -> Result<IndexSnapshot> {
+    ) -> Result<(Marks, IndexSnapshot)> {
         let mut st = lock(&self.state);
-        self.refresh(&mut st, storage, dir, visible, Persist::Auto, &mut |_| {})?;
-        Ok(IndexSnapshot {
-            segs: st.segs.clone(),
-            files: st.files.clone(),
-            cell: self.clone(),
-            dir: dir.to_path_buf(),
-        })
+        let path = dir.join(crate::log::SYNCED_FILE);
+        if st.synced.is_none() {
+            match storage.open(&path, OpenMode::Read) {
+                Ok(f) => st.synced = Some(f),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).ctx("open", &path),
+            }
+        }
+        let marks = match &st.synced {
+            Some(f) => watermark::read(&**f, &path)?,
+            None => Marks::default(),
+        };
+        self.refresh(
+            &mut st,
+            storage,
+            dir,
+            marks.visible,
+            Persist::Auto,
+            &mut |_| {},
+        )?;
+        Ok((
+            marks,
+            IndexSnapshot {
+                segs: st.segs.clone(),
+                files: st.files.clone(),
+                cell: self.clone(),
+                bases: st.bases.clone(),
+            },
+        ))
     }
 
     /// Catches up and reports; with `flush`, writes everything not yet on disk (waiting
@@ -1195,6 +1279,7 @@ impl IndexCell {
         }
         st.created = created;
         let bases = segment::list_segments(&**storage, dir)?;
+        st.bases = bases.clone();
         if !st.loaded {
             self.load_files(st, storage, dir, &bases)?;
             st.loaded = true;

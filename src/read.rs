@@ -135,8 +135,10 @@ fn check_frame(
     last_ts: Ts,
     run_id: &str,
 ) -> std::result::Result<Vec<Event>, (Option<u64>, String)> {
+    // One UTF-8 check of the whole payload is cheaper than serde_json's check per string.
+    let text = std::str::from_utf8(payload).map_err(|e| (None, format!("bad event JSON: {e}")))?;
     let events: Vec<Event> =
-        serde_json::from_slice(payload).map_err(|e| (None, format!("bad event JSON: {e}")))?;
+        serde_json::from_str(text).map_err(|e| (None, format!("bad event JSON: {e}")))?;
     if events.is_empty() {
         return Err((None, "empty frame".into()));
     }
@@ -180,7 +182,13 @@ impl EventIter {
         limit: Option<Pos>,
         index: Option<IndexSnapshot>,
     ) -> Result<EventIter> {
-        let bases = segment::list_segments(&*storage, &dir)?;
+        let bases = match &index {
+            // The index listed the segments up to what it covers, which is the limit.
+            Some(snap) if limit.is_some() && snap.covered().map(|c| c.0) == limit => {
+                snap.bases().to_vec()
+            }
+            _ => segment::list_segments(&*storage, &dir)?,
+        };
         let from = opts.from_seq.unwrap_or(1).max(1);
         // Start in the last segment whose first seq is at or before `from`.
         let idx = bases.iter().rposition(|&b| b <= from).unwrap_or(0);
@@ -292,7 +300,7 @@ impl EventIter {
                 self.fall_back(first, "segment shorter than the index says");
                 return Ok(!self.pending.is_empty());
             }
-            Err(e) => return Err(e).ctx("read", &run.path),
+            Err(e) => return Err(e).ctx("read", &run.path(&self.dir)),
         }
         for f in &run.frames {
             let a = (f.off - run.start) as usize;
@@ -326,7 +334,11 @@ impl EventIter {
                         Err(reason) => reason,
                         Ok(_) => "frame holds other events than the index says".into(),
                     };
-                    let reason = format!("{} at byte {}: {reason}", run.path.display(), f.off);
+                    let reason = format!(
+                        "{} at byte {}: {reason}",
+                        run.path(&self.dir).display(),
+                        f.off
+                    );
                     self.fall_back(f.first_seq, &reason);
                     return Ok(!self.pending.is_empty());
                 }

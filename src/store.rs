@@ -257,12 +257,17 @@ impl Store {
     /// that disagrees with the log is dropped and the read goes on by scanning.
     pub fn read(&self, run: &str, opts: ReadOptions) -> Result<EventIter> {
         let dir = self.existing_run(run)?;
-        let mut marks = read::read_marks(&*self.storage, &dir)?;
-        let snap = if index::useful_for(&opts) {
-            self.index_snapshot(run, &dir, &mut marks)
-        } else {
-            None
+        let (mut marks, snap) = match index::useful_for(&opts) {
+            true => self.index_snapshot(run, &dir)?,
+            false => (read::read_marks(&*self.storage, &dir)?, None),
         };
+        if let Some((covered, _, _)) = snap.as_ref().and_then(|s| s.covered()) {
+            if covered > marks.visible {
+                // Loaded from a file written by a process that saw a later watermark.
+                marks = read::read_marks(&*self.storage, &dir)?;
+            }
+        }
+        let snap = snap.filter(|s| s.covered().is_none_or(|(c, _, _)| c <= marks.visible));
         let limit = match opts.visibility {
             Visibility::Visible => Some(marks.visible),
             Visibility::Written => None,
@@ -277,29 +282,16 @@ impl Store {
             .clone()
     }
 
-    /// The run's index caught up to `marks.visible`, or `None` when it cannot serve this
-    /// read (then the read scans: the index is an accelerator, never a requirement).
-    fn index_snapshot(&self, run: &str, dir: &Path, marks: &mut Marks) -> Option<IndexSnapshot> {
-        let snap = match self
-            .index_cell(run)
-            .snapshot(&self.storage, dir, marks.visible)
-        {
-            Ok(s) => s,
+    /// The watermark and the run's index caught up to it; no index when it cannot serve
+    /// this read (then the read scans: the index is an accelerator, never a requirement).
+    fn index_snapshot(&self, run: &str, dir: &Path) -> Result<(Marks, Option<IndexSnapshot>)> {
+        match self.index_cell(run).snapshot(&self.storage, dir) {
+            Ok((marks, snap)) => Ok((marks, Some(snap))),
             Err(e) => {
                 tracing::warn!(run, error = %e, "index unavailable; scanning the log");
-                return None;
-            }
-        };
-        if let Some((covered, _, _)) = snap.covered() {
-            if covered > marks.visible {
-                // Loaded from a file written by a process that saw a later watermark.
-                *marks = read::read_marks(&*self.storage, dir).ok()?;
-                if covered > marks.visible {
-                    return None;
-                }
+                Ok((read::read_marks(&*self.storage, dir)?, None))
             }
         }
-        Some(snap)
     }
 
     /// Catches up a run's index (loading, checking and extending it, writing it when the
