@@ -83,6 +83,10 @@ enum Cmd {
     ///   swarm read --run inc-42 | jq -r '.content'
     ///   swarm read --run inc-42 --agent db --type evidence --since 2026-11-22T14:00:00Z
     ///   swarm read --run inc-42 --from-seq 100 --limit 10
+    ///   swarm read --run inc-42 --agent db --type evidence --last 50
+    ///
+    /// Filters on agent, type and subject, and --from-seq/--since/--last, go through
+    /// the run's index (caught up and checked first; rebuilt if stale or damaged).
     #[command(after_help = EXIT_CODES, verbatim_doc_comment)]
     Read(ReadArgs),
     /// Follow a run: print its events as NDJSON from a seq (or a saved cursor) and, with
@@ -116,6 +120,9 @@ enum Cmd {
         #[arg(long)]
         run: Option<String>,
     },
+    /// Rebuild or inspect the per-run index used by filtered reads.
+    #[command(subcommand)]
+    Index(IndexCmd),
     /// List the runs of the data directory.
     ///
     /// Example:
@@ -275,6 +282,32 @@ struct ReplayArgs {
     agent: Option<String>,
 }
 
+#[derive(Subcommand)]
+enum IndexCmd {
+    /// Rebuild the index of one run (or all runs) from its log and write it; prints one
+    /// JSON line of figures per run.
+    ///
+    /// The index is derived and rebuilt on its own when stale or damaged; this is for
+    /// operators (after restoring a backup, or to pay the build cost ahead of queries).
+    ///
+    /// Example:
+    ///   swarm index rebuild --run inc-42 | jq '.events, .elapsed_ms'
+    #[command(after_help = EXIT_CODES, verbatim_doc_comment)]
+    Rebuild {
+        /// Only this run.
+        #[arg(long)]
+        run: Option<String>,
+    },
+    /// Catch up the index of one run (or all runs) and print one JSON line of figures per
+    /// run, including any index file found stale or damaged (and rebuilt).
+    #[command(after_help = EXIT_CODES)]
+    Status {
+        /// Only this run.
+        #[arg(long)]
+        run: Option<String>,
+    },
+}
+
 #[derive(Args)]
 struct ReadArgs {
     /// The run.
@@ -289,6 +322,9 @@ struct ReadArgs {
     /// Only events about this subject.
     #[arg(long)]
     subject: Option<String>,
+    /// Only the last N matching events (still printed in seq order).
+    #[arg(long)]
+    last: Option<usize>,
     /// First seq.
     #[arg(long)]
     from_seq: Option<u64>,
@@ -405,8 +441,64 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Tail(a) => tail(&store, a),
         Cmd::Verify { run } => verify(&store, run),
         Cmd::Runs { json } => runs(&store, json),
+        Cmd::Index(IndexCmd::Rebuild { run }) => index_rebuild(&store, run),
+        Cmd::Index(IndexCmd::Status { run }) => index_status(&store, run),
         Cmd::Demo { run } => demo::run(&cli.data_dir, &cli.checkpoint_dir, &cli.user, run),
     }
+}
+
+fn index_runs(store: &Store, run: Option<String>) -> anyhow::Result<Vec<String>> {
+    Ok(match run {
+        Some(r) => vec![r],
+        None => store.run_ids()?,
+    })
+}
+
+fn index_rebuild(store: &Store, run: Option<String>) -> anyhow::Result<ExitCode> {
+    let out = io::stdout();
+    let mut out = out.lock();
+    for r in index_runs(store, run)? {
+        let bar = io::stderr().is_terminal().then(|| {
+            let b = indicatif::ProgressBar::new(0);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            b.set_message(format!("indexing {r}"));
+            b
+        });
+        let stats = store
+            .rebuild_index(&r, |done, total| {
+                if let Some(b) = &bar {
+                    b.set_length(total);
+                    b.set_position(done);
+                }
+            })
+            .with_context(|| format!("rebuilding the index of run {r:?}"))?;
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        serde_json::to_writer(&mut out, &stats)?;
+        out.write_all(b"\n")?;
+        out.flush()?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn index_status(store: &Store, run: Option<String>) -> anyhow::Result<ExitCode> {
+    let out = io::stdout();
+    let mut out = out.lock();
+    for r in index_runs(store, run)? {
+        let stats = store
+            .index_stats(&r)
+            .with_context(|| format!("the index of run {r:?}"))?;
+        serde_json::to_writer(&mut out, &stats)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn invalid(field: &str, reason: impl Into<String>) -> anyhow::Error {
@@ -576,6 +668,7 @@ fn read(store: &Store, a: ReadArgs) -> anyhow::Result<ExitCode> {
         since: parse_ts("since", &a.since)?,
         until: parse_ts("until", &a.until)?,
         limit: a.limit,
+        last: a.last,
         skip_corrupt: a.skip_corrupt,
         reader: a.as_agent,
         ..ReadOptions::default()

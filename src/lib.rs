@@ -9,6 +9,7 @@
 //! - [`segment`]: segment files and the streaming frame reader.
 //! - `log`: the writer: multi-process appends, group commit, torn-tail repair.
 //! - [`watermark`]: the durable and visible positions shared by all processes.
+//! - [`index`]: the derived per-run index (frames, postings, time), caught up by readers.
 //! - `read`: ordered, checked, filtered reads and `verify`.
 //! - [`state`]: the pure fold that gives events their meaning.
 //! - [`checkpoint`]: zstd snapshots of the state at frame boundaries.
@@ -36,6 +37,7 @@ pub mod checkpoint;
 pub mod error;
 pub mod event;
 pub mod frame;
+pub mod index;
 mod log;
 mod read;
 pub mod replay;
@@ -51,6 +53,7 @@ pub mod watermark;
 
 pub use error::{Error, Result};
 pub use event::{Event, EventType, NewEvent};
+pub use index::IndexStats;
 pub use log::{Durability, LogOptions, RunMeta, SEGMENT_BYTES_DEFAULT};
 pub use read::{EventIter, ReadOptions, RepairedTail, Skipped, TornTail, VerifyReport, Visibility};
 pub use replay::{ReplayStats, Replayed, Target};

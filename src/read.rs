@@ -15,6 +15,8 @@ use serde::Serialize;
 
 use crate::error::{Error, IoContext, Result};
 use crate::event::{Event, EventType};
+use crate::frame::{self, Decoded};
+use crate::index::{Access, IndexCell, IndexSnapshot, Plan, ReadRun};
 use crate::log::SYNCED_FILE;
 use crate::segment::{self, FrameReader, Step};
 use crate::storage::{OpenMode, Storage};
@@ -44,12 +46,18 @@ pub struct ReadOptions {
     pub kind: Option<EventType>,
     /// Only events about this subject.
     pub subject: Option<String>,
+    /// Only events of this user.
+    pub user: Option<String>,
     /// Only events at or after this time.
     pub since: Option<Ts>,
     /// Only events at or before this time.
     pub until: Option<Ts>,
-    /// At most this many events.
+    /// At most this many events (applied after `last`).
     pub limit: Option<usize>,
+    /// Only the last this many matching events (still returned in seq order).
+    pub last: Option<usize>,
+    /// Never use the index: scan every frame (for comparisons and benchmarks).
+    pub full_scan: bool,
     /// Skip corrupt records (each skip is recorded) instead of stopping with an error.
     pub skip_corrupt: bool,
     /// Durable-only (default) or everything written.
@@ -111,6 +119,17 @@ pub struct EventIter {
     /// Where to start instead of a segment's first byte: a frame boundary and the seq of
     /// the frame there (from a checkpoint or the index).
     start: Option<(Pos, u64)>,
+    /// The index-driven part of the read, while it lasts.
+    plan: Option<Plan>,
+    /// The index a seek offset came from: a failure right there is the index's fault, not
+    /// the log's, so the segment is then read again from its start.
+    seek_from: Option<Arc<IndexCell>>,
+    /// Events below this seq are not returned (returned already, before a fallback).
+    min_seq: u64,
+    /// With `opts.last`: the matching events, once the read is complete.
+    tail: Option<VecDeque<Event>>,
+    tail_returned: usize,
+    run_buf: Vec<u8>,
 }
 
 /// Parses a frame's events and checks seq continuity, ts order and run id.
@@ -120,8 +139,10 @@ fn check_frame(
     last_ts: Ts,
     run_id: &str,
 ) -> std::result::Result<Vec<Event>, (Option<u64>, String)> {
+    // One UTF-8 check of the whole payload is cheaper than serde_json's check per string.
+    let text = std::str::from_utf8(payload).map_err(|e| (None, format!("bad event JSON: {e}")))?;
     let events: Vec<Event> =
-        serde_json::from_slice(payload).map_err(|e| (None, format!("bad event JSON: {e}")))?;
+        serde_json::from_str(text).map_err(|e| (None, format!("bad event JSON: {e}")))?;
     if events.is_empty() {
         return Err((None, "empty frame".into()));
     }
@@ -149,15 +170,33 @@ impl EventIter {
         run_id: &str,
         opts: ReadOptions,
     ) -> Result<EventIter> {
-        let bases = segment::list_segments(&*storage, &dir)?;
         let limit = match opts.visibility {
             Visibility::Visible => Some(read_marks(&*storage, &dir)?.visible),
             Visibility::Written => None,
         };
+        EventIter::with_index(storage, dir, run_id, opts, limit, None)
+    }
+
+    /// A read up to `limit` (`None`: everything written), through `index` when given.
+    pub(crate) fn with_index(
+        storage: Arc<dyn Storage>,
+        dir: PathBuf,
+        run_id: &str,
+        opts: ReadOptions,
+        limit: Option<Pos>,
+        index: Option<IndexSnapshot>,
+    ) -> Result<EventIter> {
+        let bases = match &index {
+            // The index listed the segments up to what it covers, which is the limit.
+            Some(snap) if limit.is_some() && snap.covered().map(|c| c.0) == limit => {
+                snap.bases().to_vec()
+            }
+            _ => segment::list_segments(&*storage, &dir)?,
+        };
         let from = opts.from_seq.unwrap_or(1).max(1);
         // Start in the last segment whose first seq is at or before `from`.
         let idx = bases.iter().rposition(|&b| b <= from).unwrap_or(0);
-        Ok(EventIter {
+        let mut it = EventIter {
             storage,
             dir,
             run_id: run_id.to_string(),
@@ -179,7 +218,138 @@ impl EventIter {
             frame_start: 0,
             perm: None,
             start: None,
-        })
+            plan: None,
+            seek_from: None,
+            min_seq: 0,
+            tail: None,
+            tail_returned: 0,
+            run_buf: Vec::new(),
+        };
+        if let Some(snap) = index {
+            let cell = snap.cell().clone();
+            match Plan::access(snap, &it.opts) {
+                Access::Plan(p) => it.plan = Some(p),
+                Access::Seek(base, off, first, ts) => it.seek(base, off, first, ts, cell),
+                Access::Scan => {}
+            }
+        }
+        Ok(it)
+    }
+
+    /// Continues the read at an indexed frame: `off` in segment `base`, holding `first`.
+    fn seek(&mut self, base: u64, off: u64, first: u64, ts_before: Ts, cell: Arc<IndexCell>) {
+        let Some(i) = self.bases.iter().position(|&b| b == base) else {
+            // The segment is gone from the listing: scan instead; nothing is lost.
+            return;
+        };
+        self.idx = i;
+        self.reader = None;
+        self.start = Some((Pos { seg: base, off }, first));
+        self.expect_seq = Some(first);
+        self.last_ts = ts_before;
+        self.seek_from = (off > 0).then_some(cell);
+    }
+
+    /// The index disagreed with the log at seq `seq`: drop it and read that segment again
+    /// from its start, returning nothing below `seq` (returned already).
+    fn fall_back(&mut self, seq: u64, reason: &str) {
+        if let Some(cell) = self.seek_from.take() {
+            cell.invalidate(reason);
+        }
+        if let Some(plan) = self.plan.take() {
+            plan.snapshot().cell().invalidate(reason);
+        }
+        self.idx = self.bases.iter().rposition(|&b| b <= seq).unwrap_or(0);
+        self.reader = None;
+        self.start = None;
+        self.expect_seq = None;
+        self.last_ts = Ts(0);
+        self.min_seq = self.min_seq.max(seq);
+    }
+
+    /// Reads the next planned frames into `pending`. Returns false when the plan is over
+    /// (the read goes on by scanning whatever the index does not cover) or was abandoned.
+    fn fill_from_plan(&mut self) -> Result<bool> {
+        let Some(plan) = self.plan.as_mut() else {
+            return Ok(false);
+        };
+        let Some(run) = plan.next_run() else {
+            let Some(plan) = self.plan.take() else {
+                return Ok(false);
+            };
+            let snap = plan.snapshot();
+            match snap.covered() {
+                // Nothing past the index can be in range.
+                Some((_, next, _)) if plan.hi() < next => self.idx = self.bases.len(),
+                Some((pos, next, ts)) => {
+                    let cell = snap.cell().clone();
+                    self.seek(pos.seg, pos.off, next, ts, cell);
+                }
+                None => {}
+            }
+            return Ok(false);
+        };
+        let mut buf = std::mem::take(&mut self.run_buf);
+        let r = self.read_run(&run, &mut buf);
+        self.run_buf = buf;
+        r
+    }
+
+    fn read_run(&mut self, run: &ReadRun, buf: &mut Vec<u8>) -> Result<bool> {
+        buf.clear();
+        buf.resize((run.end - run.start) as usize, 0);
+        match run.file.read_exact_at(buf, run.start) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                let first = run.frames.first().map_or(1, |f| f.first_seq);
+                self.fall_back(first, "segment shorter than the index says");
+                return Ok(!self.pending.is_empty());
+            }
+            Err(e) => return Err(e).ctx("read", &run.path(&self.dir)),
+        }
+        for f in &run.frames {
+            let a = (f.off - run.start) as usize;
+            let bytes = &buf[a..a + f.len as usize];
+            let checked = match frame::decode(bytes) {
+                Decoded::Frame { payload, len } if len as u64 == f.len => {
+                    check_frame(payload, Some(f.first_seq), self.last_ts, &self.run_id)
+                        .map_err(|(_, reason)| reason)
+                }
+                Decoded::Frame { .. } => Err("frame length differs from the index".into()),
+                Decoded::Incomplete => Err("incomplete frame where the index points".into()),
+                Decoded::Corrupt(reason) => Err(reason.to_string()),
+            };
+            match checked {
+                Ok(events)
+                    if events.len() as u64 == f.events
+                        && events.last().map(|e| e.ts) == Some(f.ts) =>
+                {
+                    self.frames += 1;
+                    self.bytes += f.len;
+                    self.pos = Pos {
+                        seg: run.seg_base,
+                        off: f.off + f.len,
+                    };
+                    self.last_ts = f.ts;
+                    self.expect_seq = events.last().map(|e| e.seq + 1);
+                    self.pending.extend(events);
+                }
+                other => {
+                    let reason = match other {
+                        Err(reason) => reason,
+                        Ok(_) => "frame holds other events than the index says".into(),
+                    };
+                    let reason = format!(
+                        "{} at byte {}: {reason}",
+                        run.path(&self.dir).display(),
+                        f.off
+                    );
+                    self.fall_back(f.first_seq, &reason);
+                    return Ok(!self.pending.is_empty());
+                }
+            }
+        }
+        Ok(true)
     }
 
     /// Like `new`, but starts at `pos`, a frame boundary whose frame begins with
@@ -274,6 +444,12 @@ impl EventIter {
     /// Reads the next frame into `pending`. Returns false at the end of the log.
     fn fill(&mut self) -> Result<bool> {
         loop {
+            if self.plan.is_some() {
+                if self.fill_from_plan()? {
+                    return Ok(true);
+                }
+                continue;
+            }
             if self.reader.is_none() && !self.open_segment()? {
                 return Ok(false);
             }
@@ -293,12 +469,20 @@ impl EventIter {
                     self.frame_start = offset;
                     match check_frame(r.payload(), self.expect_seq, self.last_ts, &self.run_id) {
                         Ok(events) => {
+                            self.seek_from = None;
                             if let Some(last) = events.last() {
                                 self.expect_seq = Some(last.seq + 1);
                                 self.last_ts = last.ts;
                             }
                             self.pending.extend(events);
                             return Ok(true);
+                        }
+                        Err((_, reason)) if self.seek_from.is_some() => {
+                            let seq = self.expect_seq.unwrap_or(1);
+                            self.fall_back(
+                                seq,
+                                &format!("{} at byte {offset}: {reason}", path.display()),
+                            );
                         }
                         Err((seq, reason)) => {
                             let seq = seq.or(self.expect_seq).unwrap_or(0);
@@ -309,7 +493,18 @@ impl EventIter {
                         }
                     }
                 }
+                // Past the last segment's end this is a write in progress (a torn tail),
+                // anywhere else the index pointed into the middle of something.
+                Step::End { offset, incomplete }
+                    if incomplete && self.seek_from.is_some() && !last_segment =>
+                {
+                    let seq = self.expect_seq.unwrap_or(1);
+                    let reason =
+                        format!("{} at byte {offset}: incomplete frame", r.path().display());
+                    self.fall_back(seq, &reason);
+                }
                 Step::End { offset, incomplete } => {
+                    self.seek_from = None;
                     if incomplete && last_segment {
                         let path = r.path().to_path_buf();
                         let len = self.file_len(&path)?;
@@ -321,6 +516,11 @@ impl EventIter {
                     }
                     self.reader = None;
                     self.idx += 1;
+                }
+                Step::Corrupt { offset, reason } if self.seek_from.is_some() => {
+                    let seq = self.expect_seq.unwrap_or(1);
+                    let reason = format!("{} at byte {offset}: {reason}", r.path().display());
+                    self.fall_back(seq, &reason);
                 }
                 Step::Corrupt { offset, reason } => {
                     let path = r.path().to_path_buf();
@@ -424,8 +624,10 @@ impl EventIter {
             return false;
         }
         let o = &self.opts;
-        o.from_seq.is_none_or(|s| e.seq >= s)
+        e.seq >= self.min_seq
+            && o.from_seq.is_none_or(|s| e.seq >= s)
             && o.agent.as_ref().is_none_or(|a| *a == e.agent_id)
+            && o.user.as_ref().is_none_or(|u| *u == e.user_id)
             && o.kind.is_none_or(|k| k == e.kind)
             && o.subject
                 .as_ref()
@@ -438,11 +640,48 @@ impl Iterator for EventIter {
     type Item = Result<Event>;
 
     fn next(&mut self) -> Option<Result<Event>> {
+        let Some(n) = self.opts.last else {
+            return self.next_match();
+        };
+        if self.tail.is_none() {
+            // The last `n` matches are known only at the end of the read.
+            let mut q = VecDeque::with_capacity(n.min(4096));
+            loop {
+                match self.next_match() {
+                    Some(Ok(e)) => {
+                        if q.len() == n {
+                            q.pop_front();
+                        }
+                        if n > 0 {
+                            q.push_back(e);
+                        }
+                    }
+                    Some(Err(e)) => {
+                        self.tail = Some(VecDeque::new());
+                        return Some(Err(e));
+                    }
+                    None => break,
+                }
+            }
+            self.tail = Some(q);
+        }
+        if self.opts.limit.is_some_and(|l| self.tail_returned >= l) {
+            return None;
+        }
+        let e = self.tail.as_mut()?.pop_front()?;
+        self.tail_returned += 1;
+        Some(Ok(e))
+    }
+}
+
+impl EventIter {
+    /// The next matching event, in seq order (`limit` applies here unless `last` is set).
+    fn next_match(&mut self) -> Option<Result<Event>> {
         loop {
             if self.done {
                 return None;
             }
-            if self.opts.limit.is_some_and(|l| self.returned >= l) {
+            if self.opts.last.is_none() && self.opts.limit.is_some_and(|l| self.returned >= l) {
                 self.done = true;
                 return None;
             }

@@ -35,6 +35,13 @@ pub trait StorageFile: Send + Sync {
     fn lock(&self) -> io::Result<()>;
     /// Releases the lock taken by `lock`.
     fn unlock(&self) -> io::Result<()>;
+    /// Takes the exclusive advisory lock if nobody holds it; returns whether it did.
+    /// Never blocks in the backends of this crate (the index builder uses it so that a
+    /// reader never waits for another process's index write); the default, for backends
+    /// without a non-blocking lock, waits for `lock`.
+    fn try_lock(&self) -> io::Result<bool> {
+        self.lock().map(|()| true)
+    }
 
     /// Reads exactly `buf.len()` bytes at `offset`, or fails with `UnexpectedEof`.
     fn read_exact_at(&self, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
@@ -113,6 +120,13 @@ impl StorageFile for FsFile {
     }
     fn unlock(&self) -> io::Result<()> {
         self.0.unlock()
+    }
+    fn try_lock(&self) -> io::Result<bool> {
+        match self.0.try_lock() {
+            Ok(()) => Ok(true),
+            Err(std::fs::TryLockError::WouldBlock) => Ok(false),
+            Err(std::fs::TryLockError::Error(e)) => Err(e),
+        }
     }
 }
 
@@ -327,6 +341,10 @@ impl StorageFile for MemFile {
         self.storage.inner.lock_cv.notify_all();
         Ok(())
     }
+    fn try_lock(&self) -> io::Result<bool> {
+        let mut fs = lock_poison_ok(&self.storage.inner.fs);
+        Ok(fs.locked.insert(self.path.clone()))
+    }
 }
 
 impl Storage for MemStorage {
@@ -451,5 +469,27 @@ mod tests {
         s.fail_syncs(1);
         assert!(a.sync_data().is_err());
         assert!(a.sync_data().is_ok());
+    }
+
+    #[test]
+    fn try_lock_does_not_block() {
+        for s in [
+            Arc::new(MemStorage::new()) as Arc<dyn Storage>,
+            Arc::new(FsStorage) as Arc<dyn Storage>,
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            s.create_dir_all(dir.path()).unwrap();
+            let p = dir.path().join("LOCK");
+            let a = s.open(&p, OpenMode::ReadWriteCreate).unwrap();
+            let b = s.open(&p, OpenMode::ReadWriteCreate).unwrap();
+            assert!(a.try_lock().unwrap());
+            assert!(
+                !b.try_lock().unwrap(),
+                "second handle must not get the lock"
+            );
+            a.unlock().unwrap();
+            assert!(b.try_lock().unwrap());
+            b.unlock().unwrap();
+        }
     }
 }

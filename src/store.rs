@@ -11,12 +11,14 @@ use crate::error::{Error, Result};
 use crate::event::{
     check_path_id, check_run_id, Checked, Event, NewEvent, ANONYMOUS, BATCH_EVENTS_MAX,
 };
+use crate::index::{self, IndexCell, IndexSnapshot, IndexStats};
 use crate::log::{self, Durability, LogOptions, Request, RunLog, RunMeta};
-use crate::read::{self, EventIter, ReadOptions, VerifyReport};
+use crate::read::{self, EventIter, ReadOptions, VerifyReport, Visibility};
 use crate::replay::{self, Replayed, RunPaths, Target};
 use crate::segment;
 use crate::storage::{FsStorage, OpenMode, Storage};
 use crate::ts::Ts;
+use crate::watermark::Marks;
 
 /// A data directory holding one sub-directory per run.
 ///
@@ -31,6 +33,8 @@ pub struct Store {
     ck_root: PathBuf,
     checkpoint_every: u64,
     user: String,
+    /// Each run's index as this process has caught it up (see [`crate::index`]).
+    indexes: Mutex<HashMap<String, Arc<IndexCell>>>,
 }
 
 /// A summary of one run, as `swarm runs` prints it.
@@ -72,6 +76,7 @@ impl Store {
             ck_root: root.join(".checkpoints"),
             checkpoint_every: CHECKPOINT_EVERY_DEFAULT,
             user: ANONYMOUS.to_string(),
+            indexes: Mutex::new(HashMap::new()),
         })
     }
 
@@ -338,13 +343,123 @@ impl Store {
     }
 
     /// Reads a run's events in seq order.
+    ///
+    /// A read with a key filter (agent, type, subject, user), `last`, `from_seq` or `since`
+    /// goes through the run's index (caught up first, see [`crate::index`]) and fetches
+    /// only the frames that can match; every frame read is still checked, and an index
+    /// that disagrees with the log is dropped and the read goes on by scanning.
     pub fn read(&self, run: &str, opts: ReadOptions) -> Result<EventIter> {
         let dir = self.existing_run(run)?;
-        if opts.reader.is_some() {
-            let rules = self.state_at(run, Target::Head, |_| {})?.state.rules;
-            return Ok(EventIter::new(self.storage.clone(), dir, run, opts)?.with_rules(rules));
+        let rules = match opts.reader {
+            Some(_) => Some(self.state_at(run, Target::Head, |_| {})?.state.rules),
+            None => None,
+        };
+        let (mut marks, snap) = match index::useful_for(&opts) {
+            true => self.index_snapshot(run, &dir)?,
+            false => (read::read_marks(&*self.storage, &dir)?, None),
+        };
+        if let Some((covered, _, _)) = snap.as_ref().and_then(|s| s.covered()) {
+            if covered > marks.visible {
+                // Loaded from a file written by a process that saw a later watermark.
+                marks = read::read_marks(&*self.storage, &dir)?;
+            }
         }
-        EventIter::new(self.storage.clone(), dir, run, opts)
+        let snap = snap.filter(|s| s.covered().is_none_or(|(c, _, _)| c <= marks.visible));
+        let limit = match opts.visibility {
+            Visibility::Visible => Some(marks.visible),
+            Visibility::Written => None,
+        };
+        let it = EventIter::with_index(self.storage.clone(), dir, run, opts, limit, snap)?;
+        Ok(match rules {
+            Some(r) => it.with_rules(r),
+            None => it,
+        })
+    }
+
+    fn index_cell(&self, run: &str) -> Arc<IndexCell> {
+        let mut m = self.indexes.lock().unwrap_or_else(|e| e.into_inner());
+        m.entry(run.to_string())
+            .or_insert_with(|| Arc::new(IndexCell::new(run)))
+            .clone()
+    }
+
+    /// The watermark and the run's index caught up to it; no index when it cannot serve
+    /// this read (then the read scans: the index is an accelerator, never a requirement).
+    fn index_snapshot(&self, run: &str, dir: &Path) -> Result<(Marks, Option<IndexSnapshot>)> {
+        match self.index_cell(run).snapshot(&self.storage, dir) {
+            Ok((marks, snap)) => Ok((marks, Some(snap))),
+            Err(e) => {
+                tracing::warn!(run, error = %e, "index unavailable; scanning the log");
+                Ok((read::read_marks(&*self.storage, dir)?, None))
+            }
+        }
+    }
+
+    /// Catches up a run's index (loading, checking and extending it, writing it when the
+    /// policy of [`crate::index`] says so) and reports on it.
+    pub fn index_stats(&self, run: &str) -> Result<IndexStats> {
+        self.index_op(run, false, false, &mut |_, _| {})
+    }
+
+    /// Catches up a run's index and writes every part of it not on disk yet (waiting for
+    /// the index lock), e.g. before a process exits.
+    pub fn flush_index(&self, run: &str) -> Result<IndexStats> {
+        self.index_op(run, true, false, &mut |_, _| {})
+    }
+
+    /// Forgets a run's index, in memory and on disk, builds it again from the log up to
+    /// the visible position and writes it. `progress` gets (bytes indexed, bytes total).
+    pub fn rebuild_index(
+        &self,
+        run: &str,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<IndexStats> {
+        self.index_op(run, true, true, &mut progress)
+    }
+
+    fn index_op(
+        &self,
+        run: &str,
+        flush: bool,
+        rebuild: bool,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<IndexStats> {
+        let dir = self.existing_run(run)?;
+        let marks = read::read_marks(&*self.storage, &dir)?;
+        let mut total = 0;
+        for b in segment::list_segments(&*self.storage, &dir)? {
+            if b < marks.visible.seg {
+                let p = segment::segment_path(&dir, b);
+                let f = self
+                    .storage
+                    .open(&p, OpenMode::Read)
+                    .map_err(|source| Error::Io {
+                        op: "open",
+                        path: p.clone(),
+                        source,
+                    })?;
+                total += f.len().map_err(|source| Error::Io {
+                    op: "stat",
+                    path: p,
+                    source,
+                })?;
+            } else if b == marks.visible.seg {
+                total += marks.visible.off;
+            }
+        }
+        let mut done = 0;
+        let mut report = |n: u64| {
+            done += n;
+            progress(done, total);
+        };
+        self.index_cell(run).stats(
+            &self.storage,
+            &dir,
+            marks.visible,
+            flush,
+            rebuild,
+            &mut report,
+        )
     }
 
     /// Checks every record of a run; `progress` is called with the records checked so far.

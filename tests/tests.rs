@@ -12,6 +12,7 @@ mod concurrent;
 mod damage;
 mod fsync_failure;
 mod golden;
+mod index;
 mod kill;
 mod model;
 mod random_bytes;
