@@ -4,6 +4,12 @@
 //! human use the library in this process. Each stage prints what happened and why.
 
 use std::io::{self, IsTerminal, Write};
+
+/// `println!` that returns an error (a closed pipe ends the demo quietly) instead of panicking.
+macro_rules! say {
+    () => { writeln!(io::stdout().lock())? };
+    ($($t:tt)*) => { writeln!(io::stdout().lock(), $($t)*)? };
+}
 use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
 
@@ -118,13 +124,39 @@ pub fn run(
     let store = Store::open(data_dir)?
         .with_checkpoints(checkpoint_dir, 10_000)
         .with_user(user, true)?;
-    println!(
+    say!(
         "swarm demo: run {run:?} (user {user:?}) in {}",
         data_dir.display()
     );
 
+    // A fourth agent follows the run live from its own process before anything is written.
+    let mut tail = Command::new(&exe)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args([
+            "--user", user, "tail", "--run", &run, "--follow", "--agent", "logs", "--type",
+            "evidence",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting the tailing agent")?;
+    let tail_out = tail.stdout.take().context("tail stdout")?;
+    let (seen_tx, seen_rx) = std::sync::mpsc::channel::<(Event, Ts)>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in io::BufReader::new(tail_out).lines().map_while(Result::ok) {
+            if let Ok(e) = serde_json::from_str::<Event>(&l) {
+                if seen_tx.send((e, Ts::now())).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+
     // Stage 1: three investigators in three processes, appending at the same time.
-    println!("\n1. three agent processes investigate concurrently (durable appends, one log):");
+    say!("\n1. three agent processes investigate concurrently (durable appends, one log);");
+    say!("   a fourth, `swarm tail --follow`, watches the logs agent's evidence live:");
     let r = &run;
     let scripts = vec![
         (
@@ -224,7 +256,7 @@ pub fn run(
         if code != Some(0) {
             bail!("agent {agent} failed ({code:?}): {err}");
         }
-        println!(
+        say!(
             "   agent {agent:<8} stored {} entries: seqs {:?}",
             events.len(),
             events.iter().map(|e| e.seq).collect::<Vec<_>>()
@@ -235,17 +267,27 @@ pub fn run(
     let all: Vec<Event> = store
         .read(&run, ReadOptions::default())?
         .collect::<Result<_, _>>()?;
-    let deploy = all
-        .iter()
-        .find(|e| e.id == format!("{run}.l3"))
-        .context("the deploy finding")?;
     let leak = all
         .iter()
         .find(|e| e.id == format!("{run}.l2"))
         .context("the leak hypothesis")?;
-    println!(
-        "\n2. the traces agent reads the logs agent's finding #{} and builds on it:",
-        deploy.seq
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let (deploy, seen_at) = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let (e, at) = seen_rx
+            .recv_timeout(left)
+            .context("the tailing agent never delivered the deploy finding")?;
+        if e.id == format!("{run}.l3") {
+            break (e, at);
+        }
+    };
+    let _ = tail.kill();
+    let _ = tail.wait();
+    let deploy = &deploy;
+    say!(
+        "\n2. the tailing agent got the logs agent's finding #{} {:.1} ms after it was stored,\n   and writes evidence that builds on it (refs):",
+        deploy.seq,
+        seen_at.0.saturating_sub(deploy.ts.0) as f64 / 1000.0
     );
     let (support, _, _) = wait_agent(
         "traces",
@@ -261,9 +303,9 @@ pub fn run(
         )?,
     )?;
     for e in &support {
-        println!("{}", line(e));
+        say!("{}", line(e));
     }
-    println!("   competing hypotheses on root-cause; the orchestrator picks (confidence, then evidence, then recency):");
+    say!("   competing hypotheses on root-cause; the orchestrator picks (confidence, then evidence, then recency):");
     match store.pick(&run, "orchestrator", "root-cause")? {
         PickOutcome::Picked {
             decision,
@@ -271,16 +313,16 @@ pub fn run(
             losers,
             rule,
         } => {
-            println!("{}", line(&decision));
-            println!("   winner #{winner} by {rule}; losers {losers:?} stay in the log as context");
+            say!("{}", line(&decision));
+            say!("   winner #{winner} by {rule}; losers {losers:?} stay in the log as context");
         }
         PickOutcome::Escalated { escalation } => {
-            println!("   tie, escalated: {}", line(&escalation))
+            say!("   tie, escalated: {}", line(&escalation))
         }
     }
 
     // Stage 3: contradictory actions are a hard stop.
-    println!("\n3. two agents act on orders-svc without building on each other's action:");
+    say!("\n3. two agents act on orders-svc without building on each other's action:");
     let (a, _, _) = wait_agent(
         "lead",
         agent_process(
@@ -318,11 +360,11 @@ pub fn run(
         )?,
     )?;
     for e in a.iter().chain(&b) {
-        println!("{}", line(e));
+        say!("{}", line(e));
     }
     let open = store.escalations(&run, false)?;
     for x in &open {
-        println!("   ESCALATION #{}: {}", x.seq, x.record.reason);
+        say!("   ESCALATION #{}: {}", x.seq, x.record.reason);
     }
     let (_, err, code) = wait_agent(
         "sre-bot",
@@ -342,7 +384,7 @@ pub fn run(
             )],
         )?,
     )?;
-    println!(
+    say!(
         "   a further action is refused (exit {}): {}",
         code.unwrap_or(-1),
         err.trim_start_matches("swarm: ")
@@ -355,7 +397,7 @@ pub fn run(
             Some(x.record.entries[0]),
             "rollback is the fix; scaling only hid the leak",
         )?;
-        println!("   a human resolves it:\n{}", line(&res));
+        say!("   a human resolves it:\n{}", line(&res));
         let (ok, _, _) = wait_agent(
             "sre-bot",
             agent_process(
@@ -369,7 +411,7 @@ pub fn run(
             )?,
         )?;
         for e in &ok {
-            println!("{}", line(e));
+            say!("{}", line(e));
         }
     }
 
@@ -379,7 +421,7 @@ pub fn run(
         .collect::<Result<_, _>>()?;
     let mid = events.len() as u64 / 2;
     let then = store.state_at(&run, Target::Seq(mid), |_| {})?;
-    println!(
+    say!(
         "\n4. replay: what did the swarm know at seq {mid} ({})?",
         then.state
             .head_ts
@@ -387,22 +429,22 @@ pub fn run(
             .unwrap_or_default()
     );
     for (subject, s) in &then.state.subjects {
-        println!(
+        say!(
             "   {subject:<16} latest #{:<3} by {:<8} {}",
             s.latest.seq,
             s.latest.agent_id,
             s.latest.content.as_str().unwrap_or("")
         );
     }
-    println!("\n   the whole timeline:");
+    say!("\n   the whole timeline:");
     for e in &events {
-        println!("{}", line(e));
+        say!("{}", line(e));
     }
 
     // Stage 5: verify.
     let report = store.verify(&run, |_| {})?;
     let count = |k: EventType| events.iter().filter(|e| e.kind == k).count();
-    println!(
+    say!(
         "\n5. verify: ok={} records={} frames={} bytes={} corrupt={}\n   {} hypotheses, {} evidence, {} decisions, {} actions, {} escalations; seqs 1..{} gap-free",
         report.ok,
         report.records,
@@ -417,7 +459,7 @@ pub fn run(
         events.len()
     );
     if io::stdout().is_terminal() {
-        println!("\nnext: swarm read --run {run} | jq .   |   swarm replay --run {run} --timeline");
+        say!("\nnext: swarm read --run {run} | jq .   |   swarm replay --run {run} --timeline");
     }
     if !report.ok {
         return Err(Error::Corrupt {
