@@ -1,1 +1,930 @@
-fn main() {}
+//! Append benchmark (issue 2, point 11): `cargo bench --bench append`.
+//!
+//! Durable appends of ~250-byte events from 1, 4 and 16 writer *processes*, side by side
+//! in the same run with three peers a user could pick instead:
+//! - `swarm-memory`: `Store::append(.., Durability::Sync)` (fdatasync'ed, group-committed);
+//! - `jsonl`: the seed 004 prototype, a JSONL file with `flock` + `write` + `fsync` per event;
+//! - `sqlite`: SQLite in WAL mode, `synchronous=FULL`, one transaction per event;
+//! - `redis`: Redis Streams `XADD` with `appendonly yes`, `appendfsync always` (skipped
+//!   with a note when `redis-server` is not installed).
+//!
+//! Plus, in one process: `none`-mode throughput (one event per call from several threads,
+//! and the batch API) and `sync` throughput with 64 threads.
+//!
+//! Writer processes are this same binary re-executed with `SWARM_BENCH_WORKER` set; they
+//! get ready (open files, connect), report `ready`, wait for `go` on stdin (a barrier),
+//! append for a warm-up and then for `SWARM_BENCH_SECS` seconds, and write each measured
+//! append's latency to a file. Every peer's files live under one temporary directory on
+//! the repository's disk (`target/tmp`, or `SWARM_BENCH_DIR`), never on tmpfs, so every
+//! fsync reaches the same real device.
+//!
+//! Environment: `SWARM_BENCH_SECS` (default 3) measured seconds per cell;
+//! `SWARM_BENCH_PEERS` (default `swarm,jsonl,sqlite,redis,local`) selects cells;
+//! `SWARM_BENCH_DIR` the parent of the temporary data directory; `SWARM_BENCH_REDIS` the
+//! `redis-server` binary.
+
+use std::collections::BTreeMap;
+use std::fs::{self, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use swarm_memory::{Durability, Event, EventType, NewEvent, Store, Ts};
+
+/// Writer-process counts of the multi-process cells.
+const PROCS: [usize; 3] = [1, 4, 16];
+/// Threads of the single-process durable cell.
+const SYNC_THREADS: usize = 64;
+/// Events per call in the batch-API `none` cell.
+const NONE_BATCH_EVENTS: usize = 1000;
+/// Target size of one event as stored (JSON), in bytes.
+const EVENT_BYTES: usize = 250;
+
+const TARGET_SYNC_16_PROCS: f64 = 40_000.0;
+const TARGET_VS_REDIS_16: f64 = 2.0;
+const TARGET_NONE: f64 = 1_000_000.0;
+const TARGET_SYNC_64_THREADS: f64 = 150_000.0;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Peer {
+    Swarm,
+    Jsonl,
+    Sqlite,
+    Redis,
+}
+
+impl Peer {
+    fn name(self) -> &'static str {
+        match self {
+            Peer::Swarm => "swarm",
+            Peer::Jsonl => "jsonl",
+            Peer::Sqlite => "sqlite",
+            Peer::Redis => "redis",
+        }
+    }
+    fn parse(s: &str) -> Option<Peer> {
+        [Peer::Swarm, Peer::Jsonl, Peer::Sqlite, Peer::Redis]
+            .into_iter()
+            .find(|p| p.name() == s)
+    }
+    fn label(self) -> &'static str {
+        match self {
+            Peer::Swarm => "swarm-memory `sync`",
+            Peer::Jsonl => "seed 004 JSONL (flock+write+fsync)",
+            Peer::Sqlite => "SQLite WAL, synchronous=FULL",
+            Peer::Redis => "Redis Streams XADD, AOF always",
+        }
+    }
+}
+
+/// What one measured cell produced.
+#[derive(Clone, Debug)]
+struct Cell {
+    key: String,
+    label: String,
+    writers: String,
+    events: u64,
+    secs: f64,
+    /// Per-call latencies in nanoseconds, sorted.
+    lat_ns: Vec<u64>,
+    events_per_call: usize,
+}
+
+impl Cell {
+    fn rate(&self) -> f64 {
+        self.events as f64 / self.secs
+    }
+    fn pct_ms(&self, p: f64) -> f64 {
+        if self.lat_ns.is_empty() {
+            return f64::NAN;
+        }
+        let i = ((self.lat_ns.len() as f64 * p / 100.0) as usize).min(self.lat_ns.len() - 1);
+        self.lat_ns[i] as f64 / 1e6
+    }
+}
+
+struct Cfg {
+    secs: f64,
+    warmup: Duration,
+}
+
+fn env_secs() -> f64 {
+    std::env::var("SWARM_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| *s > 0.0)
+        .unwrap_or(3.0)
+}
+
+fn cfg() -> Cfg {
+    let secs = env_secs();
+    Cfg {
+        secs,
+        warmup: Duration::from_secs_f64((secs / 10.0).clamp(0.2, 1.0)),
+    }
+}
+
+/// A ~250-byte stored event: the content is padded so the event's JSON is `EVENT_BYTES`.
+fn new_event(agent: &str) -> NewEvent {
+    let probe = |content: String| Event {
+        run_id: "bench".into(),
+        seq: 123_456,
+        ts: Ts::now(),
+        id: "swarm:0123456789abcdef.1e240".into(),
+        agent_id: agent.into(),
+        user_id: "anonymous".into(),
+        kind: EventType::Evidence,
+        content: content.into(),
+        confidence: None,
+        refs: Vec::new(),
+        subject: None,
+        session_id: None,
+        meta: None,
+    };
+    let base = "db-1 p99 latency 870ms since 14:02, pool 100/100 busy";
+    let len = serde_json::to_vec(&probe(base.into())).unwrap().len();
+    let content = format!("{base}{}", ".".repeat(EVENT_BYTES.saturating_sub(len)));
+    NewEvent::new(agent, EventType::Evidence, content)
+}
+
+/// The JSON line a peer stores for event `seq`: the same shape and size as a stored
+/// swarm-memory event, serialized per append as the prototype would.
+fn peer_line(agent: &str, content: &str, seq: u64) -> String {
+    let ev = Event {
+        run_id: "bench".into(),
+        seq,
+        ts: Ts::now(),
+        id: format!("{agent}.{seq}"),
+        agent_id: agent.into(),
+        user_id: "anonymous".into(),
+        kind: EventType::Evidence,
+        content: content.into(),
+        confidence: None,
+        refs: Vec::new(),
+        subject: None,
+        session_id: None,
+        meta: None,
+    };
+    serde_json::to_string(&ev).unwrap()
+}
+
+/// Runs `op` until the window closes; counts and times the calls that complete inside
+/// the measured window (after the warm-up).
+fn run_loop(cfg: &Cfg, mut op: impl FnMut() -> usize) -> (u64, Vec<u64>) {
+    let start = Instant::now();
+    let measure_from = start + cfg.warmup;
+    let end = measure_from + Duration::from_secs_f64(cfg.secs);
+    let mut lat = Vec::with_capacity(1 << 16);
+    let mut events = 0u64;
+    loop {
+        let t0 = Instant::now();
+        if t0 >= end {
+            break;
+        }
+        let n = op();
+        let t1 = Instant::now();
+        if t1 >= measure_from && t1 < end {
+            lat.push((t1 - t0).as_nanos() as u64);
+            events += n as u64;
+        }
+    }
+    (events, lat)
+}
+
+// ---------------------------------------------------------------------------------------
+// Worker processes.
+
+fn worker(spec: &str) {
+    let peer = Peer::parse(spec).unwrap_or_else(|| panic!("unknown worker peer {spec:?}"));
+    let target = std::env::var("SWARM_BENCH_TARGET").expect("SWARM_BENCH_TARGET");
+    let id: usize = std::env::var("SWARM_BENCH_ID").unwrap().parse().unwrap();
+    let out = PathBuf::from(std::env::var("SWARM_BENCH_OUT").expect("SWARM_BENCH_OUT"));
+    let cfg = cfg();
+    let agent = format!("agent-{id:02}");
+    let ev = new_event(&agent);
+    let content = ev.content.as_str().unwrap().to_string();
+    let mut op: Box<dyn FnMut() -> usize> = match peer {
+        Peer::Swarm => {
+            let (root, run) = target.split_once('#').expect("root#run");
+            let store = Store::open(root).unwrap();
+            // The first append loads the log head; it is not measured.
+            store.append(run, ev.clone(), Durability::Sync).unwrap();
+            let run = run.to_string();
+            Box::new(move || {
+                store.append(&run, ev.clone(), Durability::Sync).unwrap();
+                1
+            })
+        }
+        Peer::Jsonl => {
+            let f = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&target)
+                .unwrap();
+            let mut seq = 0u64;
+            Box::new(move || {
+                seq += 1;
+                let mut line = peer_line(&agent, &content, seq);
+                line.push('\n');
+                f.lock().unwrap();
+                (&f).write_all(line.as_bytes()).unwrap();
+                f.sync_all().unwrap();
+                f.unlock().unwrap();
+                1
+            })
+        }
+        Peer::Sqlite => {
+            let conn = rusqlite::Connection::open(&target).unwrap();
+            conn.busy_timeout(Duration::from_secs(60)).unwrap();
+            conn.pragma_update(None, "synchronous", "FULL").unwrap();
+            let mode: String = conn
+                .pragma_query_value(None, "journal_mode", |r| r.get(0))
+                .unwrap();
+            assert_eq!(mode, "wal");
+            let mut seq = 0u64;
+            Box::new(move || {
+                seq += 1;
+                let line = peer_line(&agent, &content, seq);
+                // Autocommit: one transaction (and one WAL fsync) per event.
+                conn.prepare_cached("INSERT INTO events(body) VALUES (?1)")
+                    .unwrap()
+                    .execute([&line])
+                    .unwrap();
+                1
+            })
+        }
+        Peer::Redis => {
+            let (addr, key) = target.split_once('#').expect("url#key");
+            let client = redis::Client::open(addr).unwrap();
+            let mut con = client.get_connection().unwrap();
+            let key = key.to_string();
+            let mut seq = 0u64;
+            Box::new(move || {
+                seq += 1;
+                let line = peer_line(&agent, &content, seq);
+                let _id: String = redis::cmd("XADD")
+                    .arg(&key)
+                    .arg("*")
+                    .arg("ev")
+                    .arg(&line)
+                    .query(&mut con)
+                    .unwrap();
+                1
+            })
+        }
+    };
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "ready").unwrap();
+    stdout.flush().unwrap();
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go).unwrap();
+    assert_eq!(go.trim(), "go");
+    let (events, lat) = run_loop(&cfg, &mut op);
+    drop(op);
+    let mut bytes = Vec::with_capacity(lat.len() * 8);
+    for l in &lat {
+        bytes.extend_from_slice(&l.to_le_bytes());
+    }
+    fs::write(&out, bytes).unwrap();
+    writeln!(stdout, "done {events}").unwrap();
+    stdout.flush().unwrap();
+}
+
+struct Running {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    out: PathBuf,
+}
+
+/// Starts `procs` workers of `peer`, releases them together, and merges what they measured.
+fn run_procs(peer: Peer, procs: usize, target: &str, tmp: &Path, cfg: &Cfg) -> Cell {
+    let exe = std::env::current_exe().unwrap();
+    let mut ws: Vec<Running> = (0..procs)
+        .map(|i| {
+            let out = tmp.join(format!("lat-{}-{procs}-{i}.bin", peer.name()));
+            let mut child = Command::new(&exe)
+                .env("SWARM_BENCH_WORKER", peer.name())
+                .env("SWARM_BENCH_TARGET", target)
+                .env("SWARM_BENCH_ID", i.to_string())
+                .env("SWARM_BENCH_OUT", &out)
+                .env("SWARM_BENCH_SECS", cfg.secs.to_string())
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .unwrap();
+            let stdin = child.stdin.take().unwrap();
+            let stdout = BufReader::new(child.stdout.take().unwrap());
+            Running {
+                child,
+                stdin,
+                stdout,
+                out,
+            }
+        })
+        .collect();
+    for w in &mut ws {
+        let mut line = String::new();
+        w.stdout.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "worker failed to get ready");
+    }
+    for w in &mut ws {
+        w.stdin.write_all(b"go\n").unwrap();
+        w.stdin.flush().unwrap();
+    }
+    let mut events = 0;
+    let mut lat = Vec::new();
+    for mut w in ws {
+        let mut line = String::new();
+        w.stdout.read_line(&mut line).unwrap();
+        let n: u64 = line
+            .trim()
+            .strip_prefix("done ")
+            .unwrap_or_else(|| panic!("worker said {line:?}"))
+            .parse()
+            .unwrap();
+        events += n;
+        let status = w.child.wait().unwrap();
+        assert!(status.success(), "worker exited with {status}");
+        let b = fs::read(&w.out).unwrap();
+        lat.extend(
+            b.chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap())),
+        );
+    }
+    lat.sort_unstable();
+    Cell {
+        key: format!("{}_{procs}p", peer.name()),
+        label: peer.label().into(),
+        writers: format!("{procs} proc{}", if procs == 1 { "" } else { "s" }),
+        events,
+        secs: cfg.secs,
+        lat_ns: lat,
+        events_per_call: 1,
+    }
+}
+
+/// Runs `threads` threads in this process, each with its own op, released together.
+fn run_threads<F>(threads: usize, cfg: &Cfg, make_op: impl Fn(usize) -> F) -> (u64, Vec<u64>)
+where
+    F: FnMut() -> usize + Send + 'static,
+{
+    let barrier = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|i| {
+            let mut op = make_op(i);
+            let b = barrier.clone();
+            let c = Cfg {
+                secs: cfg.secs,
+                warmup: cfg.warmup,
+            };
+            std::thread::spawn(move || {
+                b.wait();
+                run_loop(&c, &mut op)
+            })
+        })
+        .collect();
+    let mut events = 0;
+    let mut lat = Vec::new();
+    for h in handles {
+        let (n, l) = h.join().unwrap();
+        events += n;
+        lat.extend(l);
+    }
+    lat.sort_unstable();
+    (events, lat)
+}
+
+// ---------------------------------------------------------------------------------------
+// Peers' setup.
+
+struct Redis {
+    child: Child,
+    url: String,
+}
+
+impl Redis {
+    fn find() -> Option<PathBuf> {
+        if let Ok(p) = std::env::var("SWARM_BENCH_REDIS") {
+            return Some(PathBuf::from(p));
+        }
+        let path = std::env::var_os("PATH")?;
+        std::env::split_paths(&path)
+            .map(|d| d.join("redis-server"))
+            .find(|p| p.is_file())
+    }
+
+    fn start(bin: &Path, dir: &Path) -> Result<Redis, String> {
+        fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        let child = Command::new(bin)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(dir)
+            .args(["--appendonly", "yes", "--appendfsync", "always"])
+            .args(["--save", "", "--daemonize", "no"])
+            .arg("--logfile")
+            .arg(dir.join("redis.log"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+        let mut r = Redis {
+            child,
+            url: format!("redis://127.0.0.1:{port}/"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let ok = redis::Client::open(r.url.as_str())
+                .and_then(|c| c.get_connection())
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+            if ok.is_ok() {
+                break;
+            }
+            if let Ok(Some(st)) = r.child.try_wait() {
+                return Err(format!(
+                    "redis-server exited with {st}; see its log in {}",
+                    dir.display()
+                ));
+            }
+            if Instant::now() > deadline {
+                r.stop();
+                return Err("redis-server did not answer PING within 10 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut c = redis::Client::open(r.url.as_str())
+            .and_then(|c| c.get_connection())
+            .map_err(|e| e.to_string())?;
+        let conf: Vec<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("appendfsync")
+            .query(&mut c)
+            .map_err(|e| e.to_string())?;
+        if conf.get(1).map(String::as_str) != Some("always") {
+            r.stop();
+            return Err(format!(
+                "redis-server did not take appendfsync always: {conf:?}"
+            ));
+        }
+        Ok(r)
+    }
+
+    fn stop(&mut self) {
+        // Ask politely (no RDB save), then make sure.
+        if let Ok(mut s) = TcpStream::connect(
+            self.url
+                .trim_start_matches("redis://")
+                .trim_end_matches('/'),
+        ) {
+            let _ = s.write_all(b"SHUTDOWN NOSAVE\r\n");
+            let mut sink = Vec::new();
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            let _ = s.read_to_end(&mut sink);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn sqlite_setup(path: &Path) {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    conn.execute_batch(
+        "CREATE TABLE events(seq INTEGER PRIMARY KEY AUTOINCREMENT, body TEXT NOT NULL);",
+    )
+    .unwrap();
+}
+
+/// The file system holding `path`, from `/proc/self/mounts` (longest matching mount).
+fn fs_of(path: &Path) -> String {
+    let path = fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let mut best: Option<(usize, String)> = None;
+    for l in mounts.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() < 3 {
+            continue;
+        }
+        if path.starts_with(f[1]) && best.as_ref().is_none_or(|(n, _)| f[1].len() > *n) {
+            best = Some((f[1].len(), format!("{} on {} ({})", f[1], f[0], f[2])));
+        }
+    }
+    best.map_or_else(|| "unknown".into(), |b| b.1)
+}
+
+/// The raw cost of what every durable peer pays: append 250 bytes + `fdatasync`.
+fn disk_probe(dir: &Path, secs: f64) -> Cell {
+    let f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("probe.bin"))
+        .unwrap();
+    let line = [b'x'; EVENT_BYTES];
+    let c = Cfg {
+        secs,
+        warmup: Duration::from_millis(100),
+    };
+    let (events, mut lat) = run_loop(&c, || {
+        (&f).write_all(&line).unwrap();
+        f.sync_data().unwrap();
+        1
+    });
+    lat.sort_unstable();
+    Cell {
+        key: "disk_append_fdatasync".into(),
+        label: "disk: 250-byte append + fdatasync".into(),
+        writers: "1 thread".into(),
+        events,
+        secs,
+        lat_ns: lat,
+        events_per_call: 1,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Report.
+
+fn fmt_rate(r: f64) -> String {
+    let n = r.round() as u64;
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, ch) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+fn fmt_ms(v: f64) -> String {
+    if v.is_nan() {
+        "-".into()
+    } else if v < 0.1 {
+        format!("{v:.3}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var("SWARM_BENCH_WORKER") {
+        worker(&spec);
+        return;
+    }
+    let cfg = cfg();
+    let peers_sel = std::env::var("SWARM_BENCH_PEERS")
+        .unwrap_or_else(|_| "swarm,jsonl,sqlite,redis,local".into());
+    let want = |name: &str| peers_sel.split(',').any(|p| p.trim() == name);
+    let parent = std::env::var_os("SWARM_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")));
+    fs::create_dir_all(&parent).unwrap();
+    let tmp = tempfile::Builder::new()
+        .prefix("swarm-bench-")
+        .tempdir_in(&parent)
+        .unwrap();
+    let fsinfo = fs_of(tmp.path());
+    eprintln!(
+        "swarm-memory append bench: {} s per cell (+{} ms warm-up), data in {} [{fsinfo}], {} cores",
+        cfg.secs,
+        cfg.warmup.as_millis(),
+        tmp.path().display(),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    if fsinfo.contains("(tmpfs)") || fsinfo.contains("(ramfs)") {
+        eprintln!(
+            "WARNING: the data directory is on a RAM file system; fsync costs nothing there. \
+             Set SWARM_BENCH_DIR to a directory on a real disk."
+        );
+    }
+    let mut cells: Vec<Cell> = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    let report = |c: &Cell| {
+        eprintln!(
+            "  {:<40} {:<11} {:>12} ev/s  p50 {:>7} ms  p99 {:>7} ms",
+            c.label,
+            c.writers,
+            fmt_rate(c.rate()),
+            fmt_ms(c.pct_ms(50.0)),
+            fmt_ms(c.pct_ms(99.0))
+        );
+    };
+
+    let probe = disk_probe(tmp.path(), (cfg.secs / 3.0).clamp(0.5, 2.0));
+    report(&probe);
+    cells.push(probe);
+
+    let redis_bin = Redis::find();
+    let mut redis: Option<Redis> = None;
+    if want("redis") {
+        match &redis_bin {
+            None => notes.push(
+                "redis: skipped, `redis-server` is not installed (set SWARM_BENCH_REDIS to its path)"
+                    .into(),
+            ),
+            Some(bin) => match Redis::start(bin, &tmp.path().join("redis")) {
+                Ok(r) => redis = Some(r),
+                Err(e) => notes.push(format!("redis: skipped, {e}")),
+            },
+        }
+    }
+    for procs in PROCS {
+        for peer in [Peer::Swarm, Peer::Jsonl, Peer::Sqlite, Peer::Redis] {
+            if !want(peer.name()) {
+                continue;
+            }
+            let target = match peer {
+                Peer::Swarm => {
+                    let root = tmp.path().join("swarm");
+                    let run = format!("bench-{procs}p");
+                    // Create the run up front so the workers only append.
+                    let store = Store::open(&root).unwrap();
+                    store
+                        .append(&run, new_event("setup"), Durability::Sync)
+                        .unwrap();
+                    format!("{}#{run}", root.display())
+                }
+                Peer::Jsonl => {
+                    let p = tmp.path().join(format!("jsonl-{procs}p.jsonl"));
+                    p.display().to_string()
+                }
+                Peer::Sqlite => {
+                    let p = tmp.path().join(format!("sqlite-{procs}p.db"));
+                    sqlite_setup(&p);
+                    p.display().to_string()
+                }
+                Peer::Redis => match &redis {
+                    Some(r) => format!("{}#bench-{procs}p", r.url),
+                    None => continue,
+                },
+            };
+            let c = run_procs(peer, procs, &target, tmp.path(), &cfg);
+            report(&c);
+            cells.push(c);
+            if peer == Peer::Swarm && procs == PROCS[PROCS.len() - 1] {
+                let store = Store::open(tmp.path().join("swarm")).unwrap();
+                let info = store.run_info(&format!("bench-{procs}p")).unwrap();
+                notes.push(format!(
+                    "swarm-memory stored {} bytes per event on disk in the {procs}-process run \
+                     (one frame per append: 45-byte header + `[`..`]}}\\n` around the event)",
+                    info.bytes / info.head_seq.max(1)
+                ));
+            }
+        }
+    }
+    if let Some(mut r) = redis.take() {
+        r.stop();
+    }
+
+    if want("local") {
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let store = Arc::new(Store::open(tmp.path().join("local")).unwrap());
+        for (run, mode) in [("none-1", Durability::None), ("sync-64", Durability::Sync)] {
+            store.append(run, new_event("setup"), mode).unwrap();
+        }
+        store
+            .append("none-batch", new_event("setup"), Durability::None)
+            .unwrap();
+
+        // `none`, one event per call, from a few threads (combined into shared writes).
+        let none_threads = threads * 2;
+        let (events, lat) = run_threads(none_threads, &cfg, |i| {
+            let s = store.clone();
+            let ev = new_event(&format!("agent-{i:02}"));
+            move || {
+                s.append("none-1", ev.clone(), Durability::None).unwrap();
+                1
+            }
+        });
+        let c = Cell {
+            key: format!("swarm_none_1ev_{none_threads}t"),
+            label: "swarm-memory `none`, 1 event/call".into(),
+            writers: format!("{none_threads} threads"),
+            events,
+            secs: cfg.secs,
+            lat_ns: lat,
+            events_per_call: 1,
+        };
+        report(&c);
+        cells.push(c);
+
+        // `none`, batch API.
+        let (events, lat) = run_threads(threads, &cfg, |i| {
+            let s = store.clone();
+            let batch: Vec<NewEvent> = (0..NONE_BATCH_EVENTS)
+                .map(|_| new_event(&format!("agent-{i:02}")))
+                .collect();
+            move || {
+                s.append_batch("none-batch", batch.clone(), None, Durability::None)
+                    .unwrap();
+                NONE_BATCH_EVENTS
+            }
+        });
+        let c = Cell {
+            key: format!("swarm_none_batch{NONE_BATCH_EVENTS}_{threads}t"),
+            label: format!("swarm-memory `none`, batches of {NONE_BATCH_EVENTS}"),
+            writers: format!("{threads} threads"),
+            events,
+            secs: cfg.secs,
+            lat_ns: lat,
+            events_per_call: NONE_BATCH_EVENTS,
+        };
+        report(&c);
+        cells.push(c);
+
+        // `sync`, 64 threads, one event per call.
+        let (events, lat) = run_threads(SYNC_THREADS, &cfg, |i| {
+            let s = store.clone();
+            let ev = new_event(&format!("agent-{i:02}"));
+            move || {
+                s.append("sync-64", ev.clone(), Durability::Sync).unwrap();
+                1
+            }
+        });
+        let c = Cell {
+            key: format!("swarm_sync_{SYNC_THREADS}t"),
+            label: "swarm-memory `sync`, 1 event/call".into(),
+            writers: format!("{SYNC_THREADS} threads"),
+            events,
+            secs: cfg.secs,
+            lat_ns: lat,
+            events_per_call: 1,
+        };
+        report(&c);
+        cells.push(c);
+    }
+
+    print_report(&cfg, &fsinfo, &cells, &notes);
+}
+
+fn print_report(cfg: &Cfg, fsinfo: &str, cells: &[Cell], notes: &[String]) {
+    let by: BTreeMap<&str, &Cell> = cells.iter().map(|c| (c.key.as_str(), c)).collect();
+    let rate = |k: &str| by.get(k).map(|c| c.rate());
+    println!();
+    println!(
+        "### Append benchmark (`cargo bench --bench append`, {} s per cell, {} cores, {fsinfo})",
+        cfg.secs,
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!();
+    println!("| peer | writers | events/s | p50 ms | p99 ms | swarm-memory ÷ peer |");
+    println!("|---|---|---:|---:|---:|---:|");
+    for c in cells {
+        let ratio = c
+            .key
+            .rsplit_once('_')
+            .filter(|(p, _)| Peer::parse(p).is_some())
+            .and_then(|(p, n)| {
+                let ours = rate(&format!("swarm_{n}"))?;
+                (p != "swarm").then(|| format!("{:.1}×", ours / c.rate()))
+            })
+            .unwrap_or_default();
+        let calls = if c.events_per_call > 1 {
+            " (per call)"
+        } else {
+            ""
+        };
+        println!(
+            "| {} | {} | {} | {}{calls} | {}{calls} | {ratio} |",
+            c.label,
+            c.writers,
+            fmt_rate(c.rate()),
+            fmt_ms(c.pct_ms(50.0)),
+            fmt_ms(c.pct_ms(99.0)),
+        );
+    }
+    println!();
+
+    // Targets of issue 2 on this machine.
+    let mut checks: Vec<(String, Option<bool>)> = Vec::new();
+    let s16 = rate("swarm_16p");
+    checks.push((
+        format!(
+            "16 processes >= {} durable events/s: {}",
+            fmt_rate(TARGET_SYNC_16_PROCS),
+            s16.map_or("not run".into(), fmt_rate)
+        ),
+        s16.map(|r| r >= TARGET_SYNC_16_PROCS),
+    ));
+    let vs = s16.zip(rate("redis_16p")).map(|(a, b)| a / b);
+    checks.push((
+        format!(
+            "16 processes >= {TARGET_VS_REDIS_16}× Redis AOF-always at 16 clients: {}",
+            vs.map_or("not run".into(), |v| format!("{v:.2}×"))
+        ),
+        vs.map(|v| v >= TARGET_VS_REDIS_16),
+    ));
+    let none = cells
+        .iter()
+        .filter(|c| c.key.starts_with("swarm_none_"))
+        .max_by(|a, b| a.rate().total_cmp(&b.rate()));
+    checks.push((
+        format!(
+            "one process in `none` mode >= {} events/s: {}",
+            fmt_rate(TARGET_NONE),
+            none.map_or("not run".into(), |c| format!(
+                "{} ({}, {})",
+                fmt_rate(c.rate()),
+                c.label,
+                c.writers
+            ))
+        ),
+        none.map(|c| c.rate() >= TARGET_NONE),
+    ));
+    let s64 = rate(&format!("swarm_sync_{SYNC_THREADS}t"));
+    checks.push((
+        format!(
+            "{SYNC_THREADS} threads in one process >= {} durable events/s: {}",
+            fmt_rate(TARGET_SYNC_64_THREADS),
+            s64.map_or("not run".into(), fmt_rate)
+        ),
+        s64.map(|r| r >= TARGET_SYNC_64_THREADS),
+    ));
+    for (text, ok) in &checks {
+        let mark = match ok {
+            Some(true) => "met",
+            Some(false) => "MISSED",
+            None => "n/a",
+        };
+        println!("- target {text} — {mark}");
+    }
+    if let Some(d) = by.get("disk_append_fdatasync") {
+        let f = d.pct_ms(50.0);
+        println!(
+            "- context: one 250-byte append + fdatasync takes {} ms (p50) on this disk, so N \
+             writers with one durable append in flight each cannot exceed about N / {} ms",
+            fmt_ms(f),
+            fmt_ms(f)
+        );
+    }
+    for n in notes {
+        println!("- note: {n}");
+    }
+
+    // One JSON line with every figure.
+    let mut json = serde_json::Map::new();
+    json.insert("bench".into(), "append".into());
+    json.insert("secs".into(), cfg.secs.into());
+    json.insert("fs".into(), fsinfo.into());
+    let mut cs = serde_json::Map::new();
+    for c in cells {
+        cs.insert(
+            c.key.clone(),
+            serde_json::json!({
+                "label": c.label,
+                "writers": c.writers,
+                "events": c.events,
+                "events_per_s": c.rate().round(),
+                "calls": c.lat_ns.len(),
+                "events_per_call": c.events_per_call,
+                "p50_ms": (c.pct_ms(50.0) * 1000.0).round() / 1000.0,
+                "p99_ms": (c.pct_ms(99.0) * 1000.0).round() / 1000.0,
+            }),
+        );
+    }
+    json.insert("cells".into(), cs.into());
+    let mut ratios = serde_json::Map::new();
+    for c in cells {
+        if let Some((p, n)) = c.key.rsplit_once('_') {
+            if p != "swarm" && Peer::parse(p).is_some() {
+                if let Some(ours) = rate(&format!("swarm_{n}")) {
+                    ratios.insert(
+                        format!("swarm_vs_{}", c.key),
+                        ((ours / c.rate() * 100.0).round() / 100.0).into(),
+                    );
+                }
+            }
+        }
+    }
+    json.insert("ratios".into(), ratios.into());
+    json.insert(
+        "targets_met".into(),
+        serde_json::Value::Array(
+            checks
+                .iter()
+                .map(|(t, ok)| serde_json::json!({"target": t, "met": ok}))
+                .collect(),
+        ),
+    );
+    println!();
+    println!("{}", serde_json::Value::Object(json));
+}
