@@ -19,7 +19,8 @@
 //! fsync reaches the same real device.
 //!
 //! Environment: `SWARM_BENCH_SECS` (default 3) measured seconds per cell;
-//! `SWARM_BENCH_PEERS` (default `swarm,jsonl,sqlite,redis,local`) selects cells;
+//! `SWARM_BENCH_PEERS` (default `swarm,jsonl,sqlite,redis,local`) and `SWARM_BENCH_PROCS`
+//! (default `1,4,16`) select cells;
 //! `SWARM_BENCH_DIR` the parent of the temporary data directory; `SWARM_BENCH_REDIS` the
 //! `redis-server` binary.
 
@@ -647,7 +648,11 @@ fn main() {
             },
         }
     }
-    for procs in PROCS {
+    let procs_sel: Vec<usize> = std::env::var("SWARM_BENCH_PROCS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| PROCS.to_vec());
+    for procs in procs_sel.iter().copied() {
         for peer in [Peer::Swarm, Peer::Jsonl, Peer::Sqlite, Peer::Redis] {
             if !want(peer.name()) {
                 continue;
@@ -680,7 +685,7 @@ fn main() {
             let c = run_procs(peer, procs, &target, tmp.path(), &cfg);
             report(&c);
             cells.push(c);
-            if peer == Peer::Swarm && procs == PROCS[PROCS.len() - 1] {
+            if peer == Peer::Swarm && Some(&procs) == procs_sel.last() {
                 let store = Store::open(tmp.path().join("swarm")).unwrap();
                 let info = store.run_info(&format!("bench-{procs}p")).unwrap();
                 notes.push(format!(
