@@ -19,8 +19,9 @@
 //! fsync reaches the same real device.
 //!
 //! Environment: `SWARM_BENCH_SECS` (default 3) measured seconds per cell;
-//! `SWARM_BENCH_PEERS` (default `swarm,jsonl,sqlite,redis,local`) and `SWARM_BENCH_PROCS`
-//! (default `1,4,16`) select cells;
+//! `SWARM_BENCH_PEERS` (default `swarm,jsonl,sqlite,redis,local`; `local` is the three
+//! one-process cells `none1,nonebatch,sync64`) and `SWARM_BENCH_PROCS` (default `1,4,16`)
+//! select cells;
 //! `SWARM_BENCH_DIR` the parent of the temporary data directory; `SWARM_BENCH_REDIS` the
 //! `redis-server` binary.
 
@@ -700,82 +701,94 @@ fn main() {
         r.stop();
     }
 
-    if want("local") {
+    let local = want("local");
+    if local || want("none1") || want("nonebatch") || want("sync64") {
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
         let store = Arc::new(Store::open(tmp.path().join("local")).unwrap());
-        for (run, mode) in [("none-1", Durability::None), ("sync-64", Durability::Sync)] {
-            store.append(run, new_event("setup"), mode).unwrap();
-        }
-        store
-            .append("none-batch", new_event("setup"), Durability::None)
-            .unwrap();
+        let mut local_cell =
+            |key: String, label: String, writers: String, per_call, (events, lat)| {
+                let c = Cell {
+                    key,
+                    label,
+                    writers,
+                    events,
+                    secs: cfg.secs,
+                    lat_ns: lat,
+                    events_per_call: per_call,
+                };
+                report(&c);
+                cells.push(c);
+            };
 
         // `none`, one event per call, from a few threads (combined into shared writes).
-        let none_threads = threads * 2;
-        let (events, lat) = run_threads(none_threads, &cfg, |i| {
-            let s = store.clone();
-            let ev = new_event(&format!("agent-{i:02}"));
-            move || {
-                s.append("none-1", ev.clone(), Durability::None).unwrap();
-                1
-            }
-        });
-        let c = Cell {
-            key: format!("swarm_none_1ev_{none_threads}t"),
-            label: "swarm-memory `none`, 1 event/call".into(),
-            writers: format!("{none_threads} threads"),
-            events,
-            secs: cfg.secs,
-            lat_ns: lat,
-            events_per_call: 1,
-        };
-        report(&c);
-        cells.push(c);
+        if local || want("none1") {
+            store
+                .append("none-1", new_event("setup"), Durability::None)
+                .unwrap();
+            let none_threads = threads * 2;
+            let r = run_threads(none_threads, &cfg, |i| {
+                let s = store.clone();
+                let ev = new_event(&format!("agent-{i:02}"));
+                move || {
+                    s.append("none-1", ev.clone(), Durability::None).unwrap();
+                    1
+                }
+            });
+            local_cell(
+                format!("swarm_none_1ev_{none_threads}t"),
+                "swarm-memory `none`, 1 event/call".into(),
+                format!("{none_threads} threads"),
+                1,
+                r,
+            );
+        }
 
         // `none`, batch API.
-        let (events, lat) = run_threads(threads, &cfg, |i| {
-            let s = store.clone();
-            let batch: Vec<NewEvent> = (0..NONE_BATCH_EVENTS)
-                .map(|_| new_event(&format!("agent-{i:02}")))
-                .collect();
-            move || {
-                s.append_batch("none-batch", batch.clone(), None, Durability::None)
-                    .unwrap();
-                NONE_BATCH_EVENTS
-            }
-        });
-        let c = Cell {
-            key: format!("swarm_none_batch{NONE_BATCH_EVENTS}_{threads}t"),
-            label: format!("swarm-memory `none`, batches of {NONE_BATCH_EVENTS}"),
-            writers: format!("{threads} threads"),
-            events,
-            secs: cfg.secs,
-            lat_ns: lat,
-            events_per_call: NONE_BATCH_EVENTS,
-        };
-        report(&c);
-        cells.push(c);
+        if local || want("nonebatch") {
+            store
+                .append("none-batch", new_event("setup"), Durability::None)
+                .unwrap();
+            let r = run_threads(threads, &cfg, |i| {
+                let s = store.clone();
+                let batch: Vec<NewEvent> = (0..NONE_BATCH_EVENTS)
+                    .map(|_| new_event(&format!("agent-{i:02}")))
+                    .collect();
+                move || {
+                    s.append_batch("none-batch", batch.clone(), None, Durability::None)
+                        .unwrap();
+                    NONE_BATCH_EVENTS
+                }
+            });
+            local_cell(
+                format!("swarm_none_batch{NONE_BATCH_EVENTS}_{threads}t"),
+                format!("swarm-memory `none`, batches of {NONE_BATCH_EVENTS}"),
+                format!("{threads} threads"),
+                NONE_BATCH_EVENTS,
+                r,
+            );
+        }
 
         // `sync`, 64 threads, one event per call.
-        let (events, lat) = run_threads(SYNC_THREADS, &cfg, |i| {
-            let s = store.clone();
-            let ev = new_event(&format!("agent-{i:02}"));
-            move || {
-                s.append("sync-64", ev.clone(), Durability::Sync).unwrap();
-                1
-            }
-        });
-        let c = Cell {
-            key: format!("swarm_sync_{SYNC_THREADS}t"),
-            label: "swarm-memory `sync`, 1 event/call".into(),
-            writers: format!("{SYNC_THREADS} threads"),
-            events,
-            secs: cfg.secs,
-            lat_ns: lat,
-            events_per_call: 1,
-        };
-        report(&c);
-        cells.push(c);
+        if local || want("sync64") {
+            store
+                .append("sync-64", new_event("setup"), Durability::Sync)
+                .unwrap();
+            let r = run_threads(SYNC_THREADS, &cfg, |i| {
+                let s = store.clone();
+                let ev = new_event(&format!("agent-{i:02}"));
+                move || {
+                    s.append("sync-64", ev.clone(), Durability::Sync).unwrap();
+                    1
+                }
+            });
+            local_cell(
+                format!("swarm_sync_{SYNC_THREADS}t"),
+                "swarm-memory `sync`, 1 event/call".into(),
+                format!("{SYNC_THREADS} threads"),
+                1,
+                r,
+            );
+        }
     }
 
     print_report(&cfg, &fsinfo, &cells, &notes);
