@@ -5,9 +5,10 @@
 //! layout), and the CRC-32 of the first 36 bytes (u32 LE). Everything before `durable`
 //! was covered by an `fdatasync`; readers are shown frames that end at or before
 //! `visible`, which equals `durable` unless a `batch`- or `none`-mode writer advanced it.
-//! The same file's `flock` is the *sync lock*: whoever updates the watermark, or runs the
-//! fsync that lets it advance, holds it. Readers read it without a lock and retry on a
-//! CRC mismatch (a concurrent overwrite).
+//! The same file's `flock` serializes its updates (a read-modify-write that only moves the
+//! positions forward); the fsyncs that let `durable` advance run outside it, several at a
+//! time. Readers, and writers checking whether their frame is durable already, read it
+//! without a lock and retry on a CRC mismatch (a concurrent overwrite).
 
 use std::path::Path;
 
