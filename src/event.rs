@@ -271,15 +271,34 @@ fn json_depth(v: &Value) -> usize {
     }
 }
 
-fn check_json(field: &str, v: &Value, bytes_max: usize) -> Result<()> {
-    let depth = json_depth(v);
+/// Bytes `v` takes as compact JSON, counted as serde_json writes it, without building it.
+fn json_len(v: &impl Serialize) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    match serde_json::to_writer(&mut c, v) {
+        Ok(()) => c.0,
+        Err(_) => usize::MAX,
+    }
+}
+
+/// Checks a JSON field's nesting `depth` and its size against their limits.
+fn check_json(field: &str, depth: usize, v: &impl Serialize, bytes_max: usize) -> Result<()> {
     if depth > JSON_DEPTH_MAX {
         return Err(Error::invalid(
             field,
             format!("nested {depth} deep, limit {JSON_DEPTH_MAX}"),
         ));
     }
-    let len = serde_json::to_vec(v).map(|b| b.len()).unwrap_or(usize::MAX);
+    let len = json_len(v);
     if len > bytes_max {
         return Err(Error::invalid(
             field,
@@ -333,7 +352,12 @@ impl NewEvent {
                 ))
             }
         }
-        check_json("content", &self.content, CONTENT_BYTES_MAX)?;
+        check_json(
+            "content",
+            json_depth(&self.content),
+            &self.content,
+            CONTENT_BYTES_MAX,
+        )?;
         if let Some(c) = self.confidence {
             if !(0.0..=1.0).contains(&c) {
                 return Err(Error::invalid("confidence", format!("{c} is not in 0..=1")));
@@ -357,7 +381,8 @@ impl NewEvent {
             check_id("session_id", s)?;
         }
         if let Some(m) = &self.meta {
-            check_json("meta", &Value::Object(m.clone()), META_BYTES_MAX)?;
+            let depth = 1 + m.values().map(json_depth).max().unwrap_or(0);
+            check_json("meta", depth, m, META_BYTES_MAX)?;
         }
         if self.expect_subject_seq.is_some() && self.subject.is_none() {
             return Err(Error::invalid(
@@ -545,6 +570,41 @@ mod tests {
         }
         .check()
         .is_err());
+    }
+
+    #[test]
+    fn json_len_counts_what_serde_json_writes() {
+        let values = [
+            json!("plain"),
+            json!("quote \" backslash \\ newline \n tab \t nul \u{0} del \u{7f} é ☃"),
+            json!({"a": [1, 2.5, -3e300, null, true], "b": {"c": "d\u{1f}"}}),
+            json!({}),
+        ];
+        for v in values {
+            assert_eq!(json_len(&v), serde_json::to_vec(&v).unwrap().len(), "{v}");
+        }
+    }
+
+    #[test]
+    fn meta_limits_apply() {
+        let mut deep = json!("x");
+        for _ in 0..JSON_DEPTH_MAX {
+            deep = json!([deep]);
+        }
+        let mut m = Map::new();
+        m.insert("k".into(), deep);
+        let ev = NewEvent {
+            meta: Some(m),
+            ..ok()
+        };
+        assert!(matches!(ev.check(), Err(Error::Invalid { field, .. }) if field == "meta"));
+        let mut m = Map::new();
+        m.insert("k".into(), json!("x".repeat(META_BYTES_MAX)));
+        let ev = NewEvent {
+            meta: Some(m),
+            ..ok()
+        };
+        assert!(matches!(ev.check(), Err(Error::Invalid { field, .. }) if field == "meta"));
     }
 
     #[test]
