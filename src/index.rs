@@ -910,6 +910,8 @@ pub(crate) enum Access {
     Plan(Plan),
     /// Start scanning at an indexed frame: (segment base, offset, its first seq, ts before).
     Seek(u64, u64, u64, Ts),
+    /// Start scanning where the index ends (same fields).
+    SeekCovered(u64, u64, u64, Ts),
     /// Nothing to gain: scan.
     Scan,
 }
@@ -935,7 +937,7 @@ impl Plan {
         if keys.is_empty() && opts.last.is_none() {
             if lo >= next_seq {
                 let ts = Ts(snap.segs.last().map_or(0, |s| s.last_ts()));
-                return Access::Seek(cov_pos.seg, cov_pos.off, next_seq, ts);
+                return Access::SeekCovered(cov_pos.seg, cov_pos.off, next_seq, ts);
             }
             return match snap.seek(lo) {
                 Some((base, off, first, ts)) if first > 1 => Access::Seek(base, off, first, ts),

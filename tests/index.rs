@@ -602,3 +602,53 @@ fn cli_index_rebuild_and_read_filters() {
     let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(v["head_seq"], 80);
 }
+
+#[test]
+fn corruption_in_the_log_is_reported_as_by_a_scan() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let store = fs_store(root);
+    append_some(&store, 200, 5);
+    let mut segs: Vec<PathBuf> = std::fs::read_dir(root.join(RUN))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    segs.sort();
+    // Damage a byte inside a middle segment: valid records follow, so it is corruption.
+    let victim = &segs[segs.len() / 2];
+    let mut b = std::fs::read(victim).unwrap();
+    let at = b.len() / 2;
+    b[at] ^= 0x20;
+    std::fs::write(victim, &b).unwrap();
+    let fresh = fs_store(root);
+    let q = ReadOptions {
+        agent: Some("agent-1".into()),
+        ..ReadOptions::default()
+    };
+    let indexed: Result<Vec<Event>, _> = fresh.read(RUN, q.clone()).unwrap().collect();
+    let scanned: Result<Vec<Event>, _> = fresh
+        .read(
+            RUN,
+            ReadOptions {
+                full_scan: true,
+                ..q.clone()
+            },
+        )
+        .unwrap()
+        .collect();
+    match (indexed, scanned) {
+        (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
+        other => panic!("both reads must fail the same way: {other:?}"),
+    }
+    let skip = ReadOptions {
+        skip_corrupt: true,
+        ..q
+    };
+    same_as_scan(&fresh, skip);
+    let stats = fresh.index_stats(RUN).unwrap();
+    assert!(stats.stopped.is_some(), "{stats:?}");
+    // Damage in the log is the log's: the index is not blamed, dropped and rebuilt.
+    assert!(stats.discarded.is_empty(), "{stats:?}");
+    assert!(stats.head_seq < 200, "{stats:?}");
+}
