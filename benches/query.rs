@@ -6,7 +6,9 @@
 //! others share the rest; types 50% evidence, 25% hypothesis, 15% decision, 10%
 //! action_taken; 1000 subjects; 4 users. "agent-000 and evidence" then has ~7,800 hits.
 //! The same events go into SQLite (bundled) with an index on (agent_id, type, seq).
-//! `SWARM_BENCH_EVENTS=N` changes the run size (a separate cache).
+//! `SWARM_BENCH_EVENTS=N` changes the run size (a separate cache); `SWARM_BENCH_SKIP_APPEND=1`
+//! skips the append part; `SWARM_BENCH_PROFILE=N` (with `SWARM_BENCH_COLD=1` for a new
+//! `Store` each time) only loops the all-hits query, for `perf record`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -457,9 +459,17 @@ fn main() {
             kind: Some(EventType::Evidence),
             ..ReadOptions::default()
         };
+        let cold = std::env::var("SWARM_BENCH_COLD").is_ok();
         let mut hits = 0;
         for _ in 0..loops {
-            hits += store.read(RUN, q.clone()).expect("read").count();
+            let fresh;
+            let s = if cold {
+                fresh = open_store(&dir);
+                &fresh
+            } else {
+                &store
+            };
+            hits += s.read(RUN, q.clone()).expect("read").count();
         }
         eprintln!("{hits} hits");
         return;
