@@ -625,7 +625,7 @@ fn corruption_in_the_log_is_reported_as_by_a_scan() {
     let root = dir.path();
     let store = fs_store(root);
     append_some(&store, 200, 5);
-    let mut segs: Vec<PathBuf> = std::fs::read_dir(root.join(RUN))
+    let mut segs: Vec<PathBuf> = std::fs::read_dir(root.join("anonymous").join(RUN))
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
