@@ -4,9 +4,12 @@
 //! `cargo bench --bench query` builds (once, cached under target/tmp) a run of 1,000,000
 //! events of ~250 bytes: 125 agents, where `agent-000` writes 1/64 of the events and the
 //! others share the rest; types 50% evidence, 25% hypothesis, 15% decision, 10%
-//! action_taken; 1000 subjects; 4 users. "agent-000 and evidence" then has ~7,800 hits.
+//! action_taken; 1000 subjects on evidence and hypotheses; one user (runs belong to one).
+//! "agent-000 and evidence" then has ~7,800 hits.
 //! The same events go into SQLite (bundled) with an index on (agent_id, type, seq).
-//! `SWARM_BENCH_EVENTS=N` changes the run size (a separate cache).
+//! `SWARM_BENCH_EVENTS=N` changes the run size (a separate cache); `SWARM_BENCH_SKIP_APPEND=1`
+//! skips the append part; `SWARM_BENCH_PROFILE=N` (with `SWARM_BENCH_COLD=1` for a new
+//! `Store` each time) only loops the all-hits query, for `perf record`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -22,7 +25,7 @@ const RUN: &str = "query-1m";
 const AGENTS: u64 = 125;
 const HOT_AGENT: &str = "agent-000";
 /// Bumped when the generated data changes, so that a stale cache is rebuilt.
-const DATA_VERSION: u32 = 1;
+const DATA_VERSION: u32 = 2;
 
 fn splitmix(x: &mut u64) -> u64 {
     *x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -47,15 +50,17 @@ fn gen_event(rng: &mut u64) -> NewEvent {
         _ => EventType::ActionTaken,
     };
     let subject = (r >> 28) % 1000;
-    let user = (r >> 40) % 4;
     let content = format!(
         "p99 latency {} ms on svc-{subject:04} after deploy {}",
         (r >> 44) % 5000,
         (r >> 52) % 90
     );
     let mut e = NewEvent::new(&format!("agent-{agent:03}"), kind, content);
-    e.subject = Some(format!("svc-{subject:04}"));
-    e.user_id = Some(format!("user-{user}"));
+    // Decisions and actions of different agents on one subject would be escalated by the
+    // engine (extra events): give them none. A run belongs to one user (the store's).
+    if matches!(kind, EventType::Evidence | EventType::Hypothesis) {
+        e.subject = Some(format!("svc-{subject:04}"));
+    }
     e
 }
 
@@ -288,9 +293,11 @@ fn query_bench(dir: &Path) -> Vec<Row> {
     ]
 }
 
-/// The other process of the append benchmark: keeps the run's index current by reading
-/// through it every millisecond until told to stop (stdin closes).
-fn follower(root: &Path) {
+/// The other process of the append benchmark: every millisecond until told to stop
+/// (stdin closes), either reads through the index (keeping it current: caught up, and
+/// written to disk per the policy) or, as the baseline, only looks at the run without
+/// the index (same wake-ups, no index work).
+fn follower(root: &Path, with_index: bool) {
     let store = open_store(root);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let s2 = stop.clone();
@@ -299,10 +306,18 @@ fn follower(root: &Path) {
         let _ = std::io::Read::read(&mut std::io::stdin(), &mut b);
         s2.store(true, std::sync::atomic::Ordering::Release);
     });
-    let q = ReadOptions {
-        agent: Some(HOT_AGENT.into()),
-        last: Some(1),
-        ..ReadOptions::default()
+    let q = if with_index {
+        ReadOptions {
+            agent: Some(HOT_AGENT.into()),
+            last: Some(1),
+            ..ReadOptions::default()
+        }
+    } else {
+        // Lists the segments and reads the watermark, reads no frame.
+        ReadOptions {
+            limit: Some(0),
+            ..ReadOptions::default()
+        }
     };
     let mut polls = 0u64;
     while !stop.load(std::sync::atomic::Ordering::Acquire) {
@@ -314,16 +329,20 @@ fn follower(root: &Path) {
         polls += 1;
         std::thread::sleep(Duration::from_millis(1));
     }
-    let stats = store.index_stats(RUN).ok();
+    let stats = with_index.then(|| store.index_stats(RUN).ok()).flatten();
     println!(
         "{}",
         serde_json::json!({"polls": polls, "indexed": stats.map(|s| s.events)})
     );
 }
 
-fn spawn_follower(root: &Path) -> Child {
+fn spawn_follower(root: &Path, with_index: bool) -> Child {
     Command::new(std::env::current_exe().expect("exe"))
         .env("SWARM_BENCH_ROLE", "follower")
+        .env(
+            "SWARM_BENCH_FOLLOW_INDEX",
+            if with_index { "1" } else { "0" },
+        )
         .env("SWARM_BENCH_ROOT", root)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -331,21 +350,28 @@ fn spawn_follower(root: &Path) -> Child {
         .expect("spawn follower")
 }
 
+/// Which other process runs while a round appends.
+#[derive(Clone, Copy, PartialEq)]
+enum Other {
+    Nothing,
+    Poller,
+    Indexer,
+}
+
 /// Appends `n` events from `threads` threads; returns events per second.
-fn append_round(
-    root: &Path,
-    n: u64,
-    threads: u64,
-    d: Durability,
-    with_index: bool,
-) -> (f64, String) {
-    let _ = std::fs::remove_dir_all(root);
+fn append_round(root: &Path, n: u64, threads: u64, d: Durability, other: Other) -> (f64, String) {
+    // A new directory per round: nothing of an earlier round can be appended to.
+    assert!(!root.exists(), "{} exists", root.display());
     std::fs::create_dir_all(root).expect("dir");
     let store = open_store(root);
     store
         .append(RUN, gen_event(&mut 1), Durability::Sync)
         .expect("create run");
-    let follower = with_index.then(|| spawn_follower(root));
+    let follower = match other {
+        Other::Nothing => None,
+        Other::Poller => Some(spawn_follower(root, false)),
+        Other::Indexer => Some(spawn_follower(root, true)),
+    };
     // Let the follower start up and take its first look.
     std::thread::sleep(Duration::from_millis(50));
     let t0 = Instant::now();
@@ -377,31 +403,46 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn append_bench() -> Vec<(String, f64, f64)> {
-    let root = tmp_root().join("append-index-bench");
+fn append_bench() -> Vec<(String, f64, f64, f64)> {
+    let base = tmp_root().join("append-index-bench");
+    let _ = std::fs::remove_dir_all(&base);
     let mut out = Vec::new();
+    let mut round = 0;
     for (name, n, threads, d) in [
         ("none, 1 thread", 60_000u64, 1u64, Durability::None),
-        ("sync, 4 threads", 4_000, 4, Durability::Sync),
+        ("sync, 4 threads", 2_000, 4, Durability::Sync),
     ] {
+        let mut alone = Vec::new();
         let mut without = Vec::new();
         let mut with = Vec::new();
-        for _ in 0..3 {
-            without.push(append_round(&root, n, threads, d, false).0);
-            let (r, note) = append_round(&root, n, threads, d, true);
-            eprintln!("  {name}: with follower {r:.0}/s ({note})");
-            with.push(r);
+        // Alternated rounds, so that drifts of the machine hit every side alike.
+        for _ in 0..5 {
+            round += 1;
+            let dir = |x: &str| base.join(format!("r{round}{x}"));
+            let (r0, _) = append_round(&dir("a"), n, threads, d, Other::Nothing);
+            let (r1, _) = append_round(&dir("b"), n, threads, d, Other::Poller);
+            let (r2, note) = append_round(&dir("c"), n, threads, d, Other::Indexer);
+            eprintln!("  {name}: alone {r0:.0}/s, reader without index {r1:.0}/s, reader keeping the index {r2:.0}/s ({note})");
+            alone.push(r0);
+            without.push(r1);
+            with.push(r2);
         }
-        out.push((name.to_string(), median(without), median(with)));
+        out.push((
+            name.to_string(),
+            median(alone),
+            median(without),
+            median(with),
+        ));
     }
-    let _ = std::fs::remove_dir_all(&root);
+    let _ = std::fs::remove_dir_all(&base);
     out
 }
 
 fn main() {
     if std::env::var("SWARM_BENCH_ROLE").as_deref() == Ok("follower") {
         let root = std::env::var("SWARM_BENCH_ROOT").expect("SWARM_BENCH_ROOT");
-        follower(Path::new(&root));
+        let with_index = std::env::var("SWARM_BENCH_FOLLOW_INDEX").as_deref() == Ok("1");
+        follower(Path::new(&root), with_index);
         return;
     }
     // `cargo bench` passes `--bench`; a filter argument is not supported here.
@@ -421,9 +462,17 @@ fn main() {
             kind: Some(EventType::Evidence),
             ..ReadOptions::default()
         };
+        let cold = std::env::var("SWARM_BENCH_COLD").is_ok();
         let mut hits = 0;
         for _ in 0..loops {
-            hits += store.read(RUN, q.clone()).expect("read").count();
+            let fresh;
+            let s = if cold {
+                fresh = open_store(&dir);
+                &fresh
+            } else {
+                &store
+            };
+            hits += s.read(RUN, q.clone()).expect("read").count();
         }
         eprintln!("{hits} hits");
         return;
@@ -468,15 +517,18 @@ fn main() {
     }
     println!("(ratio = SQLite time / swarm-memory time: above 1 means the index is faster)");
     println!();
-    println!("append throughput, index kept current by another process vs not (median of 3)");
+    println!("append throughput (median of 5 alternated rounds): alone; while another process");
+    println!("polls the run every ms without the index; while it reads through the index every");
+    println!("ms, keeping it current (caught up and written to disk per the policy)");
     println!(
-        "{:<20} {:>14} {:>14} {:>10}",
-        "durability", "no index", "with index", "change"
+        "{:<18} {:>12} {:>14} {:>16} {:>16}",
+        "durability", "alone", "reader, no idx", "reader, index", "index vs no idx"
     );
-    for (name, without, with) in appends {
+    for (name, alone, without, with) in appends {
         println!(
-            "{:<20} {:>12.0}/s {:>12.0}/s {:>+9.1}%",
+            "{:<18} {:>10.0}/s {:>12.0}/s {:>14.0}/s {:>+15.1}%",
             name,
+            alone,
             without,
             with,
             (with / without - 1.0) * 100.0

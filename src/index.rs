@@ -910,6 +910,8 @@ pub(crate) enum Access {
     Plan(Plan),
     /// Start scanning at an indexed frame: (segment base, offset, its first seq, ts before).
     Seek(u64, u64, u64, Ts),
+    /// Start scanning where the index ends (same fields).
+    SeekCovered(u64, u64, u64, Ts),
     /// Nothing to gain: scan.
     Scan,
 }
@@ -935,7 +937,7 @@ impl Plan {
         if keys.is_empty() && opts.last.is_none() {
             if lo >= next_seq {
                 let ts = Ts(snap.segs.last().map_or(0, |s| s.last_ts()));
-                return Access::Seek(cov_pos.seg, cov_pos.off, next_seq, ts);
+                return Access::SeekCovered(cov_pos.seg, cov_pos.off, next_seq, ts);
             }
             return match snap.seek(lo) {
                 Some((base, off, first, ts)) if first > 1 => Access::Seek(base, off, first, ts),
@@ -1699,6 +1701,84 @@ mod tests {
         assert_eq!(s.frame_of(2), 1);
         assert_eq!(s.frame_of(3), 2);
         assert_eq!(s.frame_events(1), 2);
+    }
+
+    /// Pins the byte format of docs/index.md: the expected bytes are written out field by
+    /// field from the documented layout, independently of `encode`.
+    #[test]
+    fn golden_bytes() {
+        let s = sample();
+        let mut body = Vec::new();
+        for v in [0u32, 1, 3] {
+            body.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [0u64, 100, 250] {
+            body.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [5u64, 6, 9] {
+            body.extend_from_slice(&v.to_le_bytes());
+        }
+        let section = |body: &mut Vec<u8>, keys: &[(&str, &[u32])]| {
+            body.extend_from_slice(&(keys.len() as u32).to_le_bytes());
+            for (k, list) in keys {
+                body.extend_from_slice(&(k.len() as u16).to_le_bytes());
+                body.extend_from_slice(k.as_bytes());
+                body.extend_from_slice(&(list.len() as u32).to_le_bytes());
+                for v in *list {
+                    body.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+        };
+        section(
+            &mut body,
+            &[
+                ("decision", &[1]),
+                ("evidence", &[0, 2]),
+                ("hypothesis", &[3]),
+            ],
+        );
+        section(&mut body, &[("a", &[0, 2, 3]), ("b", &[1])]);
+        section(&mut body, &[("u", &[0, 1, 2, 3])]);
+        section(&mut body, &[("db", &[0, 3]), ("web", &[2])]);
+        let mut want = Vec::new();
+        want.extend_from_slice(b"SWIX");
+        want.extend_from_slice(&1u32.to_le_bytes());
+        want.extend_from_slice(&42u64.to_le_bytes()); // run created
+        want.extend_from_slice(&10u64.to_le_bytes()); // base
+        want.extend_from_slice(&330u64.to_le_bytes()); // covered end
+        want.extend_from_slice(&13u64.to_le_bytes()); // head seq
+        want.extend_from_slice(&250u64.to_le_bytes()); // last frame offset
+        want.extend_from_slice(&0xdeadbeefu32.to_le_bytes()); // last frame crc
+        want.extend_from_slice(&3u32.to_le_bytes()); // frames
+        want.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        want.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+        want.extend_from_slice(&[0u8; 8]);
+        let crc = crc32fast::hash(&want);
+        want.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(want.len(), INDEX_HEADER_LEN);
+        want.extend_from_slice(&body);
+        assert_eq!(s.encode(42), want);
+    }
+
+    proptest::proptest! {
+        /// Random bytes and random damage never make the decoder panic or accept garbage
+        /// silently (a bounded stand-in for a fuzz target).
+        #[test]
+        fn decode_never_panics(
+            noise in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400),
+            edits in proptest::collection::vec((proptest::prelude::any::<u16>(), proptest::prelude::any::<u8>()), 1..8),
+        ) {
+            let _ = SegIndex::decode(&noise, 10, 42);
+            let mut b = sample().encode(42);
+            for (at, v) in edits {
+                let i = at as usize % b.len();
+                b[i] = v;
+            }
+            if let Ok(s) = SegIndex::decode(&b, 10, 42) {
+                // Only an edit that changed nothing can pass every check.
+                proptest::prop_assert_eq!(s, sample());
+            }
+        }
     }
 
     #[test]

@@ -229,7 +229,11 @@ impl EventIter {
             let cell = snap.cell().clone();
             match Plan::access(snap, &it.opts) {
                 Access::Plan(p) => it.plan = Some(p),
-                Access::Seek(base, off, first, ts) => it.seek(base, off, first, ts, cell),
+                Access::Seek(base, off, first, ts) => it.seek(base, off, first, ts, Some(cell)),
+                // Where the index ends: a frame boundary it checked (the frame before it is
+                // verified on every refresh), and the spot where a scan reports any damage
+                // that stopped the index, which is then the log's, not the index's.
+                Access::SeekCovered(base, off, first, ts) => it.seek(base, off, first, ts, None),
                 Access::Scan => {}
             }
         }
@@ -237,7 +241,14 @@ impl EventIter {
     }
 
     /// Continues the read at an indexed frame: `off` in segment `base`, holding `first`.
-    fn seek(&mut self, base: u64, off: u64, first: u64, ts_before: Ts, cell: Arc<IndexCell>) {
+    fn seek(
+        &mut self,
+        base: u64,
+        off: u64,
+        first: u64,
+        ts_before: Ts,
+        cell: Option<Arc<IndexCell>>,
+    ) {
         let Some(i) = self.bases.iter().position(|&b| b == base) else {
             // The segment is gone from the listing: scan instead; nothing is lost.
             return;
@@ -247,7 +258,7 @@ impl EventIter {
         self.start = Some((Pos { seg: base, off }, first));
         self.expect_seq = Some(first);
         self.last_ts = ts_before;
-        self.seek_from = (off > 0).then_some(cell);
+        self.seek_from = cell.filter(|_| off > 0);
     }
 
     /// The index disagreed with the log at seq `seq`: drop it and read that segment again
@@ -282,8 +293,8 @@ impl EventIter {
                 // Nothing past the index can be in range.
                 Some((_, next, _)) if plan.hi() < next => self.idx = self.bases.len(),
                 Some((pos, next, ts)) => {
-                    let cell = snap.cell().clone();
-                    self.seek(pos.seg, pos.off, next, ts, cell);
+                    // Where the index ends (see `Access::SeekCovered`).
+                    self.seek(pos.seg, pos.off, next, ts, None);
                 }
                 None => {}
             }
