@@ -636,10 +636,18 @@ impl RunLog {
         let ts = now.max(w.head_ts);
         let first = w.head_seq + 1;
         let mut events = Vec::with_capacity(r.batch.len());
-        // A batch is checked against a copy of the rules, so that a refusal of its last
-        // event leaves nothing of the first ones behind; a single event is checked first
-        // and applied after.
-        let mut scratch: Option<Rules> = (r.batch.len() > 1).then(|| w.rules.clone());
+        // Nothing is applied to the writer's rules before the whole request is accepted.
+        // Events whose checks do not depend on each other (entries without a board CAS
+        // and without a subject on a decision or action) are all checked against the
+        // rules as they are, then applied; other batches are checked and applied on a
+        // copy, which replaces the rules once the batch is accepted.
+        let independent = r.batch.iter().all(|c| {
+            c.kind.is_client()
+                && c.expect_subject_seq.is_none()
+                && !(c.kind.is_pinned() && c.subject.is_some())
+        });
+        let mut scratch: Option<Rules> =
+            (r.batch.len() > 1 && !independent).then(|| w.rules.clone());
         for c in &r.batch {
             let seq = first + events.len() as u64;
             if let Some(bad) = c.refs.iter().find(|&&x| x == 0 || x >= seq) {
@@ -650,6 +658,7 @@ impl RunLog {
             }
             let id = c.id.clone().unwrap_or_else(|| self.generated_id());
             let ev = c.clone().into_event(&self.run_id, seq, ts, id);
+            let on_copy = scratch.is_some();
             let rules = scratch.as_mut().unwrap_or(&mut w.rules);
             let fx = rules.check(&rule_event(&ev), c.expect_subject_seq)?;
             if let Some(refusal) = fx.refuse {
@@ -671,18 +680,19 @@ impl RunLog {
                 }
                 return Err(refusal);
             }
-            rules.apply(&rule_event(&ev));
+            if on_copy {
+                rules.apply(&rule_event(&ev));
+            }
             let subject = ev.subject.clone();
             events.push(ev);
             for (kind, content) in fx.after {
                 let seq = first + events.len() as u64;
                 let e = self.engine_event(seq, ts, kind, content, subject.clone());
-                rules.apply(&rule_event(&e));
+                if on_copy {
+                    rules.apply(&rule_event(&e));
+                }
                 events.push(e);
             }
-        }
-        if let Some(rules) = scratch {
-            w.rules = rules;
         }
         let payload =
             serde_json::to_vec(&events).map_err(|e| Error::invalid("event", e.to_string()))?;
@@ -691,6 +701,15 @@ impl RunLog {
                 "batch",
                 format!("{} bytes encoded, limit {BATCH_BYTES_MAX}", payload.len()),
             ));
+        }
+        // Accepted: only now do the rules move.
+        match scratch {
+            Some(rules) => w.rules = rules,
+            None => {
+                for e in &events {
+                    w.rules.apply(&rule_event(e));
+                }
+            }
         }
         let frame_start = w.end + buf.len() as u64;
         frame::encode(&payload, buf);
