@@ -144,6 +144,10 @@ enum PlanEnd {
 struct Slot {
     req: Mutex<Option<Request>>,
     result: Mutex<Option<Result<Outcome>>>,
+    /// The appending thread, woken (unparked) when its result is set or when it is to
+    /// lead the next group: waking only the threads concerned, rather than every waiting
+    /// one, matters with dozens of threads on two cores.
+    thread: std::thread::Thread,
 }
 
 #[derive(Default)]
@@ -188,6 +192,9 @@ struct SyncLocal {
     /// fsyncs in flight in this process.
     inflight: Vec<InFlight>,
     next_id: u64,
+    /// Threads parked until a frame ending at the position is durable, waiting for an
+    /// fsync in flight that covers it.
+    waiters: Vec<(Pos, std::thread::Thread)>,
 }
 
 /// The writer handle of one run, shared by the threads of a process.
@@ -200,10 +207,10 @@ pub(crate) struct RunLog {
     meta: RunMeta,
     batch_interval_ms: u64,
     combine: Mutex<Combine>,
-    combine_cv: Condvar,
     writer: Mutex<Writer>,
     sync: Mutex<SyncLocal>,
-    /// Signalled whenever an fsync of this process ends.
+    /// Signalled whenever an fsync of this process ends (for `end_fsync`'s wait on
+    /// overlapping fsyncs; appends waiting for durability are parked in `waiters`).
     sync_cv: Condvar,
     /// Held while this process uses the `SYNCED` file's lock: `flock` does not exclude
     /// threads sharing one file description.
@@ -289,7 +296,6 @@ impl RunLog {
             meta,
             batch_interval_ms: opts.batch_interval_ms.max(1),
             combine: Mutex::new(Combine::default()),
-            combine_cv: Condvar::new(),
             writer: Mutex::new(Writer {
                 lock_file,
                 rules: Rules::default(),
@@ -308,6 +314,7 @@ impl RunLog {
                 written: None,
                 inflight: Vec::new(),
                 next_id: 0,
+                waiters: Vec::new(),
             }),
             sync_cv: Condvar::new(),
             sync_io: Mutex::new(()),
@@ -379,21 +386,33 @@ impl RunLog {
         let slot = Arc::new(Slot {
             req: Mutex::new(Some(req)),
             result: Mutex::new(None),
+            thread: std::thread::current(),
         });
         let mut c = lock(&self.combine);
         c.pending.push(slot.clone());
         while lock(&slot.result).is_none() {
             if c.leader {
-                c = self.combine_cv.wait(c).unwrap_or_else(|e| e.into_inner());
+                // The leader unparks us with our result, or to lead the next group.
+                drop(c);
+                std::thread::park();
+                c = lock(&self.combine);
                 continue;
             }
             c.leader = true;
             let group = std::mem::take(&mut c.pending);
             drop(c);
             self.write_group(&group);
+            for s in &group {
+                if !Arc::ptr_eq(s, &slot) {
+                    s.thread.unpark();
+                }
+            }
             c = lock(&self.combine);
             c.leader = false;
-            self.combine_cv.notify_all();
+            // Appends that arrived during the write: the first of them leads next.
+            if let Some(next) = c.pending.first() {
+                next.thread.unpark();
+            }
         }
         drop(c);
         let taken = lock(&slot.result).take();
@@ -1215,7 +1234,13 @@ impl RunLog {
                     .iter()
                     .any(|f| f.covers.is_some_and(|c| c >= end))
                 {
-                    s = self.sync_cv.wait(s).unwrap_or_else(|e| e.into_inner());
+                    let me = std::thread::current();
+                    let id = me.id();
+                    s.waiters.push((end, me));
+                    drop(s);
+                    std::thread::park();
+                    s = lock(&self.sync);
+                    s.waiters.retain(|(_, t)| t.id() != id);
                     continue;
                 }
                 break;
@@ -1242,7 +1267,23 @@ impl RunLog {
             s.durable = s.durable.max(*p);
         }
         self.sync_cv.notify_all();
+        self.wake_waiters(&mut s);
         r.map(|_| ())
+    }
+
+    /// Unparks the waiting threads whose frame is now durable, and every one when the
+    /// writer is poisoned or no fsync in flight covers its frame any more.
+    fn wake_waiters(&self, s: &mut SyncLocal) {
+        let poisoned = self.poisoned.load(Ordering::Acquire);
+        let (durable, inflight) = (s.durable, &s.inflight);
+        s.waiters.retain(|(end, t)| {
+            let covered = inflight.iter().any(|f| f.covers.is_some_and(|c| c >= *end));
+            let wake = poisoned || durable >= *end || !covered;
+            if wake {
+                t.unpark();
+            }
+            !wake
+        });
     }
 
     /// Makes everything before `cover` (the end of a frame this process wrote, in
@@ -1290,6 +1331,7 @@ impl RunLog {
         let mut s = lock(&self.sync);
         s.inflight.retain(|f| f.id != id);
         self.sync_cv.notify_all();
+        self.wake_waiters(&mut s);
         r
     }
 
@@ -1305,6 +1347,7 @@ impl RunLog {
             tracing::error!(error = %e, "fsync failed; the run's writer is poisoned");
             s.inflight.retain(|f| f.id != id);
             self.sync_cv.notify_all();
+            self.wake_waiters(&mut s);
             return Err(e);
         }
         let overlapping: Vec<u64> = s
