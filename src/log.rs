@@ -12,13 +12,14 @@
 //! `SYNCED` (without a lock, as readers do); if it is not covered yet, it `fdatasync`s the
 //! segment and then, under the `SYNCED` file's lock, advances the durable position to the
 //! end of the last frame its process wrote. One fsync thus covers every frame its process
-//! wrote before it began, and every other process sees that in the watermark (group commit
-//! across processes). fsyncs are not serialized: a writer whose frame is not covered by an
-//! fsync already in flight starts its own at once instead of queueing behind it, so the
-//! kernel and the device see several at a time (they merge them; on the 2-core VM this was
-//! measured on, overlapping fsyncs also avoid the idle-CPU wake-up that dominates a lone
-//! one). Inside a process, threads first combine their appends into one write (a leader
-//! writes for all waiting threads) and then wait for one fsync that covers them all.
+//! wrote before it began; across processes the sharing is opportunistic: a process whose
+//! frame a published position already covers skips its fsync, and the kernel merges the
+//! concurrent fsyncs of one file. fsyncs are not serialized: a writer whose frame is not
+//! covered by an fsync already in flight starts its own at once instead of queueing behind
+//! it (a single leader at a time, with the others waiting on it, was measured slower on
+//! the 2-core VM this was tuned on; see `benches/README.md`). Inside a process, threads
+//! first combine their appends into one write (a leader writes for all waiting threads)
+//! and then wait for one fsync that covers them all.
 //!
 //! The published position is always the end of a whole frame this process wrote (all
 //! bytes before it were written before the fsync began: catch-up repaired any torn tail
