@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod demo;
+mod prune;
+mod run;
 mod scratch;
 
 use anyhow::{bail, Context};
@@ -53,6 +55,14 @@ struct Cli {
     /// Refuse the `anonymous` user (exit 5) instead of treating it as its own partition.
     #[arg(long, global = true, env = "SWARM_DENY_ANONYMOUS")]
     deny_anonymous: bool,
+    /// Cold storage for closed runs (one sub-directory per user).
+    #[arg(
+        long,
+        global = true,
+        env = "SWARM_ARCHIVE_DIR",
+        default_value = "./archive"
+    )]
+    archive_dir: PathBuf,
     /// Write a checkpoint automatically every N events (0: never).
     #[arg(
         long,
@@ -196,6 +206,25 @@ enum Cmd {
         #[arg(long)]
         all: bool,
     },
+    /// Summarise the oldest half of the working view into one summary event when the
+    /// run's policy threshold (prune_max_entries) is crossed. Decisions and actions are
+    /// pinned and never summarised; the raw log is never rewritten.
+    ///
+    /// Examples:
+    ///   swarm prune --run inc-42
+    ///   swarm prune --run inc-42 --force --summarizer-cmd 'llm -m small "summarise these findings"'
+    #[command(verbatim_doc_comment)]
+    Prune(prune::PruneArgs),
+    /// Print what an agent should put in its prompt: summaries, pinned decisions and
+    /// actions, and the most recent entries, in seq order, never over the byte budget.
+    ///
+    /// Example:
+    ///   swarm context --run inc-42 --agent db --budget-bytes 8000
+    #[command(verbatim_doc_comment)]
+    Context(prune::ContextArgs),
+    /// Close, archive and restore runs.
+    #[command(subcommand)]
+    Run(run::RunCmd),
     /// Run the demo: agent processes work an SRE incident together in a new run.
     ///
     /// Four agent processes append hypotheses, evidence, decisions and actions
@@ -420,6 +449,7 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let store = Store::open(&cli.data_dir)?
         .with_checkpoints(&cli.checkpoint_dir, cli.checkpoint_every)
+        .with_archive_dir(&cli.archive_dir)
         .with_user(&cli.user, !cli.deny_anonymous)?;
     match cli.cmd {
         Cmd::Checkpoint { run } => {
@@ -431,6 +461,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Cmd::Replay(a) => replay(&store, a),
         Cmd::Policy(c) => scratch::policy(&store, c),
+        Cmd::Prune(a) => prune::prune(&store, a),
+        Cmd::Run(c) => run::run(&store, c),
+        Cmd::Context(a) => prune::context(&store, a),
         Cmd::Channel(c) => scratch::channel(&store, c),
         Cmd::Board(a) => scratch::board(&store, a),
         Cmd::Pick(a) => scratch::pick(&store, a),
@@ -658,7 +691,12 @@ fn parse_ts(field: &str, s: &Option<String>) -> anyhow::Result<Option<Ts>> {
 }
 
 fn read(store: &Store, a: ReadArgs) -> anyhow::Result<ExitCode> {
-    let kind = a.kind.as_deref().map(EventType::parse_client).transpose()?;
+    let kind = match a.kind.as_deref() {
+        None => None,
+        Some(k) => Some(EventType::parse(k).ok_or_else(|| {
+            invalid("type", format!("{k:?} is not an entry type (hypothesis, evidence, decision, action_taken, or an engine type such as summary, escalation)"))
+        })?),
+    };
     let opts = ReadOptions {
         from_seq: a.from_seq,
         to_seq: a.to_seq,
@@ -695,7 +733,12 @@ fn read(store: &Store, a: ReadArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn tail(store: &Store, a: TailArgs) -> anyhow::Result<ExitCode> {
-    let kind = a.kind.as_deref().map(EventType::parse_client).transpose()?;
+    let kind = match a.kind.as_deref() {
+        None => None,
+        Some(k) => Some(EventType::parse(k).ok_or_else(|| {
+            invalid("type", format!("{k:?} is not an entry type (hypothesis, evidence, decision, action_taken, or an engine type such as summary, escalation)"))
+        })?),
+    };
     if a.poll_ms == 0 {
         bail!(invalid("poll-ms", "must be at least 1"));
     }

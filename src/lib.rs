@@ -33,12 +33,15 @@
 
 #![warn(missing_docs)]
 
+pub mod archive;
 pub mod checkpoint;
+pub mod context;
 pub mod error;
 pub mod event;
 pub mod frame;
 pub mod index;
 mod log;
+pub mod prune;
 mod read;
 pub mod replay;
 pub mod rules;

@@ -219,6 +219,8 @@ pub(crate) struct RunLog {
     synced: Box<dyn StorageFile>,
     synced_path: PathBuf,
     poisoned: AtomicBool,
+    /// A background prune of this process is running.
+    prune_running: AtomicBool,
     /// Position of the last `batch`-mode write not yet covered by a flush (seg, off).
     batch_dirty: Mutex<Option<(Pos, Arc<dyn StorageFile>)>>,
     flusher_started: AtomicBool,
@@ -322,6 +324,7 @@ impl RunLog {
             synced,
             synced_path,
             poisoned: AtomicBool::new(false),
+            prune_running: AtomicBool::new(false),
             batch_dirty: Mutex::new(None),
             flusher_started: AtomicBool::new(false),
             id_nonce: nonce,
@@ -1397,6 +1400,18 @@ impl RunLog {
     }
 
     /// Syncs what `batch`-mode appends left unsynced.
+    /// Whether the rules, as of this process's last look, want a prune, and no prune
+    /// started by this process is running. Claims the prune when it returns true.
+    pub(crate) fn claim_prune(&self) -> bool {
+        let wants = lock(&self.writer).rules.wants_prune();
+        wants && !self.prune_running.swap(true, Ordering::AcqRel)
+    }
+
+    /// Ends a prune claimed with `claim_prune`.
+    pub(crate) fn release_prune(&self) {
+        self.prune_running.store(false, Ordering::Release);
+    }
+
     pub(crate) fn flush_batch(&self) {
         let pending = lock(&self.batch_dirty).take();
         if let Some((end, seg)) = pending {

@@ -412,7 +412,9 @@ impl Rules {
             )));
         }
         let mut fx = Effects::default();
-        if e.agent == ENGINE_AGENT {
+        // The engine's own events (escalations, conflicts) need no permission; a summary
+        // it writes still goes through the pruning CAS below.
+        if e.agent == ENGINE_AGENT && e.kind != EventType::Summary {
             return Ok(fx);
         }
         if let (Some(s), Some(want)) = (e.subject, expect_subject_seq) {

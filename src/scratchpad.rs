@@ -73,7 +73,7 @@ impl Store {
         Ok(self.state_at(run, Target::Head, |_| {})?.state)
     }
 
-    fn engine_append(
+    pub(crate) fn engine_append(
         &self,
         run: &str,
         agent: &str,

@@ -10,6 +10,7 @@ use crate::checkpoint::{self, CheckpointInfo, CHECKPOINT_EVERY_DEFAULT};
 use crate::error::{Error, Result};
 use crate::event::{
     check_path_id, check_run_id, Checked, Event, NewEvent, ANONYMOUS, BATCH_EVENTS_MAX,
+    ENGINE_AGENT,
 };
 use crate::index::{self, IndexCell, IndexSnapshot, IndexStats};
 use crate::log::{self, Durability, LogOptions, Request, RunLog, RunMeta};
@@ -33,6 +34,7 @@ pub struct Store {
     ck_root: PathBuf,
     checkpoint_every: u64,
     user: String,
+    archive_root: PathBuf,
     /// Each run's index as this process has caught it up (see [`crate::index`]).
     indexes: Mutex<HashMap<String, Arc<IndexCell>>>,
 }
@@ -76,6 +78,7 @@ impl Store {
             ck_root: root.join(".checkpoints"),
             checkpoint_every: CHECKPOINT_EVERY_DEFAULT,
             user: ANONYMOUS.to_string(),
+            archive_root: root.join(".archive"),
             indexes: Mutex::new(HashMap::new()),
         })
     }
@@ -94,6 +97,18 @@ impl Store {
         self.user = user.to_string();
         self.logs = Mutex::new(HashMap::new());
         Ok(self)
+    }
+
+    /// Keeps closed runs' archives under `dir` (`<dir>/<user>/<run>.swarc`); without this
+    /// call they go to `<data dir>/.archive`.
+    pub fn with_archive_dir(mut self, dir: impl Into<PathBuf>) -> Store {
+        self.archive_root = dir.into();
+        self
+    }
+
+    /// Where archives go.
+    pub fn archive_root(&self) -> &Path {
+        &self.archive_root
     }
 
     /// The user this store acts for.
@@ -128,6 +143,9 @@ impl Store {
         target: Target,
         progress: impl FnMut(u64),
     ) -> Result<Replayed> {
+        if let Some(a) = self.archived_store(run)? {
+            return a.state_at(run, target, progress);
+        }
         let p = self.paths(run)?;
         let r = replay::state_at(&p, target, progress)?;
         if target == Target::Head
@@ -290,6 +308,12 @@ impl Store {
         expect_seq: Option<u64>,
         durability: Durability,
     ) -> Result<Vec<Event>> {
+        if let Some(p) = self.archived(run)? {
+            return Err(Error::Forbidden(format!(
+                "run {run:?} is closed and archived at {}",
+                p.display()
+            )));
+        }
         let log = self.writer(run, &self.user)?;
         let stored = log.append(Request {
             batch,
@@ -297,7 +321,43 @@ impl Store {
             durability,
         })?;
         self.maybe_checkpoint(run, &stored);
+        if log.claim_prune() {
+            // Off the append path, with the built-in summariser; a concurrent pruner in
+            // another process makes this one fail its CAS harmlessly.
+            let store = self.same_config();
+            let run_id = run.to_string();
+            let spawned = std::thread::Builder::new()
+                .name("swarm-prune".into())
+                .spawn(move || {
+                    let r = store.prune(&run_id, ENGINE_AGENT, &crate::prune::Summarizer::Builtin, false);
+                    match r {
+                        // Another process's pruner summarised the range first: expected.
+                        Err(Error::Conflict(e)) => tracing::debug!(run = %run_id, error = %e, "automatic prune lost the race"),
+                        Err(e) => tracing::warn!(run = %run_id, error = %e, "automatic prune failed"),
+                        Ok(_) => {}
+                    }
+                    log.release_prune();
+                });
+            if let Err(e) = spawned {
+                tracing::warn!(run, error = %e, "cannot start the prune thread");
+            }
+        }
         Ok(stored)
+    }
+
+    /// A new handle with this one's storage, directories, options and user.
+    pub(crate) fn same_config(&self) -> Store {
+        Store {
+            root: self.root.clone(),
+            storage: self.storage.clone(),
+            opts: self.opts.clone(),
+            logs: Mutex::new(HashMap::new()),
+            ck_root: self.ck_root.clone(),
+            checkpoint_every: self.checkpoint_every,
+            user: self.user.clone(),
+            archive_root: self.archive_root.clone(),
+            indexes: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Refuses, before the run is created, a request that cannot succeed on an empty run
@@ -350,6 +410,9 @@ impl Store {
     /// that disagrees with the log is dropped and the read goes on by scanning.
     pub fn read(&self, run: &str, opts: ReadOptions) -> Result<EventIter> {
         let dir = self.existing_run(run)?;
+        if let Some(a) = self.archived_store(run)? {
+            return a.read(run, opts);
+        }
         let rules = match opts.reader {
             Some(_) => Some(self.state_at(run, Target::Head, |_| {})?.state.rules),
             None => None,
@@ -465,6 +528,9 @@ impl Store {
     /// Checks every record of a run; `progress` is called with the records checked so far.
     pub fn verify(&self, run: &str, progress: impl FnMut(u64)) -> Result<VerifyReport> {
         let dir = self.existing_run(run)?;
+        if let Some(a) = self.archived_store(run)? {
+            return a.verify(run, progress);
+        }
         read::verify(self.storage.clone(), dir, run, progress)
     }
 
@@ -508,6 +574,9 @@ impl Store {
     /// A summary of one run.
     pub fn run_info(&self, run: &str) -> Result<RunInfo> {
         let dir = self.existing_run(run)?;
+        if let Some(a) = self.archived_store(run)? {
+            return a.run_info(run);
+        }
         let meta = log::read_meta(&*self.storage, &dir)?;
         let bases = segment::list_segments(&*self.storage, &dir)?;
         let mut bytes = 0;

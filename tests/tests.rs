@@ -18,6 +18,7 @@ mod model;
 mod random_bytes;
 mod replay;
 mod retry;
+mod scratchpad;
 mod tail;
 mod truncate;
 mod visibility;

@@ -79,6 +79,10 @@ impl Env {
             .env_remove("SWARM_LOG")
             .arg("--data-dir")
             .arg(self.path())
+            .arg("--checkpoint-dir")
+            .arg(self.path().join(".checkpoints"))
+            .arg("--archive-dir")
+            .arg(self.path().join(".archive"))
             .args(args);
         c
     }

@@ -1,0 +1,83 @@
+//! `swarm prune` and `swarm context`.
+
+use std::io::{self, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use swarm_memory::prune::Summarizer;
+use swarm_memory::Store;
+
+/// Arguments of `swarm prune`.
+#[derive(Args)]
+pub struct PruneArgs {
+    /// The run.
+    #[arg(long)]
+    run: String,
+    /// The agent id the summary is written as.
+    #[arg(long, default_value = "pruner")]
+    agent: String,
+    /// External summariser: gets the events as a JSON array on stdin, prints the summary
+    /// (e.g. an LLM command line). Default: the built-in extractive summariser.
+    #[arg(long)]
+    summarizer_cmd: Option<String>,
+    /// Longest the summariser may run.
+    #[arg(long, default_value_t = 60)]
+    timeout_secs: u64,
+    /// Summarise even when the policy's threshold is not crossed (or pruning is off).
+    #[arg(long)]
+    force: bool,
+}
+
+/// Arguments of `swarm context`.
+#[derive(Args)]
+pub struct ContextArgs {
+    /// The run.
+    #[arg(long)]
+    run: String,
+    /// The agent whose prompt this is (its read permissions apply).
+    #[arg(long)]
+    agent: String,
+    /// Hard limit on the printed context, in bytes.
+    #[arg(long)]
+    budget_bytes: usize,
+    /// Print a JSON object (items, bytes used, what was left out) instead of the text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn prune(store: &Store, a: PruneArgs) -> anyhow::Result<ExitCode> {
+    let s = match a.summarizer_cmd {
+        Some(cmd) => Summarizer::Command {
+            cmd,
+            timeout: Duration::from_secs(a.timeout_secs.max(1)),
+        },
+        None => Summarizer::Builtin,
+    };
+    let out = io::stdout();
+    let mut out = out.lock();
+    match store.prune(&a.run, &a.agent, &s, a.force)? {
+        Some(e) => serde_json::to_writer(&mut out, &e)?,
+        None => serde_json::to_writer(
+            &mut out,
+            &serde_json::json!({"pruned": false, "reason": "working view under the threshold (or empty)"}),
+        )?,
+    }
+    out.write_all(b"\n")?;
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn context(store: &Store, a: ContextArgs) -> anyhow::Result<ExitCode> {
+    let c = store.context(&a.run, &a.agent, a.budget_bytes)?;
+    let out = io::stdout();
+    let mut out = out.lock();
+    if a.json {
+        serde_json::to_writer(&mut out, &c)?;
+    } else {
+        out.write_all(c.text.as_bytes())?;
+    }
+    out.write_all(b"\n")?;
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,379 @@
+//! Run lifecycle (seed 000: "archive after run"): close, archive to cold storage, verify,
+//! remove from the working set; restore; read an archived run in place.
+//!
+//! # Archive format (`<archive dir>/<user>/<run>.swarc`)
+//! A zstd stream (level 3) of a container: the line `SWARC1\n`, then per file a JSON
+//! header line `{"name":"seg-….jsonl","len":N,"crc":"8 hex"}\n` followed by exactly N
+//! bytes and a `\n`, then the line `{"end":true,"files":K}\n`. CRC-32 as in frames.
+//! Names are the run directory's files (`index/…` for the index) and
+//! `checkpoints/<file>` for the newest checkpoint.
+//!
+//! # Close protocol
+//! 1. append `run_closed` (the rules refuse every later append, exit 5);
+//! 2. checkpoint the head; 3. write the archive to a temp file, fsync, rename, fsync dir;
+//! 4. verify: decompress it, compare every file byte for byte with the working copy, and
+//!    open it as a store and `verify` it (all records, same head);
+//! 5. write the tombstone `ARCHIVED` (temp, fsync, rename, fsync dir);
+//! 6. only then delete the working files (segments, `SYNCED`, index, checkpoints).
+//!
+//! A crash before 5 leaves the run in the working set, intact (closing again redoes it); a
+//! crash after 5 leaves a verified archive that reads are served from.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint;
+use crate::error::{Error, IoContext, Result};
+use crate::event::EventType;
+use crate::replay::Target;
+use crate::storage::{MemStorage, OpenMode, Storage};
+use crate::store::Store;
+
+/// Name of the tombstone left in an archived run's directory.
+pub const TOMBSTONE: &str = "ARCHIVED";
+const MAGIC: &[u8] = b"SWARC1\n";
+/// Largest archive accepted when reading one back (decoder limit).
+pub const ARCHIVE_RAW_BYTES_MAX: u64 = 64 << 30;
+
+/// What `close_run` produced.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ArchiveInfo {
+    /// The archive file.
+    pub path: PathBuf,
+    /// Files in it.
+    pub files: usize,
+    /// Bytes before compression.
+    pub bytes_raw: u64,
+    /// Bytes of the archive file.
+    pub bytes_archived: u64,
+    /// Events in the archived log.
+    pub records: u64,
+    /// Head seq (the `run_closed` event).
+    pub head_seq: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct EntryHeader {
+    name: String,
+    len: u64,
+    crc: String,
+}
+
+fn read_all(storage: &dyn Storage, path: &Path) -> Result<Vec<u8>> {
+    let f = storage.open(path, OpenMode::Read).ctx("open", path)?;
+    let len = f.len().ctx("stat", path)?;
+    let mut b = vec![0u8; len as usize];
+    f.read_exact_at(&mut b, 0).ctx("read", path)?;
+    Ok(b)
+}
+
+fn write_atomic(storage: &dyn Storage, path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    storage.create_dir_all(dir).ctx("create", dir)?;
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("x")
+    ));
+    let f = storage
+        .open(&tmp, OpenMode::ReadWriteCreate)
+        .ctx("create", &tmp)?;
+    f.set_len(0).ctx("truncate", &tmp)?;
+    f.write_all_at(bytes, 0).ctx("write", &tmp)?;
+    f.sync_data().ctx("fsync", &tmp)?;
+    storage.rename(&tmp, path).ctx("rename", &tmp)?;
+    storage.sync_dir(dir).ctx("fsync dir", dir)
+}
+
+fn bad(path: &Path, reason: impl Into<String>) -> Error {
+    Error::Corrupt {
+        path: path.to_path_buf(),
+        offset: 0,
+        seq: 0,
+        reason: reason.into(),
+    }
+}
+
+/// Parses a decompressed container into (name, bytes) pairs, checking every CRC.
+fn unpack(path: &Path, raw: &[u8]) -> Result<Vec<(String, Vec<u8>)>> {
+    let rest = raw
+        .strip_prefix(MAGIC)
+        .ok_or_else(|| bad(path, "not a swarm archive"))?;
+    let mut at = 0usize;
+    let mut out = Vec::new();
+    loop {
+        let nl = rest[at..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .ok_or_else(|| bad(path, "truncated archive"))?;
+        let line = &rest[at..at + nl];
+        at += nl + 1;
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) {
+            if v.get("end").and_then(|e| e.as_bool()) == Some(true) {
+                let n = v.get("files").and_then(|f| f.as_u64()).unwrap_or(u64::MAX);
+                if n != out.len() as u64 {
+                    return Err(bad(path, "file count differs from the end record"));
+                }
+                return Ok(out);
+            }
+        }
+        let h: EntryHeader =
+            serde_json::from_slice(line).map_err(|e| bad(path, format!("entry header: {e}")))?;
+        if h.name.contains("..") || h.name.starts_with('/') {
+            return Err(bad(
+                path,
+                format!("entry name {:?} escapes the run", h.name),
+            ));
+        }
+        let end = at
+            .checked_add(h.len as usize)
+            .filter(|&e| e < rest.len())
+            .ok_or_else(|| bad(path, "entry longer than the archive"))?;
+        let data = &rest[at..end];
+        if format!("{:08x}", crc32fast::hash(data)) != h.crc {
+            return Err(bad(path, format!("crc mismatch in {}", h.name)));
+        }
+        if rest[end] != b'\n' {
+            return Err(bad(path, "missing entry terminator"));
+        }
+        out.push((h.name, data.to_vec()));
+        at = end + 1;
+    }
+}
+
+impl Store {
+    fn archive_path(&self, run: &str) -> PathBuf {
+        self.archive_root()
+            .join(self.user())
+            .join(format!("{run}.swarc"))
+    }
+
+    fn tombstone(&self, run: &str) -> Result<Option<PathBuf>> {
+        let p = self.run_dir(run)?.join(TOMBSTONE);
+        if !self.storage().exists(&p) {
+            return Ok(None);
+        }
+        let b = read_all(&**self.storage(), &p)?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&b).map_err(|e| bad(&p, e.to_string()))?;
+        let a = v
+            .get("archive")
+            .and_then(|a| a.as_str())
+            .ok_or_else(|| bad(&p, "no archive path"))?;
+        Ok(Some(PathBuf::from(a)))
+    }
+
+    /// Whether the run is archived (out of the working set); the archive's path.
+    pub fn archived(&self, run: &str) -> Result<Option<PathBuf>> {
+        self.tombstone(run)
+    }
+
+    /// A read-only store over an archived run, served from its archive file.
+    pub(crate) fn archived_store(&self, run: &str) -> Result<Option<Store>> {
+        let Some(path) = self.tombstone(run)? else {
+            return Ok(None);
+        };
+        let files = self.read_archive(&path)?;
+        Ok(Some(self.store_over(run, &files)?))
+    }
+
+    fn read_archive(&self, path: &Path) -> Result<Vec<(String, Vec<u8>)>> {
+        let z = read_all(&**self.storage(), path)?;
+        let mut raw = Vec::new();
+        zstd::stream::read::Decoder::new(&z[..])
+            .map_err(|e| bad(path, format!("zstd: {e}")))?
+            .take(ARCHIVE_RAW_BYTES_MAX)
+            .read_to_end(&mut raw)
+            .map_err(|e| bad(path, format!("zstd: {e}")))?;
+        unpack(path, &raw)
+    }
+
+    fn store_over(&self, run: &str, files: &[(String, Vec<u8>)]) -> Result<Store> {
+        let mem = MemStorage::new();
+        let root = Path::new("/archived");
+        let s = Store::open_with(Arc::new(mem.clone()), root, crate::LogOptions::default())?
+            .with_checkpoints("/archived-ck", 0)
+            .with_user(self.user(), true)?;
+        let run_dir = s.run_dir(run)?;
+        for (name, data) in files {
+            let p = match name.strip_prefix("checkpoints/") {
+                Some(n) => s.checkpoint_dir(run).join(n),
+                None => run_dir.join(name),
+            };
+            let dir = p.parent().unwrap_or(root);
+            mem.create_dir_all(dir).ctx("create", dir)?;
+            let f = mem.open(&p, OpenMode::CreateNew).ctx("create", &p)?;
+            f.write_all_at(data, 0).ctx("write", &p)?;
+        }
+        Ok(s)
+    }
+
+    fn run_files(&self, run: &str) -> Result<Vec<(String, PathBuf)>> {
+        let dir = self.run_dir(run)?;
+        let st = &**self.storage();
+        let mut out = Vec::new();
+        let mut names = st.list(&dir).ctx("list", &dir)?;
+        names.sort();
+        for n in names {
+            if n == "LOCK" || n == TOMBSTONE || n.ends_with(".tmp") || n.starts_with('.') {
+                continue;
+            }
+            let p = dir.join(&n);
+            if n == "index" {
+                let mut sub = st.list(&p).ctx("list", &p)?;
+                sub.sort();
+                for s in sub
+                    .into_iter()
+                    .filter(|s| !s.ends_with(".tmp") && !s.starts_with('.'))
+                {
+                    out.push((format!("index/{s}"), p.join(&s)));
+                }
+                continue;
+            }
+            out.push((n, p));
+        }
+        let ck = self.checkpoint_dir(run);
+        if let Some(seq) = checkpoint::list(st, &ck)?.first() {
+            let name = checkpoint::checkpoint_name(*seq);
+            out.push((format!("checkpoints/{name}"), ck.join(name)));
+        }
+        Ok(out)
+    }
+
+    /// Closes a run (appends `run_closed`; appends are refused from then on), archives it
+    /// into one zstd file under the archive directory, verifies the archive against the
+    /// log, and only then removes the run from the working set. See the module docs.
+    pub fn close_run(&self, run: &str, agent: &str) -> Result<ArchiveInfo> {
+        if let Some(p) = self.tombstone(run)? {
+            return Err(Error::Forbidden(format!(
+                "run {run:?} is already archived at {}",
+                p.display()
+            )));
+        }
+        let state = self.state_at(run, Target::Head, |_| {})?.state;
+        if state.rules.closed.is_none() {
+            self.engine_append(
+                run,
+                agent,
+                EventType::RunClosed,
+                serde_json::json!({"by": agent}),
+                None,
+                Vec::new(),
+            )?;
+        }
+        self.checkpoint(run, |_| {})?;
+        let head = self.state_at(run, Target::Head, |_| {})?.state.head_seq;
+        let files = self.run_files(run)?;
+        let st = &**self.storage();
+        let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).map_err(|e| Error::Io {
+            op: "compress",
+            path: PathBuf::new(),
+            source: e,
+        })?;
+        let mut raw_len = 0u64;
+        let mut put = |b: &[u8]| -> Result<()> {
+            raw_len += b.len() as u64;
+            enc.write_all(b).map_err(|e| Error::Io {
+                op: "compress",
+                path: PathBuf::new(),
+                source: e,
+            })
+        };
+        put(MAGIC)?;
+        let mut originals = Vec::new();
+        for (name, p) in &files {
+            let data = read_all(st, p)?;
+            let h = EntryHeader {
+                name: name.clone(),
+                len: data.len() as u64,
+                crc: format!("{:08x}", crc32fast::hash(&data)),
+            };
+            let mut line =
+                serde_json::to_vec(&h).map_err(|e| Error::invalid("archive", e.to_string()))?;
+            line.push(b'\n');
+            put(&line)?;
+            put(&data)?;
+            put(b"\n")?;
+            originals.push((name.clone(), data));
+        }
+        put(format!("{{\"end\":true,\"files\":{}}}\n", files.len()).as_bytes())?;
+        let z = enc.finish().map_err(|e| Error::Io {
+            op: "compress",
+            path: PathBuf::new(),
+            source: e,
+        })?;
+        let path = self.archive_path(run);
+        write_atomic(st, &path, &z)?;
+        if let Some(parent) = path.parent().and_then(Path::parent) {
+            let _ = st.sync_dir(parent);
+        }
+        // Verify the archive against the working copy before anything is removed.
+        let back = self.read_archive(&path)?;
+        if back != originals {
+            return Err(bad(
+                &path,
+                "archive differs from the run's files; the run is left in place",
+            ));
+        }
+        let arch = self.store_over(run, &back)?;
+        let report = arch.verify(run, |_| {})?;
+        if !report.ok || report.head_seq != head {
+            return Err(bad(&path, format!("archived log does not verify (ok {}, head {} vs {head}); the run is left in place", report.ok, report.head_seq)));
+        }
+        let dir = self.run_dir(run)?;
+        let tomb = serde_json::json!({"archive": path, "head_seq": head});
+        write_atomic(st, &dir.join(TOMBSTONE), tomb.to_string().as_bytes())?;
+        for (name, p) in &files {
+            if name == crate::log::META_FILE {
+                continue;
+            }
+            if let Err(e) = st.remove_file(p) {
+                tracing::warn!(path = %p.display(), error = %e, "cannot remove an archived file");
+            }
+        }
+        let _ = st.remove_dir_all(&dir.join("index"));
+        let _ = st.remove_dir_all(&self.checkpoint_dir(run));
+        let _ = st.sync_dir(&dir);
+        Ok(ArchiveInfo {
+            path,
+            files: files.len(),
+            bytes_raw: raw_len,
+            bytes_archived: z.len() as u64,
+            records: report.records,
+            head_seq: head,
+        })
+    }
+
+    /// Brings an archived run back into the working set (it stays closed for appends).
+    pub fn restore_run(&self, run: &str) -> Result<ArchiveInfo> {
+        let Some(path) = self.tombstone(run)? else {
+            return Err(Error::invalid("run", format!("{run:?} is not archived")));
+        };
+        let files = self.read_archive(&path)?;
+        let st = &**self.storage();
+        let dir = self.run_dir(run)?;
+        let mut raw = 0u64;
+        for (name, data) in &files {
+            raw += data.len() as u64;
+            let p = match name.strip_prefix("checkpoints/") {
+                Some(n) => self.checkpoint_dir(run).join(n),
+                None => dir.join(name),
+            };
+            write_atomic(st, &p, data)?;
+        }
+        st.remove_file(&dir.join(TOMBSTONE))
+            .ctx("remove", &dir.join(TOMBSTONE))?;
+        st.sync_dir(&dir).ctx("fsync dir", &dir)?;
+        let report = self.verify(run, |_| {})?;
+        Ok(ArchiveInfo {
+            bytes_archived: read_all(st, &path)?.len() as u64,
+            path,
+            files: files.len(),
+            bytes_raw: raw,
+            records: report.records,
+            head_seq: report.head_seq,
+        })
+    }
+}

@@ -1,0 +1,162 @@
+//! Bounded context (seed 000: "fail if the agent's prompt grows unbounded"): what an
+//! agent should put in its prompt, never over a byte budget.
+//!
+//! Selection, in priority order until the budget is full: the summaries (newest first),
+//! the pinned entries, decisions and actions (newest first), then the most recent
+//! unpinned entries of the working view (newest first); everything the agent may not
+//! read under the run's policy is left out. The chosen items are printed in seq order,
+//! one line each; the budget counts the exact bytes of the rendered text.
+
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::event::Event;
+use crate::read::ReadOptions;
+use crate::replay::Target;
+use crate::store::Store;
+
+/// Longest rendering of one item's content, in characters.
+pub const ITEM_CHARS_MAX: usize = 600;
+/// How many recent events are considered for the working-view part.
+pub const RECENT_EVENTS_MAX: u64 = 4096;
+
+/// One line of the context.
+#[derive(Clone, Debug, Serialize)]
+pub struct ContextItem {
+    /// Seq of the entry.
+    pub seq: u64,
+    /// Why it is there: `summary`, `pinned` or `recent`.
+    pub role: &'static str,
+    /// The rendered line.
+    pub text: String,
+}
+
+/// The context of one agent.
+#[derive(Clone, Debug, Serialize)]
+pub struct Context {
+    /// The agent.
+    pub agent: String,
+    /// The budget.
+    pub budget_bytes: usize,
+    /// Bytes of `text`.
+    pub used_bytes: usize,
+    /// Head seq of the run when it was built.
+    pub head_seq: u64,
+    /// The items, in seq order.
+    pub items: Vec<ContextItem>,
+    /// Candidates left out for lack of budget, per role.
+    pub omitted: std::collections::BTreeMap<&'static str, u64>,
+    /// The prompt text: the items' lines joined by newlines.
+    pub text: String,
+}
+
+fn render(e: &Event) -> String {
+    let content = match (e.kind, e.content.get("text").and_then(|t| t.as_str())) {
+        (crate::event::EventType::Summary, Some(t)) => t.to_string(),
+        _ => e
+            .content
+            .as_str()
+            .map_or_else(|| e.content.to_string(), str::to_string),
+    };
+    let mut c: String = content
+        .replace('\n', " ")
+        .chars()
+        .take(ITEM_CHARS_MAX)
+        .collect();
+    if content.chars().count() > ITEM_CHARS_MAX {
+        c.push('…');
+    }
+    let refs = if e.refs.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (builds on {})",
+            e.refs
+                .iter()
+                .map(|r| format!("#{r}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    format!(
+        "#{} {} {} [{}]{}: {}",
+        e.seq,
+        e.kind.as_str(),
+        e.agent_id,
+        e.subject.as_deref().unwrap_or("-"),
+        refs,
+        c
+    )
+}
+
+impl Store {
+    /// Builds `agent`'s context within `budget_bytes`.
+    pub fn context(&self, run: &str, agent: &str, budget_bytes: usize) -> Result<Context> {
+        let state = self.state_at(run, Target::Head, |_| {})?.state;
+        let rules = &state.rules;
+        let mut cands: Vec<(u8, &'static str, Event)> = Vec::new();
+        for s in state.summaries.iter().rev() {
+            cands.push((0, "summary", s.clone()));
+        }
+        let mut pinned: Vec<&Event> = state.decisions.iter().chain(&state.actions).collect();
+        pinned.sort_by_key(|e| std::cmp::Reverse(e.seq));
+        for e in pinned {
+            if rules.may_read_type(agent, e.kind) {
+                cands.push((1, "pinned", e.clone()));
+            }
+        }
+        let from =
+            (rules.pruned_upto + 1).max(state.head_seq.saturating_sub(RECENT_EVENTS_MAX) + 1);
+        let recent: Vec<Event> = self
+            .read(
+                run,
+                ReadOptions {
+                    from_seq: Some(from),
+                    to_seq: Some(state.head_seq),
+                    reader: Some(agent.to_string()),
+                    ..ReadOptions::default()
+                },
+            )?
+            .filter(|e| {
+                e.as_ref()
+                    .map_or(true, |e| e.kind.is_client() && !e.kind.is_pinned())
+            })
+            .collect::<Result<_>>()?;
+        for e in recent.into_iter().rev() {
+            cands.push((2, "recent", e));
+        }
+        let mut used = 0usize;
+        let mut chosen: Vec<ContextItem> = Vec::new();
+        let mut omitted = std::collections::BTreeMap::new();
+        for (_, role, e) in cands {
+            let text = render(&e);
+            let cost = text.len() + usize::from(!chosen.is_empty());
+            if used + cost <= budget_bytes {
+                used += cost;
+                chosen.push(ContextItem {
+                    seq: e.seq,
+                    role,
+                    text,
+                });
+            } else {
+                *omitted.entry(role).or_insert(0) += 1;
+            }
+        }
+        chosen.sort_by_key(|i| i.seq);
+        let text = chosen
+            .iter()
+            .map(|i| i.text.as_str())
+            .collect::<Vec<_>>()
+            .join("\n");
+        debug_assert!(text.len() <= budget_bytes);
+        Ok(Context {
+            agent: agent.to_string(),
+            budget_bytes,
+            used_bytes: text.len(),
+            head_seq: state.head_seq,
+            items: chosen,
+            omitted,
+            text,
+        })
+    }
+}

@@ -1,0 +1,405 @@
+//! Seed 000's eval set as scenarios of several agent processes: conflict resolution,
+//! scratchpad bloat, audit completeness; plus user isolation.
+
+use serde_json::{json, Value};
+
+use crate::util::Env;
+
+fn entry(agent: &str, kind: &str, subject: &str, content: &str, conf: f64) -> Value {
+    json!({"agent_id": agent, "type": kind, "subject": subject, "content": content, "confidence": conf})
+}
+
+/// Contradictory actions by two agent processes: an escalation lands in the same frame as
+/// the second action, later actions on the subject are refused (exit 6, naming it) while
+/// evidence still goes through, and a human's resolution unblocks. Never a silent pick.
+#[test]
+fn conflict_resolution_escalates_contradictory_actions() {
+    let env = Env::new();
+    let a = env.append_lines(
+        "r",
+        &[entry(
+            "db",
+            "action_taken",
+            "orders-db",
+            "failed over to replica",
+            0.9,
+        )],
+    );
+    let b = env.append_lines(
+        "r",
+        &[entry(
+            "app",
+            "action_taken",
+            "orders-db",
+            "restarted primary",
+            0.8,
+        )],
+    );
+    assert_eq!(a.len(), 1);
+    assert_eq!(b.len(), 2, "the action and the engine's escalation: {b:?}");
+    assert_eq!(b[1].kind.as_str(), "escalation");
+    let esc = b[1].seq;
+    let out = env
+        .swarm_stdin(
+            &["append", "--run", "r", "--stdin"],
+            &format!(
+                "{}\n",
+                entry("db", "decision", "orders-db", "keep replica", 0.5)
+            ),
+        )
+        .code(6);
+    assert!(out.stderr.contains(&format!("#{esc}")), "{}", out.stderr);
+    env.append_lines(
+        "r",
+        &[entry("db", "evidence", "orders-db", "replica lag 0 s", 0.9)],
+    );
+    let open = env.swarm(&["escalations", "--run", "r"]).ok();
+    assert!(open.stdout.contains(&format!("\"seq\":{esc}")));
+    env.swarm(&[
+        "resolve",
+        "--run",
+        "r",
+        "--escalation",
+        &esc.to_string(),
+        "--winner",
+        &a[0].seq.to_string(),
+        "--by",
+        "alice",
+        "--note",
+        "failover stands",
+    ])
+    .ok();
+    assert!(env
+        .swarm(&["escalations", "--run", "r"])
+        .ok()
+        .stdout
+        .trim()
+        .is_empty());
+    // The standing action is the winner: building on it is fine; contradicting it again
+    // without a ref escalates again.
+    let ok = env.append_lines("r", &[json!({"agent_id": "app", "type": "action_taken", "subject": "orders-db", "content": "drained primary", "refs": [a[0].seq]})]);
+    assert_eq!(ok.len(), 1);
+}
+
+/// Competing hypotheses: the pick follows confidence, then evidence, then recency, cites
+/// winner and losers; an exact tie is escalated (exit 6), never guessed.
+#[test]
+fn conflict_resolution_pick_and_tie() {
+    let env = Env::new();
+    let h = env.append_lines(
+        "r",
+        &[
+            entry("a", "hypothesis", "cause", "pool saturation", 0.6),
+            entry("b", "hypothesis", "cause", "bad deploy", 0.6),
+        ],
+    );
+    env.append_lines("r", &[json!({"agent_id": "c", "type": "evidence", "subject": "cause", "content": "deploy at 13:58", "refs": [h[1].seq]})]);
+    let out = env
+        .swarm(&["pick", "--run", "r", "--subject", "cause"])
+        .ok();
+    let v: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(v["outcome"], "picked");
+    assert_eq!(
+        v["winner"], h[1].seq,
+        "more supporting evidence wins at equal confidence"
+    );
+    assert_eq!(v["rule"], "evidence");
+    assert_eq!(v["decision"]["refs"][0], h[1].seq);
+    // A tie on every rule.
+    let env = Env::new();
+    env.append_lines("r", &[entry("a", "hypothesis", "cause", "x", 0.5)]);
+    env.append_lines("r", &[entry("a", "hypothesis", "cause", "y", 0.5)]);
+    let out = env
+        .swarm(&["pick", "--run", "r", "--subject", "cause"])
+        .code(6);
+    assert!(
+        out.stdout.contains("\"outcome\":\"escalated\""),
+        "{}",
+        out.stdout
+    );
+}
+
+/// Scratchpad bloat: three agent processes write a long run with a small pruning
+/// threshold; summaries cover contiguous ranges, decisions are never summarised away, and
+/// the context stays within every budget however long the run gets.
+#[test]
+fn scratchpad_bloat_is_pruned_and_context_stays_bounded() {
+    let env = Env::new();
+    env.append_lines(
+        "r",
+        &[entry(
+            "lead",
+            "decision",
+            "plan",
+            "investigate orders-db first",
+            0.9,
+        )],
+    );
+    let policy = env.path().join("policy.json");
+    std::fs::write(&policy, r#"{"prune_max_entries": 15}"#).unwrap();
+    env.swarm(&[
+        "policy",
+        "set",
+        "--run",
+        "r",
+        "--agent",
+        "lead",
+        "--file",
+        policy.to_str().unwrap(),
+    ])
+    .ok();
+    let mut kids = Vec::new();
+    for agent in ["metrics", "logs", "traces"] {
+        let lines: String = (0..40)
+            .map(|i| {
+                format!(
+                    "{}\n",
+                    entry(
+                        agent,
+                        "evidence",
+                        &format!("s{}", i % 5),
+                        &format!("{agent} finding {i}: latency p99 {} ms", 100 + i),
+                        0.5
+                    )
+                )
+            })
+            .collect();
+        let mut c = env
+            .cmd(&["append", "--run", "r", "--stdin"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdin = c.stdin.take().unwrap();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let _ = stdin.write_all(lines.as_bytes());
+        });
+        kids.push(c);
+    }
+    for mut c in kids {
+        assert!(c.wait().unwrap().success());
+    }
+    // Whatever the background pruners of the writers did, explicit prunes finish the job.
+    for _ in 0..20 {
+        let out = env.swarm(&["prune", "--run", "r"]).ok();
+        if out.stdout.contains("\"pruned\":false") {
+            break;
+        }
+    }
+    let all = env.read("r");
+    let summaries: Vec<_> = all
+        .iter()
+        .filter(|e| e.kind.as_str() == "summary")
+        .collect();
+    assert!(!summaries.is_empty());
+    let mut next = 1;
+    for s in &summaries {
+        assert_eq!(
+            s.content["from_seq"], next,
+            "summaries cover contiguous ranges"
+        );
+        next = s.content["to_seq"].as_u64().unwrap() + 1;
+    }
+    let unpinned_after = all
+        .iter()
+        .filter(|e| e.seq >= next && e.kind.as_str() == "evidence")
+        .count();
+    assert!(
+        unpinned_after <= 15,
+        "working view {unpinned_after} over the threshold"
+    );
+    for budget in [150usize, 400, 1000, 4000] {
+        let out = env
+            .swarm(&[
+                "context",
+                "--run",
+                "r",
+                "--agent",
+                "metrics",
+                "--budget-bytes",
+                &budget.to_string(),
+                "--json",
+            ])
+            .ok();
+        let v: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+        let text = v["text"].as_str().unwrap();
+        assert!(
+            text.len() <= budget,
+            "context of {} bytes over budget {budget}",
+            text.len()
+        );
+        assert_eq!(v["used_bytes"], text.len());
+        if budget >= 400 {
+            assert!(
+                text.contains("investigate orders-db first"),
+                "pinned decision missing at budget {budget}"
+            );
+        }
+    }
+}
+
+/// A failing, silent or slow summariser leaves the run byte for byte unchanged.
+#[test]
+fn failing_summarizer_changes_nothing() {
+    let env = Env::new();
+    env.append_lines(
+        "r",
+        &[
+            entry("a", "evidence", "s", "one", 0.5),
+            entry("a", "evidence", "s", "two", 0.5),
+        ],
+    );
+    let before = env.snapshot();
+    for cmd in ["false", "true", "sleep 5"] {
+        env.swarm(&[
+            "prune",
+            "--run",
+            "r",
+            "--force",
+            "--summarizer-cmd",
+            cmd,
+            "--timeout-secs",
+            "1",
+        ])
+        .code(2);
+    }
+    let after = env.snapshot();
+    let seg = |m: &std::collections::BTreeMap<std::path::PathBuf, Vec<u8>>| {
+        m.iter()
+            .filter(|(p, _)| p.to_string_lossy().contains("seg-"))
+            .map(|(_, b)| b.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(seg(&before), seg(&after));
+    let out = env
+        .swarm(&[
+            "prune",
+            "--run",
+            "r",
+            "--force",
+            "--summarizer-cmd",
+            "python3 -c 'import json,sys; print(len(json.load(sys.stdin)), \"events\")'",
+        ])
+        .ok();
+    assert!(out.stdout.contains("1 events"), "{}", out.stdout);
+}
+
+/// Audit completeness: every decision and action written by several processes is in the
+/// archive after close, byte for byte; the closed run refuses appends; restore round-trips.
+#[test]
+fn audit_trail_survives_close_archive_and_restore() {
+    let env = Env::new();
+    for agent in ["a", "b", "c"] {
+        env.append_lines(
+            "r",
+            &[
+                entry(agent, "decision", &format!("{agent}-plan"), "decide", 0.5),
+                entry(agent, "evidence", "shared", "seen", 0.5),
+                entry(agent, "action_taken", &format!("{agent}-svc"), "acted", 0.5),
+            ],
+        );
+    }
+    env.swarm(&["prune", "--run", "r", "--force"]).ok();
+    let before = env.read("r");
+    let seg_before = std::fs::read(&env.segments("r")[0]).unwrap();
+    let out = env.swarm(&["run", "close", "r", "--by", "lead"]).ok();
+    assert!(out.stdout.contains(".swarc"));
+    assert!(env.segments("r").is_empty(), "the run left the working set");
+    let after = env.read("r");
+    let audit = |v: &[swarm_memory::Event]| {
+        v.iter()
+            .filter(|e| e.kind.is_pinned())
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(audit(&before), audit(&after));
+    assert_eq!(audit(&after).len(), 6);
+    assert_eq!(after.last().unwrap().kind.as_str(), "run_closed");
+    env.swarm(&["verify", "--run", "r"]).ok();
+    env.swarm(&[
+        "append",
+        "--run",
+        "r",
+        "--agent",
+        "a",
+        "--type",
+        "evidence",
+        "--content",
+        "late",
+    ])
+    .code(5);
+    env.swarm(&["run", "restore", "r"]).ok();
+    let seg_after = std::fs::read(&env.segments("r")[0]).unwrap();
+    assert_eq!(
+        &seg_after[..seg_before.len()],
+        &seg_before[..],
+        "restored bytes are the original bytes"
+    );
+    env.swarm(&[
+        "append",
+        "--run",
+        "r",
+        "--agent",
+        "a",
+        "--type",
+        "evidence",
+        "--content",
+        "late",
+    ])
+    .code(5);
+}
+
+/// User isolation: another user's run is not found on any path, and writing the same run
+/// id goes to the writer's own partition.
+#[test]
+fn users_never_see_each_others_runs() {
+    let env = Env::new();
+    env.swarm_stdin(
+        &["--user", "alice", "append", "--run", "r", "--stdin"],
+        &format!("{}\n", entry("a", "evidence", "s", "alice's secret", 0.5)),
+    )
+    .ok();
+    for args in [
+        vec!["read", "--run", "r"],
+        vec!["verify", "--run", "r"],
+        vec!["replay", "--run", "r"],
+        vec!["board", "--run", "r"],
+        vec![
+            "context",
+            "--run",
+            "r",
+            "--agent",
+            "x",
+            "--budget-bytes",
+            "100",
+        ],
+        vec!["checkpoint", "--run", "r"],
+    ] {
+        let mut full = vec!["--user", "bob"];
+        full.extend(args);
+        env.swarm(&full).code(2);
+    }
+    assert!(!env
+        .swarm(&["--user", "bob", "runs", "--json"])
+        .ok()
+        .stdout
+        .contains("\"r\""));
+    env.swarm_stdin(
+        &["--user", "bob", "append", "--run", "r", "--stdin"],
+        &format!("{}\n", entry("b", "evidence", "s", "bob's", 0.5)),
+    )
+    .ok();
+    let bob = env
+        .swarm(&["--user", "bob", "read", "--run", "r"])
+        .ok()
+        .stdout;
+    assert!(!bob.contains("secret"));
+    let alice = env
+        .swarm(&["--user", "alice", "read", "--run", "r"])
+        .ok()
+        .stdout;
+    assert!(alice.contains("secret") && !alice.contains("bob's"));
+    env.swarm(&["--user", "anonymous", "--deny-anonymous", "runs"])
+        .code(5);
+}
