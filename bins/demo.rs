@@ -116,6 +116,7 @@ fn line(e: &Event) -> String {
 pub fn run(
     data_dir: &Path,
     checkpoint_dir: &Path,
+    archive_dir: &Path,
     user: &str,
     run: Option<String>,
 ) -> anyhow::Result<ExitCode> {
@@ -123,6 +124,7 @@ pub fn run(
     let exe = std::env::current_exe().context("locating the swarm binary")?;
     let store = Store::open(data_dir)?
         .with_checkpoints(checkpoint_dir, 10_000)
+        .with_archive_dir(archive_dir)
         .with_user(user, true)?;
     say!(
         "swarm demo: run {run:?} (user {user:?}) in {}",
@@ -441,11 +443,74 @@ pub fn run(
         say!("{}", line(e));
     }
 
-    // Stage 5: verify.
+    // Stage 5: the run goes long; pruning keeps the working view and the prompts bounded.
+    store.set_policy(
+        &run,
+        "lead",
+        &swarm_memory::rules::Policy {
+            permissions: None,
+            prune_max_entries: Some(8),
+        },
+    )?;
+    let chatter: Vec<Value> = (0..12)
+        .map(|i| {
+            ev(
+                r,
+                &format!("n{i}"),
+                "metrics",
+                "evidence",
+                "orders-db",
+                &format!("pool usage sample {i}: {}/100 connections", 90 - 5 * i),
+                0.6,
+            )
+        })
+        .collect();
+    wait_agent(
+        "metrics",
+        agent_process(&exe, data_dir, user, &run, chatter)?,
+    )?;
+    let mut summary = None;
+    while let Some(s) = store.prune(
+        &run,
+        "pruner",
+        &swarm_memory::prune::Summarizer::Builtin,
+        false,
+    )? {
+        summary = Some(s);
+    }
+    let state = store.state_at(&run, Target::Head, |_| {})?.state;
+    say!("\n5. the run grew past the policy's threshold (8 unpinned entries): summaries replace the oldest half");
+    for s in &state.summaries {
+        say!(
+            "   summary #{} covers seqs {}..{} ({} entries); decisions and actions stay pinned",
+            s.seq,
+            s.content["from_seq"],
+            s.content["to_seq"],
+            s.content["summarized"]
+        );
+    }
+    if summary.is_none() && state.summaries.is_empty() {
+        say!("   (a writer's background pruner has not run yet)");
+    }
+    let ctx = store.context(&run, "traces", 1200)?;
+    say!(
+        "   the traces agent's prompt context: {} of 1200 bytes, {} items:",
+        ctx.used_bytes,
+        ctx.items.len()
+    );
+    for i in &ctx.items {
+        let t: String = i.text.chars().take(110).collect();
+        say!("     {:<7} {t}", i.role);
+    }
+    let events: Vec<Event> = store
+        .read(&run, ReadOptions::default())?
+        .collect::<Result<_, _>>()?;
+
+    // Stage 6: verify.
     let report = store.verify(&run, |_| {})?;
     let count = |k: EventType| events.iter().filter(|e| e.kind == k).count();
     say!(
-        "\n5. verify: ok={} records={} frames={} bytes={} corrupt={}\n   {} hypotheses, {} evidence, {} decisions, {} actions, {} escalations; seqs 1..{} gap-free",
+        "\n6. verify: ok={} records={} frames={} bytes={} corrupt={}\n   {} hypotheses, {} evidence, {} decisions, {} actions, {} escalations; seqs 1..{} gap-free",
         report.ok,
         report.records,
         report.frames,
@@ -457,6 +522,20 @@ pub fn run(
         count(EventType::ActionTaken),
         count(EventType::Escalation),
         events.len()
+    );
+    // Stage 7: the incident is over: close the run and archive it to cold storage.
+    let archived = store.close_run(&run, "lead")?;
+    let back: Vec<Event> = store
+        .read(&run, ReadOptions::default())?
+        .collect::<Result<_, _>>()?;
+    let pinned = back.iter().filter(|e| e.kind.is_pinned()).count();
+    say!(
+        "\n7. closed and archived to {} ({} -> {} bytes, verified); {} events still readable from it,\n   all {} decisions and actions included; appends are now refused",
+        archived.path.display(),
+        archived.bytes_raw,
+        archived.bytes_archived,
+        back.len(),
+        pinned
     );
     if io::stdout().is_terminal() {
         say!("\nnext: swarm read --run {run} | jq .   |   swarm replay --run {run} --timeline");

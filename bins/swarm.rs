@@ -476,7 +476,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Runs { json } => runs(&store, json),
         Cmd::Index(IndexCmd::Rebuild { run }) => index_rebuild(&store, run),
         Cmd::Index(IndexCmd::Status { run }) => index_status(&store, run),
-        Cmd::Demo { run } => demo::run(&cli.data_dir, &cli.checkpoint_dir, &cli.user, run),
+        Cmd::Demo { run } => demo::run(
+            &cli.data_dir,
+            &cli.checkpoint_dir,
+            &cli.archive_dir,
+            &cli.user,
+            run,
+        ),
     }
 }
 
@@ -778,7 +784,7 @@ fn verify(store: &Store, run: Option<String>) -> anyhow::Result<ExitCode> {
     let mut out = out.lock();
     let mut bad = false;
     for r in runs {
-        let report = store.verify(&r, |_| {})?;
+        let report = store.verify(&r, progress("verify"))?;
         bad |= !report.ok;
         serde_json::to_writer(&mut out, &report)?;
         out.write_all(b"\n")?;
