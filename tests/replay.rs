@@ -58,6 +58,41 @@ fn scratch(store: &Store, run: &str, seq: u64) -> State {
     s
 }
 
+/// Engine operations mixed into the random runs, so replay is checked on channels,
+/// board versions and escalations too.
+fn engine_op(store: &Store, i: u32, agent: u8, k: u8) {
+    let a = format!("agent-{}", agent % 3);
+    let _ = match k % 4 {
+        0 => store
+            .write_channel("r", &a, "notes", serde_json::json!(format!("n{i}")), None)
+            .map(|_| ()),
+        1 => store
+            .write_channel(
+                "r",
+                &a,
+                "state",
+                serde_json::json!({ format!("k{}", i % 3): i }),
+                None,
+            )
+            .map(|_| ()),
+        2 => {
+            // Actions on a shared subject by different agents: escalations happen.
+            let mut e = NewEvent::new(&a, EventType::ActionTaken, format!("act {}", i % 2));
+            e.subject = Some("shared".into());
+            store.append("r", e, Durability::None).map(|_| ())
+        }
+        _ => {
+            let open = store.escalations("r", false).unwrap();
+            match open.first() {
+                Some(x) => store
+                    .resolve("r", "human", x.seq, Some(x.record.entries[0]), "ok")
+                    .map(|_| ()),
+                None => Ok(()),
+            }
+        }
+    };
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
 
@@ -68,15 +103,19 @@ proptest! {
     ) {
         let mem = MemStorage::new();
         let store = mem_store(&mem);
+        store.declare_channel("r", "lead", &swarm_memory::rules::ChannelDecl { channel: "notes".into(), kind: swarm_memory::rules::ChannelKind::Append, on_conflict: Default::default(), max_size_kb: 1024 }).unwrap();
+        store.declare_channel("r", "lead", &swarm_memory::rules::ChannelDecl { channel: "state".into(), kind: swarm_memory::rules::ChannelKind::Merge, on_conflict: Default::default(), max_size_kb: 1024 }).unwrap();
         let mut n = 0u32;
         let mut head = 0;
         for (batch, agent, kind, subject, ck) in ops {
+            engine_op(&store, n, agent, kind);
             let evs: Vec<NewEvent> = (0..batch).map(|k| { n += 1; new_event(n, agent % 5, kind.wrapping_add(k), subject.wrapping_add(k)) }).collect();
             head = store.append_batch("r", evs, None, Durability::None).unwrap().last().unwrap().seq;
             if ck {
                 store.checkpoint("r", |_| {}).unwrap();
             }
         }
+        head = head.max(store.state_at("r", Target::Head, |_| {}).unwrap().state.head_seq);
         for t in targets.into_iter().chain([head, 0]) {
             let t = t.min(head);
             let got = store.state_at("r", Target::Seq(t), |_| {}).unwrap();

@@ -403,3 +403,79 @@ fn users_never_see_each_others_runs() {
     env.swarm(&["--user", "anonymous", "--deny-anonymous", "runs"])
         .code(5);
 }
+
+/// Cross-agent influence: a later agent acts on a peer's finding, never on stale state.
+/// B reads the board, A writes a newer finding, B's write based on the old version is
+/// refused (exit 4); B re-reads and its next entry builds on A's finding.
+#[test]
+fn cross_agent_influence_never_acts_on_stale_state() {
+    let env = Env::new();
+    env.append_lines(
+        "r",
+        &[entry("b", "evidence", "orders-db", "pool at 60/100", 0.6)],
+    );
+    let board = |env: &Env| -> Value {
+        serde_json::from_str(
+            env.swarm(&["board", "--run", "r", "--subject", "orders-db"])
+                .ok()
+                .stdout
+                .trim(),
+        )
+        .unwrap()
+    };
+    let seen = board(&env)["version"].as_u64().unwrap();
+    let a = env.append_lines(
+        "r",
+        &[entry(
+            "a",
+            "evidence",
+            "orders-db",
+            "pool pinned at 100/100",
+            0.9,
+        )],
+    );
+    env.swarm(&[
+        "append",
+        "--run",
+        "r",
+        "--agent",
+        "b",
+        "--type",
+        "action_taken",
+        "--subject",
+        "orders-db",
+        "--content",
+        "no action needed",
+        "--expect-subject-seq",
+        &seen.to_string(),
+    ])
+    .code(4);
+    let now = board(&env);
+    assert_eq!(now["version"], a[0].seq);
+    assert_eq!(now["value"]["agent_id"], "a");
+    let out = env
+        .swarm(&[
+            "append",
+            "--run",
+            "r",
+            "--agent",
+            "b",
+            "--type",
+            "action_taken",
+            "--subject",
+            "orders-db",
+            "--content",
+            "raised max_connections to 200",
+            "--ref",
+            &a[0].seq.to_string(),
+            "--expect-subject-seq",
+            &a[0].seq.to_string(),
+        ])
+        .ok();
+    let e = out.events();
+    assert_eq!(
+        e[0].refs,
+        vec![a[0].seq],
+        "the action builds on the peer's finding"
+    );
+}
