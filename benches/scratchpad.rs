@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use swarm_memory::rules::{Perms, Policy};
-use swarm_memory::{Durability, EventType, NewEvent, Store, Target};
+use swarm_memory::{Durability, EventType, NewEvent, Store};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
