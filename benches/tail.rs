@@ -16,6 +16,7 @@
 //! pool every delivery of the cell; the first `WARMUP` events are not counted.
 //! Redis is skipped with a note when `redis-server` is not installed.
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -91,9 +92,9 @@ fn main() {
 
 // ---------------------------------------------------------------- child processes
 
-/// Prints the latencies (µs) of events `WARMUP..` as one line.
-fn report(lat_us: &[u64]) {
-    let line: Vec<String> = lat_us.iter().skip(WARMUP).map(u64::to_string).collect();
+/// Prints `i:time_ns` for each event as one line.
+fn report(times: &[(u64, u64)]) {
+    let line: Vec<String> = times.iter().map(|(i, t)| format!("{i}:{t}")).collect();
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", line.join(" ")).unwrap();
     out.flush().unwrap();
@@ -105,8 +106,8 @@ fn ready() {
     out.flush().unwrap();
 }
 
-fn t0_of(v: &Value) -> u64 {
-    v["t0"].as_u64().expect("t0")
+fn index_of(v: &Value) -> u64 {
+    v["i"].as_u64().expect("i")
 }
 
 fn tailer(backend: Backend, target: &str, events: usize) {
@@ -129,7 +130,7 @@ fn tailer(backend: Backend, target: &str, events: usize) {
             ready();
             while lat.len() < events {
                 let e = t.next().unwrap().unwrap();
-                lat.push((now_ns().saturating_sub(t0_of(&e.content))) / 1000);
+                lat.push((index_of(&e.content), now_ns()));
             }
         }
         Backend::Redis => {
@@ -153,7 +154,7 @@ fn tailer(backend: Backend, target: &str, events: usize) {
                 let now = now_ns();
                 for (id, body) in xread_entries(v) {
                     let v: Value = serde_json::from_slice(&body).unwrap();
-                    lat.push(now.saturating_sub(t0_of(&v)) / 1000);
+                    lat.push((index_of(&v), now));
                     last = id;
                 }
             }
@@ -185,7 +186,7 @@ fn tailer(backend: Backend, target: &str, events: usize) {
                 let now = now_ns();
                 for (seq, body) in rows {
                     let v: Value = serde_json::from_str(&body).unwrap();
-                    lat.push(now.saturating_sub(t0_of(&v)) / 1000);
+                    lat.push((index_of(&v), now));
                     last = seq;
                 }
             }
@@ -220,51 +221,57 @@ fn xread_entries(v: redis::Value) -> Vec<(String, Vec<u8>)> {
 
 fn writer(backend: Backend, target: &str, events: usize) {
     let gap = Duration::from_micros(env_or("TAIL_BENCH_GAP_US", 2000));
-    let mut lat = Vec::with_capacity(events);
-    let payload = |i: usize| json!({"t0": now_ns(), "i": i, "pad": "p".repeat(64)});
-    match backend {
+    let first: u64 = env_or("TAIL_BENCH_FIRST", 0);
+    let mut starts = Vec::with_capacity(events);
+    let mut acks = Vec::with_capacity(events);
+    let payload = |i: u64| json!({"i": i, "pad": "p".repeat(64)});
+    // One closure per backend that appends durably and returns when acknowledged.
+    let mut append: Box<dyn FnMut(Value)> = match backend {
         Backend::Swarm => {
             let (data, run) = target.split_once('|').unwrap();
             let store = Store::open(data).unwrap();
-            for i in 0..events {
-                let start = Instant::now();
-                let ev = NewEvent::new("writer", EventType::Evidence, payload(i));
-                store.append(run, ev, Durability::Sync).unwrap();
-                lat.push(start.elapsed().as_micros() as u64);
-                std::thread::sleep(gap);
-            }
+            let run = run.to_string();
+            Box::new(move |v| {
+                let ev = NewEvent::new("writer", EventType::Evidence, v);
+                store.append(&run, ev, Durability::Sync).unwrap();
+            })
         }
         Backend::Redis => {
             let (port, key) = target.split_once('|').unwrap();
             let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
             let mut con = client.get_connection().unwrap();
-            for i in 0..events {
-                let start = Instant::now();
+            let key = key.to_string();
+            Box::new(move |v| {
                 let _: String = redis::cmd("XADD")
-                    .arg(key)
+                    .arg(&key)
                     .arg("*")
                     .arg("d")
-                    .arg(payload(i).to_string())
+                    .arg(v.to_string())
                     .query(&mut con)
                     .unwrap();
-                lat.push(start.elapsed().as_micros() as u64);
-                std::thread::sleep(gap);
-            }
+            })
         }
         Backend::Sqlite => {
             let db = rusqlite::Connection::open(target).unwrap();
             db.busy_timeout(Duration::from_secs(10)).unwrap();
             db.pragma_update(None, "synchronous", "FULL").unwrap();
-            for i in 0..events {
-                let start = Instant::now();
-                db.execute("INSERT INTO ev(body) VALUES (?1)", [payload(i).to_string()])
+            Box::new(move |v| {
+                db.execute("INSERT INTO ev(body) VALUES (?1)", [v.to_string()])
                     .unwrap();
-                lat.push(start.elapsed().as_micros() as u64);
-                std::thread::sleep(gap);
-            }
+            })
         }
+    };
+    for i in first..first + events as u64 {
+        let v = payload(i);
+        let t0 = now_ns();
+        append(v);
+        let t1 = now_ns();
+        starts.push((i, t0));
+        acks.push((i, t1));
+        std::thread::sleep(gap);
     }
-    report(&lat);
+    report(&starts);
+    report(&acks);
 }
 
 // ---------------------------------------------------------------- the driver
@@ -323,19 +330,26 @@ fn start_redis() -> Option<Redis> {
     None
 }
 
+/// Everything measured for one (tailers, system) pair, pooled over rounds.
 struct Cell {
     tailers: usize,
     backend: Backend,
-    deliveries: Vec<u64>,
+    /// Append start to delivery, per delivery, ns.
+    e2e: Vec<u64>,
+    /// Acknowledgement to delivery, per delivery, ns (negative: delivered before the ack
+    /// reached the writer).
+    after_ack: Vec<i64>,
+    /// Append start to acknowledgement, per append, ns.
     appends: Vec<u64>,
 }
 
+/// The `p`th percentile of sorted nanoseconds, in milliseconds.
 fn pct(sorted: &[u64], p: usize) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
     let i = (sorted.len() * p / 100).min(sorted.len() - 1);
-    sorted[i] as f64 / 1000.0
+    sorted[i] as f64 / 1e6
 }
 
 fn spawn_role(role: &str, backend: Backend, target: &str, events: usize) -> Child {
@@ -351,21 +365,22 @@ fn spawn_role(role: &str, backend: Backend, target: &str, events: usize) -> Chil
         .unwrap()
 }
 
-fn read_numbers(line: &str) -> Vec<u64> {
-    line.split_whitespace()
-        .map(|x| x.parse().unwrap())
+/// Parses a `report` line into a map from event index to time.
+fn read_times(r: &mut impl BufRead) -> HashMap<u64, u64> {
+    let mut l = String::new();
+    r.read_line(&mut l).unwrap();
+    l.split_whitespace()
+        .map(|x| {
+            let (i, t) = x.split_once(':').unwrap();
+            (i.parse().unwrap(), t.parse().unwrap())
+        })
         .collect()
 }
 
-fn run_cell(
-    backend: Backend,
-    tailers: usize,
-    events: usize,
-    work: &Path,
-    redis: Option<&Redis>,
-    n: usize,
-) -> Cell {
-    let target = match backend {
+/// One round of one cell: fresh store/stream/database, `tailers` subscribed processes,
+/// one writer process.
+fn run_round(cell: &mut Cell, events: usize, work: &Path, redis: Option<&Redis>, n: usize) {
+    let target = match cell.backend {
         Backend::Swarm => {
             let data = work.join(format!("swarm-{n}"));
             let run = "bench";
@@ -394,9 +409,9 @@ fn run_cell(
             path.display().to_string()
         }
     };
-    let mut children: Vec<(Child, BufReader<std::process::ChildStdout>)> = (0..tailers)
+    let mut children: Vec<(Child, BufReader<std::process::ChildStdout>)> = (0..cell.tailers)
         .map(|_| {
-            let mut c = spawn_role("tailer", backend, &target, events);
+            let mut c = spawn_role("tailer", cell.backend, &target, events);
             let out = BufReader::new(c.stdout.take().unwrap());
             (c, out)
         })
@@ -406,32 +421,31 @@ fn run_cell(
         out.read_line(&mut l).unwrap();
         assert_eq!(l.trim(), "ready");
     }
-    let mut w = spawn_role("writer", backend, &target, events);
+    let mut w = spawn_role("writer", cell.backend, &target, events);
     let mut wout = BufReader::new(w.stdout.take().unwrap());
-    let mut l = String::new();
-    wout.read_line(&mut l).unwrap();
-    let appends = read_numbers(&l);
+    let starts = read_times(&mut wout);
+    let acks = read_times(&mut wout);
     assert!(w.wait().unwrap().success());
-    let mut deliveries = Vec::new();
-    for (mut c, mut out) in children {
-        let mut l = String::new();
-        out.read_line(&mut l).unwrap();
-        deliveries.extend(read_numbers(&l));
-        assert!(c.wait().unwrap().success());
+    for i in WARMUP as u64..events as u64 {
+        cell.appends.push(acks[&i] - starts[&i]);
     }
-    deliveries.sort_unstable();
-    let mut appends = appends;
-    appends.sort_unstable();
-    Cell {
-        tailers,
-        backend,
-        deliveries,
-        appends,
+    for (mut c, mut out) in children {
+        let got = read_times(&mut out);
+        assert!(c.wait().unwrap().success());
+        assert_eq!(got.len(), events, "a tailer missed events");
+        for (i, d) in got {
+            if i < WARMUP as u64 {
+                continue;
+            }
+            cell.e2e.push(d.saturating_sub(starts[&i]));
+            cell.after_ack.push(d as i64 - acks[&i] as i64);
+        }
     }
 }
 
 fn orchestrate() {
-    let events: usize = env_or("TAIL_BENCH_EVENTS", 300).max(WARMUP + 10);
+    let events: usize = env_or("TAIL_BENCH_EVENTS", 100).max(WARMUP + 10);
+    let rounds: usize = env_or("TAIL_BENCH_ROUNDS", 3).max(1);
     let tailer_counts: Vec<usize> = std::env::var("TAIL_BENCH_TAILERS")
         .unwrap_or_else(|_| "1,16".into())
         .split(',')
@@ -442,58 +456,89 @@ fn orchestrate() {
     let work = tempfile::tempdir().unwrap();
     let redis = start_redis();
     if redis.is_none() {
-        println!("note: redis-server not found (or did not start); the Redis column is skipped");
+        println!("note: redis-server not found (or did not start); the Redis rows are skipped");
     }
     println!(
-        "tail latency: durable append in one process -> delivery in another; {events} events per cell \
-         ({WARMUP} warm-up), {gap_us} us between appends, sqlite polls every {sqlite_poll_us} us"
+        "tail latency: durable append in one process -> delivery in another process\n\
+         {rounds} rounds x {events} events per cell ({WARMUP} warm-up per round), \
+         {gap_us} us between appends, sqlite readers poll every {sqlite_poll_us} us"
     );
     let mut backends = vec![Backend::Swarm];
     if redis.is_some() {
         backends.push(Backend::Redis);
     }
     backends.push(Backend::Sqlite);
-    let mut cells = Vec::new();
+    let mut cells: Vec<Cell> = tailer_counts
+        .iter()
+        .flat_map(|&t| {
+            backends.iter().map(move |&b| Cell {
+                tailers: t,
+                backend: b,
+                e2e: Vec::new(),
+                after_ack: Vec::new(),
+                appends: Vec::new(),
+            })
+        })
+        .collect();
+    let started = Instant::now();
     let mut n = 0;
-    for &t in &tailer_counts {
-        for &b in &backends {
-            n += 1;
-            let started = Instant::now();
-            let c = run_cell(b, t, events, work.path(), redis.as_ref(), n);
-            eprintln!(
-                "  {:>2} tailers  {:<20} done in {:.1} s",
-                t,
-                b.name(),
-                started.elapsed().as_secs_f64()
-            );
-            cells.push(c);
+    // Rounds interleave the systems (in a rotating order) so that a slow spell of the
+    // disk hits all of them alike.
+    for round in 0..rounds {
+        for &t in &tailer_counts {
+            for k in 0..backends.len() {
+                let b = backends[(k + round) % backends.len()];
+                n += 1;
+                let Some(cell) = cells.iter_mut().find(|c| c.tailers == t && c.backend == b) else {
+                    continue;
+                };
+                run_round(cell, events, work.path(), redis.as_ref(), n);
+            }
         }
+        eprintln!(
+            "  round {}/{rounds} done at {:.1} s",
+            round + 1,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    for c in &mut cells {
+        c.e2e.sort_unstable();
+        c.after_ack.sort_unstable();
+        c.appends.sort_unstable();
     }
     println!();
-    println!(
-        "| tailers | system              | p50 ms | p99 ms | max ms | append p50 ms | p50 / redis | p99 / redis |"
-    );
-    println!(
-        "|--------:|---------------------|-------:|-------:|-------:|--------------:|------------:|------------:|"
-    );
+    println!("| tailers | system              | p50 ms | p99 ms | max ms | append p50 ms | after ack p50 / p99 ms | p50 vs redis | p99 vs redis |");
+    println!("|--------:|---------------------|-------:|-------:|-------:|--------------:|-----------------------:|-------------:|-------------:|");
     for c in &cells {
         let redis_cell = cells
             .iter()
             .find(|r| r.tailers == c.tailers && r.backend == Backend::Redis);
         let ratio = |p: usize| match redis_cell {
-            Some(r) => format!("{:.2}", pct(&c.deliveries, p) / pct(&r.deliveries, p)),
+            Some(r) => format!("{:.2}x", pct(&c.e2e, p) / pct(&r.e2e, p)),
             None => "-".into(),
         };
+        let f = |v: &[i64], p: usize| {
+            if v.is_empty() {
+                return f64::NAN;
+            }
+            v[(v.len() * p / 100).min(v.len() - 1)] as f64 / 1e6
+        };
         println!(
-            "| {:>7} | {:<19} | {:>6.2} | {:>6.2} | {:>6.2} | {:>13.2} | {:>11} | {:>11} |",
+            "| {:>7} | {:<19} | {:>6.2} | {:>6.2} | {:>6.2} | {:>13.2} | {:>10.2} / {:>9.2} | {:>12} | {:>12} |",
             c.tailers,
             c.backend.name(),
-            pct(&c.deliveries, 50),
-            pct(&c.deliveries, 99),
-            c.deliveries.last().map_or(f64::NAN, |&m| m as f64 / 1000.0),
+            pct(&c.e2e, 50),
+            pct(&c.e2e, 99),
+            c.e2e.last().map_or(f64::NAN, |&m| m as f64 / 1e6),
             pct(&c.appends, 50),
+            f(&c.after_ack, 50),
+            f(&c.after_ack, 99),
             ratio(50),
             ratio(99),
         );
     }
+    println!(
+        "(after ack: delivery time minus the writer's acknowledgement time; negative when the"
+    );
+    println!(" tailer had the event before the writer's call returned)");
 }

@@ -61,7 +61,7 @@
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -76,6 +76,9 @@ use crate::storage::{OpenMode, Storage, StorageFile};
 use crate::store::Store;
 use crate::ts::Ts;
 use crate::watermark::{self, Marks, Pos};
+
+mod wake;
+use wake::{Waiter, Wake};
 
 /// Default interval of the polling safety net.
 pub const POLL_INTERVAL_MS_DEFAULT: u64 = 50;
@@ -231,74 +234,6 @@ pub struct TailPosition {
     pub next_seq: u64,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The wake-up flag shared by a tail, its inotify callback and its stream handle.
-///
-/// A `std::sync::Mutex` and not a Tokio one: it is held only to flip two booleans, never
-/// across an await or an I/O call.
-#[derive(Default)]
-struct Wake {
-    state: Mutex<WakeState>,
-    cv: Condvar,
-}
-
-#[derive(Default)]
-struct WakeState {
-    signaled: bool,
-    closed: bool,
-}
-
-impl Wake {
-    fn signal(&self) {
-        lock(&self.state).signaled = true;
-        self.cv.notify_all();
-    }
-
-    fn close(&self) {
-        lock(&self.state).closed = true;
-        self.cv.notify_all();
-    }
-
-    fn is_closed(&self) -> bool {
-        lock(&self.state).closed
-    }
-
-    /// Forgets earlier signals. Called before the watermark is read, so that a signal
-    /// raised after the read is still pending at the next `wait`.
-    fn clear(&self) {
-        lock(&self.state).signaled = false;
-    }
-
-    /// Waits for a signal, a close or the timeout.
-    fn wait(&self, timeout: Duration) {
-        let s = lock(&self.state);
-        if s.signaled || s.closed {
-            return;
-        }
-        let _ = self
-            .cv
-            .wait_timeout_while(s, timeout, |s| !s.signaled && !s.closed);
-    }
-}
-
-/// What the inotify watch is on.
-enum Watch {
-    /// Nothing yet (the run does not exist yet, or notify is off or failed).
-    None,
-    /// The run directory, until `SYNCED` exists. (The watcher is kept for its `Drop`,
-    /// which removes the watch.)
-    Dir {
-        _watcher: notify::RecommendedWatcher,
-    },
-    /// The `SYNCED` file: woken only when the watermark is rewritten.
-    Synced {
-        _watcher: notify::RecommendedWatcher,
-    },
-}
-
 /// The outcome of one wait for the next event.
 // A short-lived return value: boxing the event would cost an allocation per event to save
 // a 272-byte move.
@@ -352,8 +287,7 @@ pub struct Tail {
     /// The watermark as of open, when not following.
     frozen: Option<Marks>,
     wake: Arc<Wake>,
-    watch: Watch,
-    watch_failed: bool,
+    waiter: Waiter,
     last: Option<Cursor>,
     committed: Option<Cursor>,
     finished: bool,
@@ -386,6 +320,8 @@ impl Tail {
             Some(c) => c.seq.saturating_add(1),
             None => opts.from_seq.unwrap_or(1).max(1),
         };
+        let wake = Arc::new(Wake::default());
+        let notify = opts.notify;
         let mut t = Tail {
             storage,
             dir,
@@ -404,9 +340,8 @@ impl Tail {
             pending_frame: Pos::default(),
             synced: None,
             frozen: None,
-            wake: Arc::new(Wake::default()),
-            watch: Watch::None,
-            watch_failed: false,
+            wake: wake.clone(),
+            waiter: Waiter::new(wake, notify),
             last: None,
             committed: None,
             finished: false,
@@ -528,8 +463,8 @@ impl Tail {
             if self.wake.is_closed() {
                 return Ok(Next::Timeout);
             }
-            self.ensure_watch();
-            self.wake.clear();
+            self.waiter.arm(&*self.storage, &self.dir);
+            self.waiter.clear();
             self.advance()?;
             if !self.pending.is_empty() {
                 continue;
@@ -544,7 +479,7 @@ impl Tail {
                 Some(d) => (d - now).min(self.poll),
                 None => self.poll,
             };
-            self.wake.wait(wait);
+            self.waiter.wait(wait);
         }
     }
 
@@ -567,52 +502,6 @@ impl Tail {
             }
         }
         None
-    }
-
-    /// Arms the inotify watch: on `SYNCED` once it exists, on the run directory before.
-    /// A failure to watch falls back to polling, with one warning.
-    fn ensure_watch(&mut self) {
-        if !self.opts.notify || self.watch_failed || matches!(self.watch, Watch::Synced { .. }) {
-            return;
-        }
-        let synced = self.dir.join(SYNCED_FILE);
-        let target = if self.storage.exists(&synced) {
-            synced
-        } else if self.storage.exists(&self.dir) {
-            if matches!(self.watch, Watch::Dir { .. }) {
-                return;
-            }
-            self.dir.clone()
-        } else {
-            return;
-        };
-        let on_synced = target != self.dir;
-        let wake = self.wake.clone();
-        let made = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            // Opens and closes of the file do not move the watermark; every other event,
-            // and every error (an overflowed queue among them), may have.
-            if let Ok(ev) = &res {
-                if matches!(ev.kind, notify::EventKind::Access(_)) {
-                    return;
-                }
-            }
-            wake.signal();
-        });
-        let r = made.and_then(|mut w| {
-            use notify::Watcher;
-            w.watch(&target, notify::RecursiveMode::NonRecursive)
-                .map(|()| w)
-        });
-        match r {
-            // Replacing the directory watch drops it only after the file watch is armed.
-            Ok(w) if on_synced => self.watch = Watch::Synced { _watcher: w },
-            Ok(w) => self.watch = Watch::Dir { _watcher: w },
-            Err(e) => {
-                tracing::warn!(path = %target.display(), error = %e,
-                    "cannot watch for changes; falling back to polling");
-                self.watch_failed = true;
-            }
-        }
     }
 
     fn read_marks(&mut self) -> Result<Marks> {
@@ -1351,6 +1240,59 @@ mod tests {
                 assert!(reason.contains("expected 2"), "{reason}");
             }
             other => panic!("expected corruption, got {other:?}"),
+        }
+    }
+
+    /// With a polling interval far beyond the deadline, only an inotify wake-up can
+    /// deliver the event appended by another thread: through the tail's own inotify
+    /// wait, and through the `notify` crate's watcher thread.
+    #[test]
+    fn inotify_wakes_the_tail_without_polling() {
+        for via_notify_crate in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open(dir.path()).unwrap();
+            store
+                .append(RUN, ev("a", EventType::Evidence, 1), Durability::Sync)
+                .unwrap();
+            let mut t = store
+                .tail(
+                    RUN,
+                    TailOptions {
+                        poll_interval_ms: 3_600_000,
+                        ..TailOptions::default()
+                    },
+                )
+                .unwrap();
+            if via_notify_crate {
+                t.waiter.force_notify_crate();
+            }
+            assert_eq!(t.try_next().unwrap().unwrap().seq, 1);
+            assert!(t.waiter.is_watching());
+            let root = dir.path().to_path_buf();
+            let writer = std::thread::spawn(move || {
+                let store = Store::open(root).unwrap();
+                for i in 2..=4 {
+                    store
+                        .append(RUN, ev("b", EventType::Evidence, i), Durability::Sync)
+                        .unwrap();
+                }
+            });
+            // The tail blocks in `next` (no deadline, so no polling for an hour) on its
+            // own thread; the test gives up waiting for it after a bounded time.
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                for e in t.by_ref().take(3) {
+                    let _ = tx.send(e.unwrap().seq);
+                }
+            });
+            let got: Vec<u64> = (0..3)
+                .map(|_| {
+                    rx.recv_timeout(Duration::from_secs(30))
+                        .unwrap_or_else(|_| panic!("no wake-up (notify crate: {via_notify_crate})"))
+                })
+                .collect();
+            assert_eq!(got, vec![2, 3, 4]);
+            writer.join().unwrap();
         }
     }
 }
