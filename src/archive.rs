@@ -28,7 +28,6 @@ use serde::{Deserialize, Serialize};
 use crate::checkpoint;
 use crate::error::{Error, IoContext, Result};
 use crate::event::EventType;
-use crate::replay::Target;
 use crate::storage::{MemStorage, OpenMode, Storage};
 use crate::store::Store;
 
@@ -252,7 +251,7 @@ impl Store {
                 p.display()
             )));
         }
-        let state = self.state_at(run, Target::Head, |_| {})?.state;
+        let state = self.head_state(run)?.state;
         if state.rules.closed.is_none() {
             self.engine_append(
                 run,
@@ -264,7 +263,7 @@ impl Store {
             )?;
         }
         self.checkpoint(run, |_| {})?;
-        let head = self.state_at(run, Target::Head, |_| {})?.state.head_seq;
+        let head = self.head_state(run)?.state.head_seq;
         let files = self.run_files(run)?;
         let st = &**self.storage();
         let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).map_err(|e| Error::Io {

@@ -12,7 +12,6 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::event::Event;
 use crate::read::ReadOptions;
-use crate::replay::Target;
 use crate::store::Store;
 
 /// Longest rendering of one item's content, in characters.
@@ -92,7 +91,7 @@ fn render(e: &Event) -> String {
 impl Store {
     /// Builds `agent`'s context within `budget_bytes`.
     pub fn context(&self, run: &str, agent: &str, budget_bytes: usize) -> Result<Context> {
-        let state = self.state_at(run, Target::Head, |_| {})?.state;
+        let state = self.head_state(run)?.state;
         let rules = &state.rules;
         let mut cands: Vec<(u8, &'static str, Event)> = Vec::new();
         for s in state.summaries.iter().rev() {

@@ -304,3 +304,35 @@ pub fn agent_view(s: &State, agent: &str, store: &crate::Store, run: &str) -> Re
             .collect(),
     })
 }
+
+/// Applies the events after `from` (a frame boundary whose state is `state`) up to the
+/// visible head: how a cached head state is brought up to date.
+pub(crate) fn advance(p: &RunPaths, mut state: State, from: CheckpointInfo) -> Result<Replayed> {
+    let mut it = EventIter::new_at(
+        p.storage.clone(),
+        p.run_dir.clone(),
+        &p.run_id,
+        from.end(),
+        from.seq + 1,
+        ReadOptions::default(),
+    )?;
+    let mut stats = ReplayStats::default();
+    let mut boundary = Some(from);
+    while let Some(e) = it.next() {
+        let e = e?;
+        state.apply(&e);
+        stats.events_applied += 1;
+        boundary = it.at_frame_end().then(|| CheckpointInfo {
+            seq: e.seq,
+            segment: it.position().seg,
+            frame_start: it.frame_start(),
+            frame_end: it.position().off,
+            ts: e.ts,
+        });
+    }
+    Ok(Replayed {
+        state,
+        stats,
+        boundary,
+    })
+}

@@ -8,7 +8,6 @@ use serde_json::{json, Value};
 use crate::error::{Error, Result};
 use crate::event::{Checked, Event, EventType, ENGINE_AGENT};
 use crate::log::Durability;
-use crate::replay::Target;
 use crate::rules::{
     ChannelDecl, ChannelState, ChannelWrite, EscalationRecord, EscalationState, Policy,
     ResolutionRecord,
@@ -69,8 +68,8 @@ pub struct EscalationView {
 }
 
 impl Store {
-    fn head_state(&self, run: &str) -> Result<State> {
-        Ok(self.state_at(run, Target::Head, |_| {})?.state)
+    fn head(&self, run: &str) -> Result<std::sync::Arc<State>> {
+        Ok(self.head_state(run)?.state)
     }
 
     pub(crate) fn engine_append(
@@ -112,7 +111,7 @@ impl Store {
 
     /// The run's current policy.
     pub fn policy(&self, run: &str) -> Result<Option<Policy>> {
-        Ok(self.head_state(run)?.rules.policy)
+        Ok(self.head(run)?.rules.policy.clone())
     }
 
     /// Declares a channel.
@@ -142,7 +141,7 @@ impl Store {
 
     /// A channel's state (value, version, history), as `reader` may see it.
     pub fn channel(&self, run: &str, reader: Option<&str>, channel: &str) -> Result<ChannelState> {
-        let s = self.head_state(run)?;
+        let s = self.head(run)?;
         if let Some(r) = reader {
             if !s.rules.may_read_channel(r, channel) {
                 return Err(Error::Forbidden(format!(
@@ -160,7 +159,7 @@ impl Store {
 
     /// Declared channel names, as `reader` may see them.
     pub fn channels(&self, run: &str, reader: Option<&str>) -> Result<Vec<String>> {
-        let s = self.head_state(run)?;
+        let s = self.head(run)?;
         Ok(s.rules
             .channels
             .keys()
@@ -178,7 +177,7 @@ impl Store {
         reader: Option<&str>,
         subject: Option<&str>,
     ) -> Result<Vec<BoardEntry>> {
-        let s = self.head_state(run)?;
+        let s = self.head(run)?;
         let mut out = Vec::new();
         for (name, st) in &s.subjects {
             if subject.is_some_and(|x| x != name) {
@@ -212,7 +211,7 @@ impl Store {
     /// the agent whose latest entry is newest). Appends a `decision` by `orchestrator`
     /// citing the winner and the losers; a tie on all three is escalated, never guessed.
     pub fn pick(&self, run: &str, orchestrator: &str, subject: &str) -> Result<PickOutcome> {
-        let s = self.head_state(run)?;
+        let s = self.head(run)?;
         let st = s
             .subjects
             .get(subject)
@@ -309,7 +308,7 @@ impl Store {
         note: &str,
     ) -> Result<Event> {
         let subject = self
-            .head_state(run)?
+            .head(run)?
             .rules
             .escalations
             .get(&escalation)
@@ -326,7 +325,7 @@ impl Store {
 
     /// Escalations of the run (open ones only unless `all`).
     pub fn escalations(&self, run: &str, all: bool) -> Result<Vec<EscalationView>> {
-        let s = self.head_state(run)?;
+        let s = self.head(run)?;
         Ok(s.rules
             .escalations
             .iter()

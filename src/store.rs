@@ -15,8 +15,9 @@ use crate::event::{
 use crate::index::{self, IndexCell, IndexSnapshot, IndexStats};
 use crate::log::{self, Durability, LogOptions, Request, RunLog, RunMeta};
 use crate::read::{self, EventIter, ReadOptions, VerifyReport, Visibility};
-use crate::replay::{self, Replayed, RunPaths, Target};
+use crate::replay::{self, ReplayStats, Replayed, RunPaths, Target};
 use crate::segment;
+use crate::state::State;
 use crate::storage::{FsStorage, OpenMode, Storage};
 use crate::ts::Ts;
 use crate::watermark::Marks;
@@ -35,8 +36,21 @@ pub struct Store {
     checkpoint_every: u64,
     user: String,
     archive_root: PathBuf,
+    /// The last head state of each run, at a frame boundary (see [`Store::head_state`]).
+    heads: Mutex<HashMap<String, (Arc<State>, CheckpointInfo)>>,
     /// Each run's index as this process has caught it up (see [`crate::index`]).
     indexes: Mutex<HashMap<String, Arc<IndexCell>>>,
+}
+
+/// A run's state at its visible head, shared with the store's cache.
+#[derive(Clone, Debug)]
+pub struct HeadState {
+    /// The state.
+    pub state: Arc<State>,
+    /// How it was brought up to date.
+    pub stats: ReplayStats,
+    /// The frame boundary it stands at.
+    pub boundary: Option<CheckpointInfo>,
 }
 
 /// A summary of one run, as `swarm runs` prints it.
@@ -79,6 +93,7 @@ impl Store {
             checkpoint_every: CHECKPOINT_EVERY_DEFAULT,
             user: ANONYMOUS.to_string(),
             archive_root: root.join(".archive"),
+            heads: Mutex::new(HashMap::new()),
             indexes: Mutex::new(HashMap::new()),
         })
     }
@@ -159,6 +174,60 @@ impl Store {
             }
         }
         Ok(r)
+    }
+
+    /// The run's state at its visible head, shared. A long-lived `Store` keeps the last
+    /// head state of each run and only applies what was appended since (after checking
+    /// that the log still holds the frame it stopped at); a new one starts from the newest
+    /// checkpoint. Board, context, pick and the permission checks of reads use it.
+    pub fn head_state(&self, run: &str) -> Result<HeadState> {
+        if let Some(a) = self.archived_store(run)? {
+            return a.head_state(run);
+        }
+        let p = self.paths(run)?;
+        let cached = self
+            .heads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(run)
+            .cloned();
+        let r = match cached {
+            Some(c) if checkpoint::matches_log(&*self.storage, &p.run_dir, &c.1)? => {
+                let visible = read::read_marks(&*self.storage, &p.run_dir)?.visible;
+                if c.1.end() == visible {
+                    return Ok(HeadState {
+                        state: c.0.clone(),
+                        stats: ReplayStats::default(),
+                        boundary: Some(c.1),
+                    });
+                }
+                replay::advance(&p, (*c.0).clone(), c.1)?
+            }
+            _ => {
+                let r = replay::state_at(&p, Target::Head, |_| {})?;
+                if self.checkpoint_every > 0 && r.stats.events_applied >= self.checkpoint_every {
+                    if let Some(info) = &r.boundary {
+                        if let Err(e) = checkpoint::write(&self.storage, &p.ck_dir, &r.state, info)
+                        {
+                            tracing::warn!(run, error = %e, "cannot write a checkpoint");
+                        }
+                    }
+                }
+                r
+            }
+        };
+        let state = Arc::new(r.state);
+        if let Some(b) = r.boundary {
+            self.heads
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(run.to_string(), (state.clone(), b));
+        }
+        Ok(HeadState {
+            state,
+            stats: r.stats,
+            boundary: r.boundary,
+        })
     }
 
     /// Writes a checkpoint of the run's head (unless the newest one is already there).
@@ -356,6 +425,7 @@ impl Store {
             checkpoint_every: self.checkpoint_every,
             user: self.user.clone(),
             archive_root: self.archive_root.clone(),
+            heads: Mutex::new(HashMap::new()),
             indexes: Mutex::new(HashMap::new()),
         }
     }
@@ -414,7 +484,7 @@ impl Store {
             return a.read(run, opts);
         }
         let rules = match opts.reader {
-            Some(_) => Some(self.state_at(run, Target::Head, |_| {})?.state.rules),
+            Some(_) => Some(self.head_state(run)?.state.rules.clone()),
             None => None,
         };
         let (mut marks, snap) = match index::useful_for(&opts) {

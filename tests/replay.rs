@@ -251,3 +251,30 @@ fn automatic_checkpoint_every_n_events() {
     assert!(r.stats.from_checkpoint.is_some());
     assert_eq!(r.state.to_bytes(), scratch(&store, "r", 250).to_bytes());
 }
+
+/// A long-lived store keeps the head state and applies only what was appended since; it
+/// must always equal a fresh replay, also after appends by another handle.
+#[test]
+fn cached_head_state_follows_appends() {
+    let mem = MemStorage::new();
+    let store = mem_store(&mem);
+    let other = mem_store(&mem);
+    for round in 0..5u32 {
+        for i in 0..30 {
+            let who = if i % 2 == 0 { &store } else { &other };
+            who.append(
+                "r",
+                new_event(round * 100 + i, (i % 3) as u8, i as u8, i as u8),
+                Durability::None,
+            )
+            .unwrap();
+        }
+        let cached = store.head_state("r").unwrap();
+        let fresh = mem_store(&mem).state_at("r", Target::Head, |_| {}).unwrap();
+        assert_eq!(
+            cached.state.to_bytes(),
+            fresh.state.to_bytes(),
+            "round {round}"
+        );
+    }
+}
