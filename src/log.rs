@@ -161,6 +161,8 @@ struct Writer {
     lock_file: Box<dyn StorageFile>,
     /// The rule part of the fold, current with the log up to `end`.
     rules: Rules,
+    /// The group being written holds an engine event recorded by a refused request.
+    recorded: bool,
     /// Nothing below is valid until `loaded`.
     loaded: bool,
     seg_base: u64,
@@ -302,6 +304,7 @@ impl RunLog {
             writer: Mutex::new(Writer {
                 lock_file,
                 rules: Rules::default(),
+                recorded: false,
                 loaded: false,
                 seg_base: 0,
                 seg: placeholder,
@@ -526,6 +529,9 @@ impl RunLog {
                 for id in added_ids {
                     w.ids.remove(&id);
                 }
+                // The rules moved with the prepared events: fold the log again next time.
+                w.loaded = false;
+                w.recorded = false;
                 w.buf = buf;
                 return Err(e);
             }
@@ -553,6 +559,19 @@ impl RunLog {
                     seg: w.seg_base,
                     off: start + e,
                 })?;
+            }
+            if std::mem::take(&mut w.recorded) {
+                // A refusal recorded an engine event (a channel conflict) and returns an
+                // error: nobody waits for that frame, so make it durable and visible now.
+                // Rare, so it is done under the lock rather than threaded through.
+                let seg = w.seg.clone();
+                self.wait_durable(
+                    Pos {
+                        seg: w.seg_base,
+                        off: w.end,
+                    },
+                    &seg,
+                )?;
             }
         }
         let seg_file = w.seg.clone();
@@ -700,6 +719,7 @@ impl RunLog {
                     frame::encode(&payload, buf);
                     w.head_seq += recorded.len() as u64;
                     w.head_ts = ts;
+                    w.recorded = true;
                 }
                 return Err(refusal);
             }

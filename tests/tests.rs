@@ -7,6 +7,7 @@
 mod util;
 
 mod bad_input;
+mod channels;
 mod cli;
 mod concurrent;
 mod damage;
