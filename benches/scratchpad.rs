@@ -64,7 +64,7 @@ fn throughput(
                 let mut versions = std::collections::HashMap::new();
                 while Instant::now() < stop {
                     let mut e = event(i);
-                    let subject = format!("t{t}-s{}", i % 50);
+                    let subject = format!("{run}-t{t}-s{}", i % 50);
                     e.subject = Some(subject.clone());
                     if cas {
                         e.expect_subject_seq = Some(*versions.get(&subject).unwrap_or(&0));
@@ -145,25 +145,21 @@ fn main() {
     };
     let mut perms = std::collections::BTreeMap::new();
     perms.insert("*".to_string(), everyone);
-    store.append("checked", event(0), Durability::None).unwrap();
-    store
-        .set_policy(
-            "checked",
-            "lead",
-            &Policy {
-                permissions: Some(perms),
-                prune_max_entries: None,
-            },
-        )
-        .unwrap();
-    store.append("plain", event(0), Durability::None).unwrap();
+    let policy = Policy {
+        permissions: Some(perms),
+        prune_max_entries: None,
+    };
+    for run in ["checked-none", "checked-sync", "cas-none", "cas-sync"] {
+        store.append(run, event(0), Durability::None).unwrap();
+        store.set_policy(run, "lead", &policy).unwrap();
+    }
     println!();
     println!("| appends (4 threads, {secs} s) | plain events/s | policy + CAS events/s | ratio | target |");
     println!("|---|---:|---:|---:|---:|");
     for (label, d) in [("none", Durability::None), ("sync", Durability::Sync)] {
-        let plain = throughput(&store, "plain", 4, secs, d, false);
-        let checked_plain = throughput(&store, "checked", 4, secs, d, false);
-        let checked_cas = throughput(&store, "checked", 4, secs, d, true);
+        let plain = throughput(&store, &format!("plain-{label}"), 4, secs, d, false);
+        let checked_plain = throughput(&store, &format!("checked-{label}"), 4, secs, d, false);
+        let checked_cas = throughput(&store, &format!("cas-{label}"), 4, secs, d, true);
         println!(
             "| `{label}`, permissions only | {plain:.0} | {checked_plain:.0} | {:.2} | >= 0.90 |",
             checked_plain / plain

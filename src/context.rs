@@ -113,6 +113,8 @@ impl Store {
                     from_seq: Some(from),
                     to_seq: Some(state.head_seq),
                     reader: Some(agent.to_string()),
+                    // No item renders in under 32 bytes: more could never fit.
+                    last: Some((budget_bytes / 32).clamp(16, RECENT_EVENTS_MAX as usize)),
                     ..ReadOptions::default()
                 },
             )?
