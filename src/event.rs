@@ -53,6 +53,14 @@ pub enum EventType {
     Summary,
     /// Engine: the run was closed; it refuses appends.
     RunClosed,
+    /// Synthesizer (facts and pattern logs only): a pass starts; events up to its
+    /// `synth_commit` take effect together or not at all.
+    SynthBegin,
+    /// Synthesizer: one output record of a pass (`content.op`: fact, contradiction,
+    /// resolution, learned).
+    Synth,
+    /// Synthesizer: a pass is committed, with the per-run watermarks it reached.
+    SynthCommit,
 }
 
 impl EventType {
@@ -65,7 +73,7 @@ impl EventType {
     ];
 
     /// The types reserved for the engine, written only through its own operations.
-    pub const ENGINE: [EventType; 8] = [
+    pub const ENGINE: [EventType; 11] = [
         EventType::Policy,
         EventType::ChannelDeclare,
         EventType::ChannelWrite,
@@ -74,6 +82,9 @@ impl EventType {
         EventType::Resolution,
         EventType::Summary,
         EventType::RunClosed,
+        EventType::SynthBegin,
+        EventType::Synth,
+        EventType::SynthCommit,
     ];
 
     /// Whether this is one of the four client entry types.
@@ -109,6 +120,9 @@ impl EventType {
             EventType::Resolution => "resolution",
             EventType::Summary => "summary",
             EventType::RunClosed => "run_closed",
+            EventType::SynthBegin => "synth_begin",
+            EventType::Synth => "synth",
+            EventType::SynthCommit => "synth_commit",
         }
     }
 

@@ -50,6 +50,7 @@ pub mod segment;
 pub mod state;
 pub mod storage;
 pub mod store;
+pub mod synth;
 pub mod tail;
 pub mod ts;
 pub mod watermark;
