@@ -32,3 +32,22 @@ pub fn exact_key(scope: &str, text: &str) -> u64 {
     normalize(text).bytes().for_each(&mut eat);
     h
 }
+
+/// The text a finding's content stands for: a string as it is; for an object, its
+/// `text`, `claim`, `finding` or `summary` string field (first present), else the object
+/// as compact JSON (serde_json keeps keys sorted, so equal objects give equal text).
+pub fn content_text(content: &serde_json::Value) -> std::borrow::Cow<'_, str> {
+    use serde_json::Value;
+    match content {
+        Value::String(s) => std::borrow::Cow::Borrowed(s.as_str()),
+        Value::Object(o) => {
+            for k in ["text", "claim", "finding", "summary"] {
+                if let Some(Value::String(s)) = o.get(k) {
+                    return std::borrow::Cow::Borrowed(s.as_str());
+                }
+            }
+            std::borrow::Cow::Owned(content.to_string())
+        }
+        other => std::borrow::Cow::Owned(other.to_string()),
+    }
+}
