@@ -8,6 +8,7 @@ mod demo;
 mod prune;
 mod run;
 mod scratch;
+mod synth;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
@@ -225,6 +226,81 @@ enum Cmd {
     /// Close, archive and restore runs.
     #[command(subcommand)]
     Run(run::RunCmd),
+    /// The batch synthesizer (the nightly job): distil new raw events into deduplicated,
+    /// evidence-linked facts in the user's facts log (run @facts), detect and resolve
+    /// contradictions, and learn investigation patterns and tool mistakes from closed runs
+    /// (copied, sanitized, to the shared scope).
+    ///
+    /// Incremental from per-run watermarks; streaming (memory bounded by one pass);
+    /// idempotent (nothing new: nothing written, "nothing_new": true); crash-safe (each
+    /// pass is committed with its watermarks as a whole, or not at all); one synth per
+    /// user at a time (exit 4 if another holds the lock). Prints a JSON report.
+    ///
+    /// Examples:
+    ///   swarm synth --all
+    ///   swarm synth --run inc-42 --llm-cmd 'llm -m small --json' --llm-timeout-ms 5000
+    ///   swarm synth --all --project-id my-secret-project --env-name prod-east
+    #[command(after_help = EXIT_CODES, verbatim_doc_comment)]
+    Synth(synth::SynthArgs),
+    /// The synthesized facts (current ones by default), one fact's evidence chain, or the
+    /// facts as they stood at a time.
+    ///
+    /// Examples:
+    ///   swarm facts | jq -r '.facts[] | "\(.id) \(.confidence) \(.text)"'
+    ///   swarm facts --subject orders-svc --table
+    ///   swarm facts --explain F12 | jq '.evidence[].event.content'
+    ///   swarm facts --as-of 2026-11-22T14:03:00Z --all
+    #[command(verbatim_doc_comment)]
+    Facts(synth::FactsArgs),
+    /// Proven investigation patterns for a symptom (the user's own, then the shared
+    /// scope's), as NDJSON, best first.
+    ///
+    /// Example:
+    ///   swarm patterns --symptom high_latency_checkout | jq -r '.tool_sequence | join(" -> ")'
+    #[command(verbatim_doc_comment)]
+    Patterns {
+        /// The symptom type (exact match first, then shared words).
+        #[arg(long)]
+        symptom: String,
+    },
+    /// Known mistakes of a tool, before calling it (the user's own, then the shared
+    /// scope's), as NDJSON, most frequent first, with the correction when one was seen.
+    ///
+    /// Example:
+    ///   swarm advise --tool query_metrics | jq -r '.error, .correction'
+    #[command(verbatim_doc_comment)]
+    Advise {
+        /// The tool name (as in the events' meta.tool).
+        #[arg(long)]
+        tool: String,
+    },
+    /// Swarm metrics of a run: duplication (independent rediscovery), cross-agent
+    /// influence, discovery-to-visibility latency, conflicts and escalations.
+    ///
+    /// Example:
+    ///   swarm metrics --run inc-42
+    ///   swarm metrics --run inc-42 --json | jq '.duplication_rate'
+    #[command(verbatim_doc_comment)]
+    Metrics {
+        /// The run.
+        #[arg(long)]
+        run: String,
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Dedup precision/recall and contradiction detection on the labelled fixture
+    /// (data/fixtures/synth-quality.jsonl, built in), per part: `tune` (tuned on) and
+    /// `heldout` (never tuned on).
+    #[command(verbatim_doc_comment)]
+    Quality {
+        /// Another fixture file, same format.
+        #[arg(long)]
+        fixture: Option<PathBuf>,
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run the demo: agent processes work an SRE incident together in a new run.
     ///
     /// Four agent processes append hypotheses, evidence, decisions and actions
@@ -476,6 +552,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Runs { json } => runs(&store, json),
         Cmd::Index(IndexCmd::Rebuild { run }) => index_rebuild(&store, run),
         Cmd::Index(IndexCmd::Status { run }) => index_status(&store, run),
+        Cmd::Synth(a) => synth::synth(&store, a),
+        Cmd::Facts(a) => synth::facts(&store, a),
+        Cmd::Patterns { symptom } => synth::patterns(&store, &symptom),
+        Cmd::Advise { tool } => synth::advise(&store, &tool),
+        Cmd::Metrics { run, json } => synth::metrics(&store, &run, json),
+        Cmd::Quality { fixture, json } => synth::quality(fixture, json),
         Cmd::Demo { run } => demo::run(
             &cli.data_dir,
             &cli.checkpoint_dir,

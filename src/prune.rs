@@ -133,29 +133,36 @@ fn builtin(events: &[Event]) -> String {
 fn run_command(cmd: &str, timeout: Duration, events: &[Event]) -> Result<String> {
     let input =
         serde_json::to_vec(events).map_err(|e| Error::invalid("summarizer", e.to_string()))?;
-    let fail = |reason: String| {
+    run_filter(cmd, timeout, input, SUMMARY_BYTES_MAX).map_err(|reason| {
         Error::invalid("summarizer-cmd", format!("{reason}; the run is unchanged"))
-    };
+    })
+}
+
+/// Runs `cmd` with `sh -c`, feeds `input` on its stdin and returns what it printed on
+/// stdout (at most `out_max` bytes are read), or why it failed: it could not start, did
+/// not finish within `timeout` (it is killed), exited non-zero (with its stderr), or
+/// printed something that is not UTF-8.
+pub(crate) fn run_filter(
+    cmd: &str,
+    timeout: Duration,
+    input: Vec<u8>,
+    out_max: usize,
+) -> std::result::Result<String, String> {
     let mut child = Command::new("sh")
         .args(["-c", cmd])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| fail(format!("cannot start {cmd:?}: {e}")))?;
-    let mut stdin = child.stdin.take().ok_or_else(|| fail("no stdin".into()))?;
+        .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
+    let mut stdin = child.stdin.take().ok_or("no stdin")?;
     let writer = std::thread::spawn(move || {
         let _ = stdin.write_all(&input);
     });
-    let mut stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| fail("no stdout".into()))?;
+    let mut stdout = child.stdout.take().ok_or("no stdout")?;
     let reader = std::thread::spawn(move || {
         let mut buf = Vec::new();
-        let _ = (&mut stdout)
-            .take(SUMMARY_BYTES_MAX as u64 + 1)
-            .read_to_end(&mut buf);
+        let _ = (&mut stdout).take(out_max as u64 + 1).read_to_end(&mut buf);
         buf
     });
     let deadline = Instant::now() + timeout;
@@ -165,13 +172,13 @@ fn run_command(cmd: &str, timeout: Duration, events: &[Event]) -> Result<String>
             Ok(None) if Instant::now() >= deadline => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(fail(format!(
-                    "{cmd:?} did not finish within {} s",
-                    timeout.as_secs()
-                )));
+                return Err(format!(
+                    "{cmd:?} did not finish within {} ms",
+                    timeout.as_millis()
+                ));
             }
-            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-            Err(e) => return Err(fail(format!("waiting for {cmd:?}: {e}"))),
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => return Err(format!("waiting for {cmd:?}: {e}")),
         }
     };
     let _ = writer.join();
@@ -181,12 +188,9 @@ fn run_command(cmd: &str, timeout: Duration, events: &[Event]) -> Result<String>
         if let Some(mut e) = child.stderr.take() {
             let _ = (&mut e).take(2048).read_to_string(&mut err);
         }
-        return Err(fail(format!(
-            "{cmd:?} exited with {status}: {}",
-            err.trim()
-        )));
+        return Err(format!("{cmd:?} exited with {status}: {}", err.trim()));
     }
-    String::from_utf8(out).map_err(|_| fail(format!("{cmd:?} printed something that is not UTF-8")))
+    String::from_utf8(out).map_err(|_| format!("{cmd:?} printed something that is not UTF-8"))
 }
 
 impl Store {

@@ -109,6 +109,11 @@ impl Store {
                 "anonymous access is disabled; give a user".to_string(),
             ));
         }
+        if user == crate::synth::SHARED_USER {
+            return Err(Error::Forbidden(format!(
+                "{user:?} is the shared patterns scope; only the synthesizer writes it"
+            )));
+        }
         self.user = user.to_string();
         self.logs = Mutex::new(HashMap::new());
         Ok(self)
@@ -330,6 +335,11 @@ impl Store {
         durability: Durability,
     ) -> Result<Vec<Event>> {
         check_run_id(run)?;
+        if run.starts_with('@') {
+            return Err(Error::Forbidden(format!(
+                "run ids starting with '@' ({run:?}) are the engine's own logs (facts, patterns); clients cannot append to them"
+            )));
+        }
         if events.is_empty() {
             return Err(Error::invalid("batch", "no events"));
         }
@@ -416,6 +426,12 @@ impl Store {
 
     /// A new handle with this one's storage, directories, options and user.
     pub(crate) fn same_config(&self) -> Store {
+        self.same_config_as(&self.user)
+    }
+
+    /// A new handle with this one's storage, directories and options, acting for `user`
+    /// (internal: the synthesizer writes the shared patterns scope through it).
+    pub(crate) fn same_config_as(&self, user: &str) -> Store {
         Store {
             root: self.root.clone(),
             storage: self.storage.clone(),
@@ -423,7 +439,7 @@ impl Store {
             logs: Mutex::new(HashMap::new()),
             ck_root: self.ck_root.clone(),
             checkpoint_every: self.checkpoint_every,
-            user: self.user.clone(),
+            user: user.to_string(),
             archive_root: self.archive_root.clone(),
             heads: Mutex::new(HashMap::new()),
             indexes: Mutex::new(HashMap::new()),

@@ -148,12 +148,7 @@ impl Deduper {
     }
 
     /// How `text` in `scope` relates to the known facts. Does not change the deduper.
-    pub fn classify(
-        &self,
-        scope: &str,
-        text: &str,
-        _judge: Option<&mut dyn Judge>,
-    ) -> Classified {
+    pub fn classify(&self, scope: &str, text: &str, _judge: Option<&mut dyn Judge>) -> Classified {
         let matched = match self.exact.get(&text::exact_key(scope, text)) {
             Some(&f) => Match::Exact(f),
             None => Match::New,

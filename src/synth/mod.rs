@@ -10,10 +10,22 @@
 //! - [`sanitize`]: the redactor every record passes before it reaches the shared scope.
 //! - [`patterns`]: investigation patterns and tool mistakes (seed 002), a pure fold.
 //! - [`metrics`]: swarm metrics of one run (seed 004).
+//! - [`facts`]: the facts log's records (passes, commits) and their fold.
+//! - `driver`: `Store::synth` and the queries over its results.
 
 pub mod dedup;
+mod driver;
+pub mod facts;
 pub mod metrics;
 pub mod patterns;
 pub mod quality;
 pub mod sanitize;
 pub mod text;
+pub mod views;
+
+pub use driver::{
+    LlmOptions, RunSynth, Scoped, SynthOptions, SynthProgress, SynthReport,
+    PASS_EVENTS_MAX_DEFAULT, SHARED_RUN, SHARED_USER,
+};
+pub use facts::FACTS_RUN;
+pub use views::{Explanation, FactView, FactsAnswer, FactsQuery};

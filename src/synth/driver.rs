@@ -1,0 +1,944 @@
+//! The synthesizer's driver: reads new raw events of a user's runs from per-run
+//! watermarks, feeds them to the [`Deduper`], and writes facts, contradictions,
+//! resolutions and learnings to the user's facts log in atomic passes (see
+//! [`crate::synth::facts`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::error::{Error, IoContext, Result};
+use crate::event::{Checked, Event, EventType, ENGINE_AGENT};
+use crate::log::Durability;
+use crate::read::ReadOptions;
+use crate::storage::OpenMode;
+use crate::store::Store;
+use crate::synth::dedup::{DedupConfig, Deduper, FactIdx, Judge, Match};
+use crate::synth::facts::{
+    parse_id, Commit, EvidenceLink, FactsFold, NewFact, Record, FACTS_RUN, FACT_TEXT_BYTES_MAX,
+};
+use crate::synth::patterns::{self, InvestigationPattern, PatternBook, ToolMistake};
+use crate::synth::sanitize::{SanitizeContext, Sanitizer};
+use crate::synth::text::content_text;
+use crate::ts::Ts;
+
+/// The user id of the global scope that sanitized patterns and mistakes are copied to
+/// (seed 002). Clients cannot act as it.
+pub const SHARED_USER: &str = "system_shared_patterns";
+/// The shared scope's log of sanitized learnings.
+pub const SHARED_RUN: &str = "@patterns";
+/// Source events read per pass, at most: bounds the memory a pass holds (its evidence
+/// links) and the work a crash can lose.
+pub const PASS_EVENTS_MAX_DEFAULT: u64 = 100_000;
+/// Evidence links per `synth` record (keeps each record far below the 64 KiB content limit).
+pub const EVIDENCE_PER_RECORD_MAX: usize = 128;
+/// Largest frame the synthesizer writes, in estimated bytes.
+const FRAME_BYTES_MAX: usize = 4 << 20;
+/// Events per frame the synthesizer writes.
+const FRAME_EVENTS_MAX: usize = 1000;
+
+/// The optional LLM step: borderline pairs go to an external command.
+#[derive(Clone, Debug)]
+pub struct LlmOptions {
+    /// Run with `sh -c`; gets `{"scope","a","b","score","question"}` as JSON on stdin and
+    /// must print `{"same": true|false}`.
+    pub cmd: String,
+    /// Longest one call may take; past it the deterministic answer stands.
+    pub timeout: Duration,
+    /// Most calls per synth run; past it the deterministic answer stands.
+    pub calls_max: u64,
+}
+
+/// What `swarm synth` does.
+#[derive(Clone, Debug)]
+pub struct SynthOptions {
+    /// Runs to synthesize; `None`: every run of the user (engine logs `@…` excluded).
+    pub runs: Option<Vec<String>>,
+    /// Dedup tuning.
+    pub dedup: DedupConfig,
+    /// The optional LLM step.
+    pub llm: Option<LlmOptions>,
+    /// Source events per pass, at most.
+    pub pass_events_max: u64,
+    /// Project ids the sanitizer must redact besides the detected ones.
+    pub project_ids: Vec<String>,
+    /// Environment names (clusters, hosts) the sanitizer must redact.
+    pub env_names: Vec<String>,
+}
+
+impl Default for SynthOptions {
+    fn default() -> Self {
+        SynthOptions {
+            runs: None,
+            dedup: DedupConfig::default(),
+            llm: None,
+            pass_events_max: PASS_EVENTS_MAX_DEFAULT,
+            project_ids: Vec::new(),
+            env_names: Vec::new(),
+        }
+    }
+}
+
+/// What one run contributed to a synth.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RunSynth {
+    /// The run.
+    pub run: String,
+    /// First seq read (watermark + 1).
+    pub from_seq: u64,
+    /// Watermark reached.
+    pub to_seq: u64,
+    /// Events read.
+    pub events: u64,
+    /// Findings (evidence, hypotheses) among them.
+    pub findings: u64,
+}
+
+/// The report of [`Store::synth`].
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SynthReport {
+    /// The user.
+    pub user: String,
+    /// Per run read.
+    pub runs: Vec<RunSynth>,
+    /// Passes committed.
+    pub passes: u64,
+    /// Source events read.
+    pub events: u64,
+    /// Findings classified.
+    pub findings: u64,
+    /// New facts.
+    pub facts_new: u64,
+    /// Findings that repeated a known fact exactly.
+    pub matched_exact: u64,
+    /// Findings that were near-duplicates of a known fact.
+    pub matched_near: u64,
+    /// Borderline findings the LLM step called duplicates.
+    pub matched_judged: u64,
+    /// New contradictions.
+    pub contradictions_new: u64,
+    /// Resolutions recorded (new or changed winners).
+    pub resolutions: u64,
+    /// Closed runs learned from.
+    pub learned_runs: Vec<String>,
+    /// Sanitized copies sent to the shared scope.
+    pub shared_copies: u64,
+    /// LLM calls made.
+    pub llm_calls: u64,
+    /// LLM calls that failed or timed out (the deterministic answer stood).
+    pub llm_fallbacks: u64,
+    /// Facts in the log after the synth.
+    pub facts_total: u64,
+    /// Events written to the facts log.
+    pub records_written: u64,
+    /// Wall time.
+    pub elapsed_ms: u64,
+    /// Source events per second.
+    pub events_per_s: f64,
+    /// Nothing new since the last synth: nothing was written.
+    pub nothing_new: bool,
+}
+
+/// Progress of a long synth, for a progress bar.
+#[derive(Clone, Debug, Default)]
+pub struct SynthProgress {
+    /// The run being read.
+    pub run: String,
+    /// Events read so far (all runs).
+    pub events: u64,
+    /// Passes committed so far.
+    pub passes: u64,
+}
+
+struct LlmJudge<'a> {
+    opts: &'a LlmOptions,
+    calls: u64,
+    fallbacks: u64,
+}
+
+impl Judge for LlmJudge<'_> {
+    fn same(&mut self, scope: &str, a: &str, b: &str, score: f64) -> Option<bool> {
+        if self.calls >= self.opts.calls_max {
+            return None;
+        }
+        self.calls += 1;
+        let input = serde_json::json!({
+            "question": "Do a and b state the same fact about the subject? Answer {\"same\": true} or {\"same\": false}.",
+            "scope": scope, "a": a, "b": b, "score": score,
+        });
+        let answer = crate::prune::run_filter(
+            &self.opts.cmd,
+            self.opts.timeout,
+            input.to_string().into_bytes(),
+            4096,
+        );
+        let same = answer.ok().and_then(|out| {
+            let v: Value = serde_json::from_str(out.trim()).ok()?;
+            v.get("same")?.as_bool()
+        });
+        if same.is_none() {
+            self.fallbacks += 1;
+            tracing::debug!("llm step: no usable answer; the deterministic result stands");
+        }
+        same
+    }
+}
+
+/// Collects a closed run's events for [`patterns::learn_from_run`].
+#[derive(Default)]
+struct Learner {
+    events: Vec<Event>,
+}
+
+impl Learner {
+    fn push(&mut self, e: &Event) {
+        self.events.push(e.clone());
+    }
+    fn finish(self) -> patterns::RunLearnings {
+        patterns::learn_from_run(&self.events)
+    }
+}
+
+/// The work of one pass, before it is written.
+struct Pass {
+    deduper: Deduper,
+    /// Fact index -> what this pass adds to it.
+    deltas: BTreeMap<FactIdx, Delta>,
+    contradictions: Vec<Record>,
+    pairs: BTreeSet<(usize, usize)>,
+    watermarks: BTreeMap<String, u64>,
+    closed: Vec<String>,
+    learned: Vec<(String, patterns::RunLearnings)>,
+    source_events: u64,
+}
+
+#[derive(Default)]
+struct Delta {
+    new: Option<NewFact>,
+    variants: Vec<String>,
+    evidence: Vec<EvidenceLink>,
+}
+
+fn clip(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+fn fact_id(i: usize) -> String {
+    format!("F{}", i + 1)
+}
+
+/// Rebuilds the deduper from the fold: facts in number order, each with its wordings,
+/// exactly as they were added. Every pass starts from this, so a synth that crashed
+/// and was run again decides exactly as one that was never interrupted.
+fn restore(fold: &FactsFold, cfg: &DedupConfig) -> Deduper {
+    let mut d = Deduper::new(cfg.clone());
+    for f in &fold.facts {
+        let i = d.add_fact(f.scope(), &f.text);
+        for v in &f.variants {
+            d.add_variant(i, v);
+        }
+    }
+    d
+}
+
+impl Pass {
+    fn new(fold: &FactsFold, cfg: &DedupConfig) -> Pass {
+        Pass {
+            deduper: restore(fold, cfg),
+            deltas: BTreeMap::new(),
+            contradictions: Vec::new(),
+            pairs: BTreeSet::new(),
+            watermarks: BTreeMap::new(),
+            closed: Vec::new(),
+            learned: Vec::new(),
+            source_events: 0,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.watermarks.is_empty() && self.learned.is_empty()
+    }
+
+    fn feed(
+        &mut self,
+        fold: &FactsFold,
+        e: &Event,
+        judge: Option<&mut dyn Judge>,
+        report: &mut SynthReport,
+    ) {
+        self.watermarks.insert(e.run_id.clone(), e.seq);
+        self.source_events += 1;
+        match e.kind {
+            EventType::Evidence | EventType::Hypothesis => {}
+            EventType::RunClosed => {
+                self.closed.push(e.run_id.clone());
+                return;
+            }
+            _ => return,
+        }
+        report.findings += 1;
+        let text = content_text(&e.content);
+        let text = clip(text.trim(), FACT_TEXT_BYTES_MAX);
+        if text.is_empty() {
+            return;
+        }
+        let scope = e.subject.as_deref().unwrap_or("");
+        let c = self.deduper.classify(scope, text, judge);
+        let (idx, how) = match c.matched {
+            Match::New => {
+                let i = self.deduper.add_fact(scope, text);
+                report.facts_new += 1;
+                self.deltas.entry(i).or_default().new = Some(NewFact {
+                    subject: e.subject.clone(),
+                    kind: e.kind.as_str().to_string(),
+                    text: text.to_string(),
+                });
+                (i, "first".to_string())
+            }
+            Match::Exact(f) => {
+                report.matched_exact += 1;
+                (f, "exact".to_string())
+            }
+            Match::Near { fact, score } | Match::Judged { fact, score } => {
+                let judged = matches!(c.matched, Match::Judged { .. });
+                if judged {
+                    report.matched_judged += 1;
+                } else {
+                    report.matched_near += 1;
+                }
+                if self.deduper.add_variant(fact, text) {
+                    self.deltas
+                        .entry(fact)
+                        .or_default()
+                        .variants
+                        .push(text.to_string());
+                }
+                let tag = if judged { "judged" } else { "near" };
+                (fact, format!("{tag} {score:.2}"))
+            }
+        };
+        self.deltas
+            .entry(idx)
+            .or_default()
+            .evidence
+            .push(EvidenceLink(
+                e.run_id.clone(),
+                e.seq,
+                e.id.clone(),
+                e.agent_id.clone(),
+                e.ts,
+                e.confidence,
+                how,
+            ));
+        for (other, score) in c.contradicts {
+            if other == idx || scope.is_empty() {
+                continue;
+            }
+            let pair = (idx.min(other), idx.max(other));
+            if fold.contradicts(pair.0, pair.1) || !self.pairs.insert(pair) {
+                continue;
+            }
+            let n = fold.contradictions.len() + self.contradictions.len();
+            self.contradictions.push(Record::Contradiction {
+                id: format!("C{}", n + 1),
+                a: fact_id(pair.0),
+                b: fact_id(pair.1),
+                subject: scope.to_string(),
+                score,
+                at: e.ts,
+                trigger: (e.run_id.clone(), e.seq),
+            });
+        }
+    }
+
+    /// The pass's records in write order: facts (new ones in number order), then
+    /// contradictions, then learnings.
+    fn records(&mut self) -> Vec<Record> {
+        let mut out = Vec::new();
+        for (&i, d) in &mut self.deltas {
+            let mut new = d.new.take();
+            let mut variants = std::mem::take(&mut d.variants);
+            let evidence = std::mem::take(&mut d.evidence);
+            let mut chunks = evidence.chunks(EVIDENCE_PER_RECORD_MAX).peekable();
+            if chunks.peek().is_none() {
+                out.push(Record::Fact {
+                    fact: fact_id(i),
+                    new,
+                    variants,
+                    evidence: Vec::new(),
+                });
+                continue;
+            }
+            for ch in chunks {
+                out.push(Record::Fact {
+                    fact: fact_id(i),
+                    new: new.take(),
+                    variants: std::mem::take(&mut variants),
+                    evidence: ch.to_vec(),
+                });
+            }
+        }
+        out.append(&mut self.contradictions);
+        for (run, l) in std::mem::take(&mut self.learned) {
+            out.push(Record::Learned { run, learnings: l });
+        }
+        out
+    }
+}
+
+/// Decides every contradiction touched by `touched` facts again: evidence weight first,
+/// then recency (the newer last evidence), then the newer fact. Returns the resolutions
+/// whose winner changed, applied to `fold`.
+fn resolve(fold: &mut FactsFold, touched: &BTreeSet<usize>) -> Vec<Record> {
+    let mut todo: BTreeSet<usize> = BTreeSet::new();
+    for &f in touched {
+        if let Some(fact) = fold.facts.get(f) {
+            todo.extend(fact.contradictions.iter().copied());
+        }
+    }
+    let mut out = Vec::new();
+    for n in todo {
+        let Some(Some(c)) = fold.contradictions.get(n) else {
+            continue;
+        };
+        let (fa, fb) = (&fold.facts[c.a], &fold.facts[c.b]);
+        let (wa, wb) = (fa.weight(), fb.weight());
+        let (winner, reason) = if (wa - wb).abs() > 1e-9 {
+            (if wa > wb { c.a } else { c.b }, "evidence_weight")
+        } else if fa.last_seen != fb.last_seen {
+            (
+                if fa.last_seen > fb.last_seen {
+                    c.a
+                } else {
+                    c.b
+                },
+                "recency",
+            )
+        } else {
+            (c.a.max(c.b), "recency")
+        };
+        if c.winner == Some(winner) {
+            continue;
+        }
+        let loser = if winner == c.a { c.b } else { c.a };
+        let at = fa.last_seen.max(fb.last_seen).unwrap_or(c.at);
+        let (ww, wl) = if winner == c.a { (wa, wb) } else { (wb, wa) };
+        let r = Record::Resolution {
+            contradiction: c.id.clone(),
+            winner: fact_id(winner),
+            loser: fact_id(loser),
+            reason: reason.to_string(),
+            weights: (ww, wl),
+            at,
+        };
+        fold.apply_record(&r);
+        out.push(r);
+    }
+    out
+}
+
+fn engine_event(user: &str, kind: EventType, subject: Option<String>, content: Value) -> Checked {
+    Checked {
+        expect_subject_seq: None,
+        id: None,
+        agent_id: ENGINE_AGENT.to_string(),
+        user_id: user.to_string(),
+        kind,
+        content,
+        confidence: None,
+        refs: Vec::new(),
+        subject,
+        session_id: None,
+        meta: None,
+    }
+}
+
+fn to_value(v: &impl Serialize) -> Result<Value> {
+    serde_json::to_value(v).map_err(|e| Error::invalid("synth record", e.to_string()))
+}
+
+fn fnv(parts: &[&str]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.bytes().chain([0]) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// A pattern or mistake with the scope it comes from.
+#[derive(Clone, Debug, Serialize)]
+pub struct Scoped<T> {
+    /// `private` (the user's own runs) or `shared` (sanitized, from every user).
+    pub scope: &'static str,
+    /// The pattern or mistake.
+    #[serde(flatten)]
+    pub item: T,
+}
+
+impl Store {
+    /// A store acting for the shared patterns scope (internal: clients cannot be it).
+    fn shared_store(&self) -> Store {
+        self.same_config_as(SHARED_USER)
+    }
+
+    fn synth_lock_path(&self) -> Result<PathBuf> {
+        Ok(self.root().join(self.user()).join("@facts.synth-lock"))
+    }
+
+    /// Folds the user's facts log (committed passes only). With `cutoff`, the facts as
+    /// they stood at that time.
+    pub fn facts_fold(&self, cutoff: Option<Ts>) -> Result<FactsFold> {
+        let mut fold = FactsFold::new(cutoff);
+        match self.read(FACTS_RUN, ReadOptions::default()) {
+            Ok(it) => {
+                for e in it {
+                    fold.apply(&e?);
+                }
+            }
+            Err(Error::RunNotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+        Ok(fold)
+    }
+
+    /// The watermarks of the facts log, from its commits alone (through the index: fast
+    /// when nothing is new).
+    fn synth_watermarks(&self) -> Result<BTreeMap<String, u64>> {
+        let mut w = BTreeMap::new();
+        let it = match self.read(
+            FACTS_RUN,
+            ReadOptions {
+                kind: Some(EventType::SynthCommit),
+                ..ReadOptions::default()
+            },
+        ) {
+            Ok(it) => it,
+            Err(Error::RunNotFound(_)) => return Ok(w),
+            Err(e) => return Err(e),
+        };
+        for e in it {
+            if let Ok(c) = serde_json::from_value::<Commit>(e?.content) {
+                for (run, seq) in c.watermarks {
+                    let x: &mut u64 = w.entry(run).or_default();
+                    *x = (*x).max(seq);
+                }
+            }
+        }
+        Ok(w)
+    }
+
+    /// The visible head seq of a run, cheaply (its last event through the index).
+    fn head_seq_of(&self, run: &str) -> Result<u64> {
+        let mut it = self.read(
+            run,
+            ReadOptions {
+                last: Some(1),
+                ..ReadOptions::default()
+            },
+        )?;
+        Ok(it.next().transpose()?.map_or(0, |e| e.seq))
+    }
+
+    /// Runs the batch synthesizer over the user's runs: incremental from each run's
+    /// watermark, streaming (memory bounded by one pass, never by the log), idempotent
+    /// (nothing new: nothing written), crash-safe (a pass is committed as a whole with the
+    /// watermarks it reached, or not at all). Only one synth per user runs at a time.
+    pub fn synth(
+        &self,
+        opts: &SynthOptions,
+        mut progress: impl FnMut(&SynthProgress),
+    ) -> Result<SynthReport> {
+        let started = Instant::now();
+        if self.user() == SHARED_USER {
+            return Err(Error::Forbidden(format!(
+                "{SHARED_USER:?} is the shared scope; synthesize as a user"
+            )));
+        }
+        let mut report = SynthReport {
+            user: self.user().to_string(),
+            ..SynthReport::default()
+        };
+        let runs: Vec<String> = match &opts.runs {
+            Some(r) => {
+                for run in r {
+                    crate::event::check_run_id(run)?;
+                    if run.starts_with('@') {
+                        return Err(Error::invalid(
+                            "run",
+                            format!("{run:?} is an engine log, not a run to synthesize"),
+                        ));
+                    }
+                    if !self.run_ids()?.contains(run) {
+                        return Err(Error::RunNotFound(run.clone()));
+                    }
+                }
+                r.clone()
+            }
+            None => self
+                .run_ids()?
+                .into_iter()
+                .filter(|r| !r.starts_with('@'))
+                .collect(),
+        };
+        let lock_path = self.synth_lock_path()?;
+        let dir = self.root().join(self.user());
+        self.storage()
+            .create_dir_all(&dir)
+            .ctx("create dir", &dir)?;
+        let lock = self
+            .storage()
+            .open(&lock_path, OpenMode::ReadWriteCreate)
+            .ctx("open", &lock_path)?;
+        if !lock.try_lock().ctx("lock", &lock_path)? {
+            return Err(Error::Conflict(format!(
+                "another synth is running for user {:?} (lock {})",
+                self.user(),
+                lock_path.display()
+            )));
+        }
+
+        // Fast path: nothing new since the last commit.
+        let marks = self.synth_watermarks()?;
+        let mut any_new = false;
+        for r in &runs {
+            if self.head_seq_of(r)? > marks.get(r).copied().unwrap_or(0) {
+                any_new = true;
+                break;
+            }
+        }
+        let mut fold = self.facts_fold(None)?;
+        // Re-send the last pass's shared copies (idempotent): a crash may have come
+        // between its commit and them.
+        let resend = fold.last_learned.clone();
+        report.shared_copies += self.share_learnings(&resend, opts)?;
+        if !any_new {
+            report.nothing_new = true;
+            report.facts_total = fold.facts.len() as u64;
+            report.elapsed_ms = started.elapsed().as_millis() as u64;
+            let _ = lock.unlock();
+            return Ok(report);
+        }
+
+        let mut judge = opts.llm.as_ref().map(|o| LlmJudge {
+            opts: o,
+            calls: 0,
+            fallbacks: 0,
+        });
+        let mut pass = Pass::new(&fold, &opts.dedup);
+        let mut prog = SynthProgress::default();
+        for run in &runs {
+            let from = fold.watermarks.get(run).copied().unwrap_or(0) + 1;
+            let mut rs = RunSynth {
+                run: run.clone(),
+                from_seq: from,
+                to_seq: from - 1,
+                ..RunSynth::default()
+            };
+            prog.run = run.clone();
+            let it = self.read(
+                run,
+                ReadOptions {
+                    from_seq: Some(from),
+                    ..ReadOptions::default()
+                },
+            )?;
+            for e in it {
+                let e = e?;
+                let before = report.findings;
+                pass.feed(
+                    &fold,
+                    &e,
+                    judge.as_mut().map(|j| j as &mut dyn Judge),
+                    &mut report,
+                );
+                rs.findings += report.findings - before;
+                rs.events += 1;
+                rs.to_seq = e.seq;
+                report.events += 1;
+                prog.events += 1;
+                if prog.events % 4096 == 0 {
+                    progress(&prog);
+                }
+                if pass.source_events >= opts.pass_events_max.max(1) {
+                    self.learn_closed(&mut pass, &fold)?;
+                    self.commit_pass(&mut fold, &mut pass, opts, &mut report)?;
+                    prog.passes = report.passes;
+                    pass = Pass::new(&fold, &opts.dedup);
+                }
+            }
+            if rs.events > 0 {
+                report.runs.push(rs);
+            }
+        }
+        self.learn_closed(&mut pass, &fold)?;
+        if !pass.is_empty() {
+            self.commit_pass(&mut fold, &mut pass, opts, &mut report)?;
+        }
+        if let Some(j) = judge {
+            report.llm_calls = j.calls;
+            report.llm_fallbacks = j.fallbacks;
+        }
+        report.facts_total = fold.facts.len() as u64;
+        report.elapsed_ms = started.elapsed().as_millis() as u64;
+        let secs = started.elapsed().as_secs_f64();
+        if secs > 0.0 {
+            report.events_per_s = report.events as f64 / secs;
+        }
+        progress(&prog);
+        let _ = lock.unlock();
+        Ok(report)
+    }
+
+    /// Learns patterns and mistakes from the runs this pass saw close (once per run).
+    fn learn_closed(&self, pass: &mut Pass, fold: &FactsFold) -> Result<()> {
+        for run in std::mem::take(&mut pass.closed) {
+            if fold.learned.contains(&run) || pass.learned.iter().any(|(r, _)| *r == run) {
+                continue;
+            }
+            let mut learner = Learner::default();
+            for e in self.read(&run, ReadOptions::default())? {
+                learner.push(&e?);
+            }
+            pass.learned.push((run, learner.finish()));
+        }
+        Ok(())
+    }
+
+    /// Writes one pass: `synth_begin`, its records, the resolutions they call for, and
+    /// `synth_commit` with the watermarks; only the last frame waits for an fsync (which
+    /// covers the earlier ones). Then folds what was stored.
+    fn commit_pass(
+        &self,
+        fold: &mut FactsFold,
+        pass: &mut Pass,
+        opts: &SynthOptions,
+        report: &mut SynthReport,
+    ) -> Result<()> {
+        let mut records = pass.records();
+        // Resolutions are decided on the state the pass leads to.
+        let mut after = fold.clone();
+        let mut touched = BTreeSet::new();
+        for r in &records {
+            after.apply_record(r);
+            match r {
+                Record::Fact { fact, .. } => {
+                    touched.extend(parse_id('F', fact));
+                }
+                Record::Contradiction { a, b, .. } => {
+                    touched.extend(parse_id('F', a));
+                    touched.extend(parse_id('F', b));
+                }
+                _ => {}
+            }
+        }
+        let resolutions = resolve(&mut after, &touched);
+        report.resolutions += resolutions.len() as u64;
+        report.contradictions_new += records
+            .iter()
+            .filter(|r| matches!(r, Record::Contradiction { .. }))
+            .count() as u64;
+        records.extend(resolutions);
+
+        let user = self.user().to_string();
+        let pass_no = fold.passes + 1;
+        let learned: Vec<String> = records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Learned { run, .. } => Some(run.clone()),
+                _ => None,
+            })
+            .collect();
+        let commit = Commit {
+            pass: pass_no,
+            watermarks: std::mem::take(&mut pass.watermarks),
+            learned: learned.clone(),
+            source_events: pass.source_events,
+        };
+        let mut events = Vec::with_capacity(records.len() + 2);
+        events.push(engine_event(
+            &user,
+            EventType::SynthBegin,
+            None,
+            serde_json::json!({ "pass": pass_no }),
+        ));
+        for r in &records {
+            let subject = match r {
+                Record::Fact { fact, .. } => parse_id('F', fact)
+                    .and_then(|i| after.facts.get(i))
+                    .and_then(|f| f.subject.clone()),
+                Record::Contradiction { subject, .. } => Some(subject.clone()),
+                _ => None,
+            };
+            events.push(engine_event(&user, EventType::Synth, subject, to_value(r)?));
+        }
+        events.push(engine_event(
+            &user,
+            EventType::SynthCommit,
+            None,
+            to_value(&commit)?,
+        ));
+        // Frames: bounded in events and bytes; the last one (with the commit) is synced.
+        let mut batches: Vec<Vec<Checked>> = vec![Vec::new()];
+        let mut bytes = 0usize;
+        for ev in events {
+            let size = 256 + ev.content.to_string().len();
+            let cur = batches.last().map_or(0, Vec::len);
+            if cur > 0 && (cur >= FRAME_EVENTS_MAX || bytes + size > FRAME_BYTES_MAX) {
+                batches.push(Vec::new());
+                bytes = 0;
+            }
+            bytes += size;
+            if let Some(b) = batches.last_mut() {
+                b.push(ev);
+            }
+        }
+        let last = batches.len() - 1;
+        for (i, b) in batches.into_iter().enumerate() {
+            let durability = if i == last {
+                Durability::Sync
+            } else {
+                Durability::None
+            };
+            let n = b.len() as u64;
+            for e in self.append_checked(FACTS_RUN, b, None, durability)? {
+                fold.apply(&e);
+            }
+            report.records_written += n;
+        }
+        debug_assert_eq!(fold.facts.len(), after.facts.len());
+        report.passes += 1;
+        report.learned_runs.extend(learned.iter().cloned());
+        report.shared_copies += self.share_learnings(&learned, opts)?;
+        Ok(())
+    }
+
+    /// Copies the learnings of `runs` (from the private fold) to the shared scope,
+    /// sanitized. Idempotent: each copy has an id derived from the user and the run.
+    fn share_learnings(&self, runs: &[String], opts: &SynthOptions) -> Result<u64> {
+        if runs.is_empty() {
+            return Ok(0);
+        }
+        // The learnings themselves are in the facts log's records; find them again.
+        let mut wanted: BTreeMap<String, Option<patterns::RunLearnings>> =
+            runs.iter().map(|r| (r.clone(), None)).collect();
+        for e in self.read(
+            FACTS_RUN,
+            ReadOptions {
+                kind: Some(EventType::Synth),
+                ..ReadOptions::default()
+            },
+        )? {
+            let e = e?;
+            if e.content.get("op").and_then(Value::as_str) != Some("learned") {
+                continue;
+            }
+            if let Ok(Record::Learned { run, learnings }) = serde_json::from_value(e.content) {
+                if let Some(slot) = wanted.get_mut(&run) {
+                    *slot = Some(learnings);
+                }
+            }
+        }
+        let shared = self.shared_store();
+        let mut n = 0;
+        for (run, l) in wanted {
+            let Some(l) = l else { continue };
+            let s = Sanitizer::new(self.sanitize_context(&run, opts)?);
+            let clean: patterns::RunLearnings = serde_json::from_value(s.value(&to_value(&l)?))
+                .map_err(|e| Error::invalid("sanitized learnings", e.to_string()))?;
+            let h = fnv(&[self.user(), &run]);
+            let rec = Record::Learned {
+                run: format!("r{h:016x}"),
+                learnings: clean,
+            };
+            let mut ev = engine_event(SHARED_USER, EventType::Synth, None, to_value(&rec)?);
+            ev.id = Some(format!("shared-{h:016x}"));
+            shared.append_checked(SHARED_RUN, vec![ev], None, Durability::Sync)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// What the sanitizer must redact for a run of this user: the user id, the run id,
+    /// the run's agents and sessions.
+    fn sanitize_context(&self, run: &str, opts: &SynthOptions) -> Result<SanitizeContext> {
+        let mut ids: BTreeSet<String> = BTreeSet::new();
+        ids.insert(run.to_string());
+        let st = self.head_state(run)?;
+        ids.extend(st.state.agents.keys().cloned());
+        Ok(SanitizeContext {
+            user_id: self.user().to_string(),
+            identifiers: ids.into_iter().collect(),
+            project_ids: opts.project_ids.clone(),
+            env_names: opts.env_names.clone(),
+        })
+    }
+
+    /// The shared scope's pattern book (sanitized learnings of every user).
+    pub fn shared_book(&self) -> Result<PatternBook> {
+        let shared = self.shared_store();
+        let mut fold = FactsFold::new(None);
+        match shared.read(SHARED_RUN, ReadOptions::default()) {
+            Ok(it) => {
+                for e in it {
+                    fold.apply(&e?);
+                }
+            }
+            Err(Error::RunNotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+        Ok(fold.book)
+    }
+
+    /// Proven investigation patterns for a symptom: the user's own first, then the
+    /// shared scope's (seed 002's `get_recommended_investigation_strategy`).
+    pub fn patterns(&self, symptom: &str) -> Result<Vec<Scoped<InvestigationPattern>>> {
+        let own = self.facts_fold(None)?.book;
+        let shared = self.shared_book()?;
+        let mut out: Vec<Scoped<InvestigationPattern>> = own
+            .recommend(symptom)
+            .into_iter()
+            .map(|p| Scoped {
+                scope: "private",
+                item: p.clone(),
+            })
+            .collect();
+        out.extend(shared.recommend(symptom).into_iter().map(|p| Scoped {
+            scope: "shared",
+            item: p.clone(),
+        }));
+        Ok(out)
+    }
+
+    /// Known mistakes of a tool, before calling it: the user's own, then the shared
+    /// scope's (seed 002's `MistakeAdvisor`).
+    pub fn advise(&self, tool: &str) -> Result<Vec<Scoped<ToolMistake>>> {
+        let own = self.facts_fold(None)?.book;
+        let shared = self.shared_book()?;
+        let mut out: Vec<Scoped<ToolMistake>> = own
+            .advise(tool)
+            .into_iter()
+            .map(|m| Scoped {
+                scope: "private",
+                item: m.clone(),
+            })
+            .collect();
+        out.extend(shared.advise(tool).into_iter().map(|m| Scoped {
+            scope: "shared",
+            item: m.clone(),
+        }));
+        Ok(out)
+    }
+}

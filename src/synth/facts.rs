@@ -1,0 +1,462 @@
+//! The facts log's records and their fold.
+//!
+//! Every user has one facts log, the run `@facts` in the user's partition. The
+//! synthesizer writes it in *passes*: a `synth_begin` event, any number of `synth` events
+//! (each one [`Record`]), and a `synth_commit` event carrying the per-run watermarks the
+//! pass reached ([`Commit`]). [`FactsFold`] applies a pass's records only when its commit
+//! arrives, so a pass cut short by a crash (a begin with no commit) has no effect at all:
+//! the facts and the watermarks move together or not at all. The next pass's begin
+//! discards the uncommitted records.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::{Event, EventType};
+use crate::synth::patterns::{PatternBook, RunLearnings};
+use crate::ts::Ts;
+
+/// The facts log's run id (in each user's partition). Run ids starting with `@` are
+/// reserved for the engine's own logs: clients cannot append to them.
+pub const FACTS_RUN: &str = "@facts";
+
+/// One link from a fact to a raw event: `[run, seq, event id, agent, ts, confidence,
+/// how]`, where `how` says how the event was matched to the fact (`first`, `exact`,
+/// `near 0.72`, `judged 0.51`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EvidenceLink(
+    pub String,
+    pub u64,
+    pub String,
+    pub String,
+    pub Ts,
+    pub Option<f64>,
+    pub String,
+);
+
+impl EvidenceLink {
+    /// The run of the raw event.
+    pub fn run(&self) -> &str {
+        &self.0
+    }
+    /// Its seq.
+    pub fn seq(&self) -> u64 {
+        self.1
+    }
+    /// Its event id.
+    pub fn id(&self) -> &str {
+        &self.2
+    }
+    /// Its agent.
+    pub fn agent(&self) -> &str {
+        &self.3
+    }
+    /// Its time.
+    pub fn ts(&self) -> Ts {
+        self.4
+    }
+    /// The confidence the agent gave, if any.
+    pub fn confidence(&self) -> Option<f64> {
+        self.5
+    }
+}
+
+/// The first finding of a new fact.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NewFact {
+    /// Its subject (the dedup scope), if it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    /// The entry type of its first finding (`evidence`, `hypothesis`).
+    pub kind: String,
+    /// Its first wording (at most [`FACT_TEXT_BYTES_MAX`] bytes).
+    pub text: String,
+}
+
+/// Longest wording kept for a fact, in bytes (longer findings are cut at a character
+/// boundary before comparison).
+pub const FACT_TEXT_BYTES_MAX: usize = 2048;
+
+/// One record of a pass: the content of a `synth` event.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Record {
+    /// A new fact and/or new evidence for one.
+    Fact {
+        /// Its id (`F<n>`, numbered from 1 in the order facts appear).
+        fact: String,
+        /// Present on the fact's first record.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        new: Option<NewFact>,
+        /// Further wordings kept for comparison.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        variants: Vec<String>,
+        /// Links to the raw events behind it.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        evidence: Vec<EvidenceLink>,
+    },
+    /// Two facts of one subject make incompatible claims.
+    Contradiction {
+        /// Its id (`C<n>`).
+        id: String,
+        /// One side (the older fact).
+        a: String,
+        /// The other side.
+        b: String,
+        /// The subject.
+        subject: String,
+        /// The deduper's score.
+        score: f64,
+        /// Time of the raw event that completed the contradiction.
+        at: Ts,
+        /// That event: run and seq.
+        trigger: (String, u64),
+    },
+    /// A contradiction is (re)decided: by evidence weight, then recency.
+    Resolution {
+        /// The contradiction.
+        contradiction: String,
+        /// The fact that stands.
+        winner: String,
+        /// The fact superseded.
+        loser: String,
+        /// `evidence_weight` or `recency`.
+        reason: String,
+        /// Weights of winner and loser (sum over independent agents of their confidence).
+        weights: (f64, f64),
+        /// When the loser stopped being valid: the newest evidence of either side.
+        at: Ts,
+    },
+    /// What a closed run taught (patterns and mistakes).
+    Learned {
+        /// The run (private copy) or an opaque hash of it (shared copy).
+        run: String,
+        /// The learnings.
+        learnings: RunLearnings,
+    },
+}
+
+/// The content of a `synth_commit` event.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Commit {
+    /// The pass number (1, 2, ...).
+    pub pass: u64,
+    /// For each run read in this pass, the last seq it covers.
+    pub watermarks: BTreeMap<String, u64>,
+    /// Closed runs whose patterns and mistakes this pass learned.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub learned: Vec<String>,
+    /// Source events read in this pass.
+    pub source_events: u64,
+}
+
+/// A fact as folded from the log.
+#[derive(Clone, Debug, Default)]
+pub struct Fact {
+    /// `F<n>`.
+    pub id: String,
+    /// Subject (scope).
+    pub subject: Option<String>,
+    /// Entry type of its first finding.
+    pub kind: String,
+    /// First wording.
+    pub text: String,
+    /// Further wordings kept for comparison.
+    pub variants: Vec<String>,
+    /// Each agent that found it, with the highest confidence it gave (0.5 when none).
+    pub agents: BTreeMap<String, f64>,
+    /// Number of evidence links.
+    pub evidence: u64,
+    /// Evidence links per run.
+    pub runs: BTreeMap<String, u64>,
+    /// Time of its first evidence.
+    pub first_seen: Option<Ts>,
+    /// Time of its latest evidence.
+    pub last_seen: Option<Ts>,
+    /// Contradictions it is part of (indexes into [`FactsFold::contradictions`]).
+    pub contradictions: Vec<usize>,
+}
+
+/// Confidence given to an agent's finding that carries none.
+pub const CONFIDENCE_DEFAULT: f64 = 0.5;
+/// Highest confidence a fact reaches.
+pub const CONFIDENCE_MAX: f64 = 0.99;
+
+impl Fact {
+    /// Confidence that grows with independent evidence: `1 - Π(1 - c_a)` over the
+    /// distinct agents that found it, `c_a` the highest confidence agent `a` gave;
+    /// repeats by the same agent add nothing. Capped at [`CONFIDENCE_MAX`].
+    pub fn confidence(&self) -> f64 {
+        let miss: f64 = self.agents.values().map(|c| 1.0 - c).product();
+        (1.0 - miss).clamp(0.0, CONFIDENCE_MAX)
+    }
+
+    /// Evidence weight for contradiction resolution: the sum over distinct agents of the
+    /// confidence each gave.
+    pub fn weight(&self) -> f64 {
+        self.agents.values().sum()
+    }
+
+    /// The scope it is deduplicated in.
+    pub fn scope(&self) -> &str {
+        self.subject.as_deref().unwrap_or("")
+    }
+}
+
+/// A contradiction as folded from the log.
+#[derive(Clone, Debug)]
+pub struct Contradiction {
+    /// `C<n>`.
+    pub id: String,
+    /// One side (index into [`FactsFold::facts`]).
+    pub a: usize,
+    /// The other side.
+    pub b: usize,
+    /// The subject.
+    pub subject: String,
+    /// Score.
+    pub score: f64,
+    /// When it was detected (raw event time).
+    pub at: Ts,
+    /// The raw event that completed it.
+    pub trigger: (String, u64),
+    /// The standing side, once resolved.
+    pub winner: Option<usize>,
+    /// Why it stands.
+    pub reason: Option<String>,
+    /// Weights of winner and loser at the last resolution.
+    pub weights: Option<(f64, f64)>,
+    /// When the loser stopped being valid.
+    pub resolved_at: Option<Ts>,
+}
+
+impl Contradiction {
+    /// The superseded side, once resolved.
+    pub fn loser(&self) -> Option<usize> {
+        self.winner
+            .map(|w| if w == self.a { self.b } else { self.a })
+    }
+}
+
+/// Parses `F12` / `C3` into the index 11 / 2.
+pub fn parse_id(prefix: char, id: &str) -> Option<usize> {
+    let n: usize = id.strip_prefix(prefix)?.parse().ok()?;
+    n.checked_sub(1)
+}
+
+/// The facts log folded: facts, contradictions, watermarks, learned patterns.
+///
+/// Memory grows with distinct facts, their kept wordings and agents, and contradictions;
+/// never with evidence links (only counted here; `swarm facts --explain` streams them).
+#[derive(Clone, Debug, Default)]
+pub struct FactsFold {
+    /// Facts, index = number - 1.
+    pub facts: Vec<Fact>,
+    /// Contradictions, index = number - 1 (`None`: not yet detected at the cutoff).
+    pub contradictions: Vec<Option<Contradiction>>,
+    pairs: HashSet<(usize, usize)>,
+    /// Last seq synthesized, per source run.
+    pub watermarks: BTreeMap<String, u64>,
+    /// Closed runs already learned from.
+    pub learned: BTreeSet<String>,
+    /// Runs learned in the last committed pass (their shared copies are re-sent, idempotently).
+    pub last_learned: Vec<String>,
+    /// Patterns and mistakes learned (private copy).
+    pub book: PatternBook,
+    /// Committed passes.
+    pub passes: u64,
+    /// Seq of the last event folded.
+    pub head_seq: u64,
+    /// Source events read by all committed passes.
+    pub source_events: u64,
+    pending: Option<Vec<Record>>,
+    cutoff: Option<Ts>,
+}
+
+impl FactsFold {
+    /// An empty fold. With a `cutoff`, it shows the facts as they stood at that time:
+    /// only evidence, contradictions and resolutions at or before it count.
+    pub fn new(cutoff: Option<Ts>) -> FactsFold {
+        FactsFold {
+            cutoff,
+            ..FactsFold::default()
+        }
+    }
+
+    /// Whether a pass was begun and not committed (at the end of the log: a crashed pass).
+    pub fn has_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Whether facts `a` and `b` are already known to contradict each other.
+    pub fn contradicts(&self, a: usize, b: usize) -> bool {
+        self.pairs.contains(&(a.min(b), a.max(b)))
+    }
+
+    /// Applies the next event of the facts log.
+    pub fn apply(&mut self, e: &Event) {
+        if e.seq <= self.head_seq {
+            return;
+        }
+        self.head_seq = e.seq;
+        match e.kind {
+            EventType::SynthBegin => self.pending = Some(Vec::new()),
+            EventType::Synth => {
+                let Ok(r) = serde_json::from_value::<Record>(e.content.clone()) else {
+                    tracing::warn!(seq = e.seq, "facts log: unreadable synth record skipped");
+                    return;
+                };
+                match &mut self.pending {
+                    Some(p) => p.push(r),
+                    // A record outside a pass: the shared patterns log writes single,
+                    // self-contained records.
+                    None => self.apply_record(&r),
+                }
+            }
+            EventType::SynthCommit => {
+                let Some(records) = self.pending.take() else {
+                    return;
+                };
+                let Ok(c) = serde_json::from_value::<Commit>(e.content.clone()) else {
+                    tracing::warn!(seq = e.seq, "facts log: unreadable commit; pass ignored");
+                    return;
+                };
+                for r in &records {
+                    self.apply_record(r);
+                }
+                for (run, seq) in c.watermarks {
+                    let w = self.watermarks.entry(run).or_default();
+                    *w = (*w).max(seq);
+                }
+                self.learned.extend(c.learned.iter().cloned());
+                self.last_learned = c.learned;
+                self.passes = self.passes.max(c.pass);
+                self.source_events += c.source_events;
+            }
+            _ => {}
+        }
+    }
+
+    fn visible(&self, ts: Ts) -> bool {
+        self.cutoff.is_none_or(|c| ts <= c)
+    }
+
+    /// Applies one record (of a committed pass).
+    pub fn apply_record(&mut self, r: &Record) {
+        match r {
+            Record::Fact {
+                fact,
+                new,
+                variants,
+                evidence,
+            } => {
+                let Some(i) = parse_id('F', fact) else { return };
+                if let Some(n) = new {
+                    if i != self.facts.len() {
+                        tracing::warn!(fact, "facts log: fact numbered out of order; skipped");
+                        return;
+                    }
+                    self.facts.push(Fact {
+                        id: fact.clone(),
+                        subject: n.subject.clone(),
+                        kind: n.kind.clone(),
+                        text: n.text.clone(),
+                        ..Fact::default()
+                    });
+                }
+                let cutoff = self.cutoff;
+                let Some(f) = self.facts.get_mut(i) else {
+                    return;
+                };
+                f.variants.extend(variants.iter().cloned());
+                for l in evidence {
+                    if cutoff.is_some_and(|c| l.ts() > c) {
+                        continue;
+                    }
+                    f.evidence += 1;
+                    *f.runs.entry(l.run().to_string()).or_default() += 1;
+                    let c = l.confidence().unwrap_or(CONFIDENCE_DEFAULT).clamp(0.0, 1.0);
+                    let a = f.agents.entry(l.agent().to_string()).or_insert(c);
+                    *a = a.max(c);
+                    f.first_seen = Some(f.first_seen.map_or(l.ts(), |t| t.min(l.ts())));
+                    f.last_seen = Some(f.last_seen.map_or(l.ts(), |t| t.max(l.ts())));
+                }
+            }
+            Record::Contradiction {
+                id,
+                a,
+                b,
+                subject,
+                score,
+                at,
+                trigger,
+            } => {
+                let (Some(n), Some(a), Some(b)) =
+                    (parse_id('C', id), parse_id('F', a), parse_id('F', b))
+                else {
+                    return;
+                };
+                if a >= self.facts.len() || b >= self.facts.len() || a == b {
+                    return;
+                }
+                // Numbered in order even when hidden by the cutoff, so later ids line up.
+                if self.contradictions.len() <= n {
+                    self.contradictions.resize(n + 1, None);
+                }
+                self.pairs.insert((a.min(b), a.max(b)));
+                if !self.visible(*at) {
+                    return;
+                }
+                self.contradictions[n] = Some(Contradiction {
+                    id: id.clone(),
+                    a,
+                    b,
+                    subject: subject.clone(),
+                    score: *score,
+                    at: *at,
+                    trigger: trigger.clone(),
+                    winner: None,
+                    reason: None,
+                    weights: None,
+                    resolved_at: None,
+                });
+                self.facts[a].contradictions.push(n);
+                self.facts[b].contradictions.push(n);
+            }
+            Record::Resolution {
+                contradiction,
+                winner,
+                reason,
+                weights,
+                at,
+                ..
+            } => {
+                if !self.visible(*at) {
+                    return;
+                }
+                let (Some(n), Some(w)) = (parse_id('C', contradiction), parse_id('F', winner))
+                else {
+                    return;
+                };
+                if let Some(Some(c)) = self.contradictions.get_mut(n) {
+                    if w == c.a || w == c.b {
+                        c.winner = Some(w);
+                        c.reason = Some(reason.clone());
+                        c.weights = Some(*weights);
+                        c.resolved_at = Some(*at);
+                    }
+                }
+            }
+            Record::Learned { learnings, .. } => self.book.merge_run(learnings),
+        }
+    }
+
+    /// The contradiction that currently supersedes fact `i`, if any (the first one, in
+    /// detection order, that it lost).
+    pub fn superseded_by(&self, i: usize) -> Option<&Contradiction> {
+        self.facts.get(i)?.contradictions.iter().find_map(|&n| {
+            let c = self.contradictions.get(n)?.as_ref()?;
+            (c.loser() == Some(i)).then_some(c)
+        })
+    }
+}
