@@ -187,21 +187,6 @@ impl Judge for LlmJudge<'_> {
     }
 }
 
-/// Collects a closed run's events for [`patterns::learn_from_run`].
-#[derive(Default)]
-struct Learner {
-    events: Vec<Event>,
-}
-
-impl Learner {
-    fn push(&mut self, e: &Event) {
-        self.events.push(e.clone());
-    }
-    fn finish(self) -> patterns::RunLearnings {
-        patterns::learn_from_run(&self.events)
-    }
-}
-
 /// The work of one pass, before it is written.
 struct Pass {
     deduper: Deduper,
@@ -708,7 +693,7 @@ impl Store {
             if fold.learned.contains(&run) || pass.learned.iter().any(|(r, _)| *r == run) {
                 continue;
             }
-            let mut learner = Learner::default();
+            let mut learner = patterns::Learner::default();
             for e in self.read(&run, ReadOptions::default())? {
                 learner.push(&e?);
             }
@@ -856,9 +841,12 @@ impl Store {
         for (run, l) in wanted {
             let Some(l) = l else { continue };
             let s = Sanitizer::new(self.sanitize_context(&run, opts)?);
-            let clean: patterns::RunLearnings = serde_json::from_value(s.value(&to_value(&l)?))
-                .map_err(|e| Error::invalid("sanitized learnings", e.to_string()))?;
+            let mut clean: patterns::RunLearnings =
+                serde_json::from_value(s.value(&to_value(&l)?))
+                    .map_err(|e| Error::invalid("sanitized learnings", e.to_string()))?;
             let h = fnv(&[self.user(), &run]);
+            // The run id stays with its user: the shared copy names an opaque hash.
+            clean.run_id = format!("r{h:016x}");
             let rec = Record::Learned {
                 run: format!("r{h:016x}"),
                 learnings: clean,

@@ -402,68 +402,75 @@ fn meta_str<'a>(e: &'a Event, key: &str) -> Option<&'a str> {
         .filter(|s| !s.is_empty())
 }
 
-/// Learns from one closed run's events.
-pub fn learn_from_run<'a>(events: impl IntoIterator<Item = &'a Event>) -> RunLearnings {
-    let mut run_id = String::new();
-    let mut last_ts = Ts::default();
-    let mut symptom: Option<String> = None;
-    let mut first_hypothesis_subject: Option<String> = None;
-    let mut root_cause: Option<String> = None;
-    let mut resolution: Option<String> = None;
-    let mut last_decision_text: Option<String> = None;
-    let mut sequence: Vec<String> = Vec::new();
-    let mut any_ok = false;
-    let mut mistakes: BTreeMap<String, ToolMistake> = BTreeMap::new();
+/// Learns from one closed run's events, one at a time (memory grows with its distinct
+/// tools and mistakes, never with its events).
+#[derive(Debug, Default)]
+pub struct Learner {
+    run_id: String,
+    last_ts: Ts,
+    symptom: Option<String>,
+    first_hypothesis_subject: Option<String>,
+    root_cause: Option<String>,
+    resolution: Option<String>,
+    last_decision_text: Option<String>,
+    sequence: Vec<String>,
+    any_ok: bool,
+    mistakes: BTreeMap<String, ToolMistake>,
     // Per tool: fingerprints and arguments of its recent failures, oldest first.
-    let mut pending: BTreeMap<String, VecDeque<(String, Option<Value>)>> = BTreeMap::new();
+    pending: BTreeMap<String, VecDeque<(String, Option<Value>)>>,
+}
 
-    for e in events {
-        if run_id.is_empty() {
-            run_id.clone_from(&e.run_id);
+impl Learner {
+    /// Takes the run's next event (in seq order).
+    pub fn push(&mut self, e: &Event) {
+        if self.run_id.is_empty() {
+            self.run_id.clone_from(&e.run_id);
         }
-        last_ts = last_ts.max(e.ts);
+        self.last_ts = self.last_ts.max(e.ts);
         if !e.kind.is_client() {
-            continue;
+            return;
         }
-        if symptom.is_none() {
-            symptom = meta_str(e, "symptom")
+        if self.symptom.is_none() {
+            self.symptom = meta_str(e, "self.symptom")
                 .map(slugify)
                 .filter(|s| !s.is_empty());
         }
-        if first_hypothesis_subject.is_none() && e.kind == crate::event::EventType::Hypothesis {
-            first_hypothesis_subject = e.subject.as_deref().map(slugify).filter(|s| !s.is_empty());
+        if self.first_hypothesis_subject.is_none() && e.kind == crate::event::EventType::Hypothesis
+        {
+            self.first_hypothesis_subject =
+                e.subject.as_deref().map(slugify).filter(|s| !s.is_empty());
         }
-        if let Some(r) = meta_str(e, "resolution") {
-            resolution = Some(r.to_string());
+        if let Some(r) = meta_str(e, "self.resolution") {
+            self.resolution = Some(r.to_string());
         }
         if e.kind == crate::event::EventType::Decision {
-            if let Some(rc) = meta_str(e, "root_cause")
+            if let Some(rc) = meta_str(e, "self.root_cause")
                 .map(slugify)
                 .filter(|s| !s.is_empty())
             {
-                root_cause = Some(rc);
+                self.root_cause = Some(rc);
             }
             let t = text::content_text(&e.content);
             let t = t.trim();
             if !t.is_empty() {
-                last_decision_text = Some(t.to_string());
+                self.last_decision_text = Some(t.to_string());
             }
         }
         let Some((tool, ok, error, args)) = tool_call(e) else {
-            continue;
+            return;
         };
         if ok {
-            any_ok = true;
+            self.any_ok = true;
             if !NOISY_TOOLS.contains(&tool)
-                && sequence.len() < SEQUENCE_MAX
-                && sequence.last().map(String::as_str) != Some(tool)
+                && self.sequence.len() < SEQUENCE_MAX
+                && self.sequence.last().map(String::as_str) != Some(tool)
             {
-                sequence.push(tool.to_string());
+                self.sequence.push(tool.to_string());
             }
-            if let Some(fails) = pending.remove(tool) {
+            if let Some(fails) = self.pending.remove(tool) {
                 for (fp, failed_args) in fails {
                     if let Some(c) = describe_args_diff(failed_args.as_ref(), args) {
-                        if let Some(m) = mistakes.get_mut(&fp) {
+                        if let Some(m) = self.mistakes.get_mut(&fp) {
                             m.correction = Some(c);
                             m.corrected_at = Some(e.ts);
                         }
@@ -473,18 +480,21 @@ pub fn learn_from_run<'a>(events: impl IntoIterator<Item = &'a Event>) -> RunLea
         } else {
             let norm = normalize_error(error.unwrap_or("error"));
             let fp = fingerprint(&[tool, &norm]);
-            let m = mistakes.entry(fp.clone()).or_insert_with(|| ToolMistake {
-                fingerprint: fp.clone(),
-                tool: tool.to_string(),
-                category: classify_error(&norm).to_string(),
-                error: norm,
-                occurrence_count: 0,
-                correction: None,
-                runs_seen: 1,
-                corrected_at: None,
-            });
+            let m = self
+                .mistakes
+                .entry(fp.clone())
+                .or_insert_with(|| ToolMistake {
+                    fingerprint: fp.clone(),
+                    tool: tool.to_string(),
+                    category: classify_error(&norm).to_string(),
+                    error: norm,
+                    occurrence_count: 0,
+                    correction: None,
+                    runs_seen: 1,
+                    corrected_at: None,
+                });
             m.occurrence_count += 1;
-            let buf = pending.entry(tool.to_string()).or_default();
+            let buf = self.pending.entry(tool.to_string()).or_default();
             if buf.len() == FAILURE_BUFFER_MAX {
                 buf.pop_front();
             }
@@ -492,29 +502,54 @@ pub fn learn_from_run<'a>(events: impl IntoIterator<Item = &'a Event>) -> RunLea
         }
     }
 
-    let symptom = symptom.or(first_hypothesis_subject);
-    let pattern = match (symptom, root_cause) {
-        (Some(symptom), Some(root_cause)) if any_ok => {
-            let fp = fingerprint(&[&symptom, &root_cause, &sequence.join("\u{1}")]);
-            let summary = resolution.or(last_decision_text).unwrap_or_default();
-            Some(InvestigationPattern {
-                fingerprint: fp,
-                symptom_type: symptom,
-                root_cause_category: root_cause,
-                tool_sequence: sequence,
-                resolution_summary: truncate(&summary, RESOLUTION_BYTES_MAX),
-                occurrence_count: 1,
-                confidence: confidence_for(1),
-                last_seen: last_ts,
-            })
+    /// What the run taught.
+    pub fn finish(self) -> RunLearnings {
+        let Learner {
+            run_id,
+            last_ts,
+            symptom,
+            first_hypothesis_subject,
+            root_cause,
+            resolution,
+            last_decision_text,
+            sequence,
+            any_ok,
+            mistakes,
+            ..
+        } = self;
+        let symptom = symptom.or(first_hypothesis_subject);
+        let pattern = match (symptom, root_cause) {
+            (Some(symptom), Some(root_cause)) if any_ok => {
+                let fp = fingerprint(&[&symptom, &root_cause, &sequence.join("\u{1}")]);
+                let summary = resolution.or(last_decision_text).unwrap_or_default();
+                Some(InvestigationPattern {
+                    fingerprint: fp,
+                    symptom_type: symptom,
+                    root_cause_category: root_cause,
+                    tool_sequence: sequence,
+                    resolution_summary: truncate(&summary, RESOLUTION_BYTES_MAX),
+                    occurrence_count: 1,
+                    confidence: confidence_for(1),
+                    last_seen: last_ts,
+                })
+            }
+            _ => None,
+        };
+        RunLearnings {
+            pattern,
+            mistakes: mistakes.into_values().collect(),
+            run_id,
         }
-        _ => None,
-    };
-    RunLearnings {
-        pattern,
-        mistakes: mistakes.into_values().collect(),
-        run_id,
     }
+}
+
+/// Learns from one closed run's events.
+pub fn learn_from_run<'a>(events: impl IntoIterator<Item = &'a Event>) -> RunLearnings {
+    let mut l = Learner::default();
+    for e in events {
+        l.push(e);
+    }
+    l.finish()
 }
 
 /// All patterns and mistakes learned so far: a fold of [`RunLearnings`].
