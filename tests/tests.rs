@@ -20,6 +20,7 @@ mod random_bytes;
 mod replay;
 mod retry;
 mod scratchpad;
+mod synth;
 mod tail;
 mod truncate;
 mod visibility;

@@ -463,6 +463,32 @@ fn fnv(parts: &[&str]) -> u64 {
     h
 }
 
+/// The shared copy of a run's learnings: every text field through the sanitizer, and
+/// the fingerprints recomputed from the sanitized fields, so the same lesson learned by
+/// two users merges in the shared scope.
+fn sanitize_learnings(s: &Sanitizer, mut l: patterns::RunLearnings) -> patterns::RunLearnings {
+    if let Some(p) = &mut l.pattern {
+        p.symptom_type = s.text(&p.symptom_type);
+        p.root_cause_category = s.text(&p.root_cause_category);
+        for t in &mut p.tool_sequence {
+            *t = s.text(t);
+        }
+        p.resolution_summary = s.text(&p.resolution_summary);
+        p.fingerprint = patterns::fingerprint(&[
+            &p.symptom_type,
+            &p.root_cause_category,
+            &p.tool_sequence.join("\u{1}"),
+        ]);
+    }
+    for m in &mut l.mistakes {
+        m.tool = s.text(&m.tool);
+        m.error = s.text(&m.error);
+        m.correction = m.correction.as_deref().map(|c| s.text(c));
+        m.fingerprint = patterns::fingerprint(&[&m.tool, &m.error]);
+    }
+    l
+}
+
 /// A pattern or mistake with the scope it comes from.
 #[derive(Clone, Debug, Serialize)]
 pub struct Scoped<T> {
@@ -841,9 +867,7 @@ impl Store {
         for (run, l) in wanted {
             let Some(l) = l else { continue };
             let s = Sanitizer::new(self.sanitize_context(&run, opts)?);
-            let mut clean: patterns::RunLearnings =
-                serde_json::from_value(s.value(&to_value(&l)?))
-                    .map_err(|e| Error::invalid("sanitized learnings", e.to_string()))?;
+            let mut clean = sanitize_learnings(&s, l);
             let h = fnv(&[self.user(), &run]);
             // The run id stays with its user: the shared copy names an opaque hash.
             clean.run_id = format!("r{h:016x}");

@@ -124,7 +124,7 @@ pub fn confidence_for(count: u64) -> f64 {
 }
 
 /// FNV-1a 64 over parts separated by a 0 byte, as 16 hex digits (stable across builds).
-fn fingerprint(parts: &[&str]) -> String {
+pub(crate) fn fingerprint(parts: &[&str]) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |b: u8| {
         h ^= u64::from(b);
@@ -431,7 +431,7 @@ impl Learner {
             return;
         }
         if self.symptom.is_none() {
-            self.symptom = meta_str(e, "self.symptom")
+            self.symptom = meta_str(e, "symptom")
                 .map(slugify)
                 .filter(|s| !s.is_empty());
         }
@@ -440,11 +440,11 @@ impl Learner {
             self.first_hypothesis_subject =
                 e.subject.as_deref().map(slugify).filter(|s| !s.is_empty());
         }
-        if let Some(r) = meta_str(e, "self.resolution") {
+        if let Some(r) = meta_str(e, "resolution") {
             self.resolution = Some(r.to_string());
         }
         if e.kind == crate::event::EventType::Decision {
-            if let Some(rc) = meta_str(e, "self.root_cause")
+            if let Some(rc) = meta_str(e, "root_cause")
                 .map(slugify)
                 .filter(|s| !s.is_empty())
             {

@@ -1,0 +1,882 @@
+//! The batch synthesizer: incremental, idempotent, crash-safe passes; evidence chains;
+//! contradictions and supersession; time travel; user isolation; patterns, mistakes and
+//! the shared scope; the LLM step; metrics and quality commands.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use swarm_memory::synth::dedup::DedupConfig;
+use swarm_memory::synth::{FactsQuery, LlmOptions, SynthOptions, FACTS_RUN};
+use swarm_memory::{Durability, EventType, NewEvent, ReadOptions, Store, Ts};
+
+use crate::util::{Env, Rng};
+
+fn finding(agent: &str, subject: &str, text: &str, conf: Option<f64>) -> NewEvent {
+    let mut e = NewEvent::new(agent, EventType::Evidence, text);
+    e.subject = Some(subject.to_string());
+    e.confidence = conf;
+    e
+}
+
+fn user_store(env: &Env, user: &str) -> Store {
+    Store::open(env.path())
+        .expect("open")
+        .with_user(user, true)
+        .expect("user")
+}
+
+fn append(store: &Store, run: &str, e: NewEvent) -> swarm_memory::Event {
+    store.append(run, e, Durability::None).expect("append")
+}
+
+fn synth(store: &Store) -> swarm_memory::synth::SynthReport {
+    store
+        .synth(&SynthOptions::default(), |_| {})
+        .expect("synth")
+}
+
+fn facts_log_bytes(env: &Env, user: &str) -> BTreeMap<String, Vec<u8>> {
+    let dir = env.path().join(user).join(FACTS_RUN);
+    let mut out = BTreeMap::new();
+    for e in std::fs::read_dir(&dir).expect("facts dir") {
+        let p = e.expect("entry").path();
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        if name.starts_with("seg-") {
+            out.insert(name, std::fs::read(&p).expect("read"));
+        }
+    }
+    out
+}
+
+/// Running synth twice adds nothing; new events are read from the watermark on, once.
+#[test]
+fn synth_is_incremental_and_idempotent() {
+    let env = Env::new();
+    let s = user_store(&env, "alice");
+    append(
+        &s,
+        "inc-1",
+        finding("db", "orders-db", "orders-db disk is 91% full", Some(0.9)),
+    );
+    append(
+        &s,
+        "inc-1",
+        finding("infra", "orders-db", "orders-db disk is 91% full.", None),
+    );
+    append(
+        &s,
+        "inc-2",
+        finding("db", "orders-db", "orders-db disk is 91% full", Some(0.7)),
+    );
+    append(
+        &s,
+        "inc-2",
+        finding("net", "dns", "SERVFAIL resolving orders-db.internal", None),
+    );
+    let r = synth(&s);
+    assert_eq!((r.events, r.findings, r.passes), (4, 4, 1), "{r:?}");
+    assert_eq!(r.facts_total, 2);
+    assert!(!r.nothing_new);
+
+    let before = facts_log_bytes(&env, "alice");
+    let again = synth(&s);
+    assert!(again.nothing_new, "{again:?}");
+    assert_eq!(
+        (again.events, again.passes, again.records_written),
+        (0, 0, 0)
+    );
+    assert_eq!(
+        facts_log_bytes(&env, "alice"),
+        before,
+        "a second synth wrote something"
+    );
+
+    append(
+        &s,
+        "inc-2",
+        finding("app", "orders-db", "ORDERS-DB disk is 91% full", Some(0.8)),
+    );
+    let third = synth(&s);
+    assert_eq!(third.events, 1, "only the new event is read: {third:?}");
+    assert_eq!(third.runs.len(), 1);
+    assert_eq!((third.runs[0].from_seq, third.runs[0].to_seq), (3, 3));
+    let ans = s.facts(&FactsQuery::default()).expect("facts");
+    let disk = ans
+        .facts
+        .iter()
+        .find(|f| f.subject.as_deref() == Some("orders-db"))
+        .expect("disk fact");
+    assert_eq!(disk.evidence, 4);
+    assert_eq!(disk.agents, vec!["app", "db", "infra"]);
+    assert_eq!(disk.runs, vec!["inc-1", "inc-2"]);
+    assert_eq!(ans.source_events, 5);
+}
+
+/// Confidence grows with independent agents, not with one agent repeating itself; every
+/// evidence link leads back to the raw event it names.
+#[test]
+fn facts_link_back_to_raw_events_and_confidence_grows_with_independent_evidence() {
+    let env = Env::new();
+    let s = user_store(&env, "alice");
+    let mut raw = Vec::new();
+    for _ in 0..3 {
+        raw.push(append(
+            &s,
+            "r",
+            finding("db", "pool", "pool exhausted at 100 connections", Some(0.5)),
+        ));
+    }
+    synth(&s);
+    let one_agent = s.facts(&FactsQuery::default()).expect("facts").facts[0].clone();
+    assert_eq!(one_agent.evidence, 3);
+    assert!((one_agent.confidence - 0.5).abs() < 1e-9, "{one_agent:?}");
+    raw.push(append(
+        &s,
+        "r",
+        finding(
+            "metrics",
+            "pool",
+            "pool exhausted at 100 connections",
+            Some(0.5),
+        ),
+    ));
+    synth(&s);
+    let two_agents = s.facts(&FactsQuery::default()).expect("facts").facts[0].clone();
+    assert!(
+        (two_agents.confidence - 0.75).abs() < 1e-9,
+        "{two_agents:?}"
+    );
+
+    let ex = s.explain_fact(&two_agents.id, 100).expect("explain");
+    assert_eq!(ex.evidence_total, 4);
+    assert_eq!(ex.evidence.len(), 4);
+    for (link, e) in ex.evidence.iter().zip(&raw) {
+        let got = link.event.as_ref().expect("raw event read back");
+        assert_eq!((got.seq, &got.id), (e.seq, &e.id));
+        assert_eq!(got, e);
+        assert!(link.error.is_none());
+    }
+    assert_eq!(ex.evidence[0].matched, "first");
+    let limited = s.explain_fact(&two_agents.id, 2).expect("explain");
+    assert_eq!((limited.evidence_total, limited.evidence.len()), (4, 2));
+    let bad = s.explain_fact("F99", 10).unwrap_err();
+    assert_eq!(bad.exit_code(), 2, "{bad}");
+}
+
+/// Seed 004's example: agent A says port 8080, agent B says port 3000. The contradiction
+/// links both sides, is resolved by evidence weight then recency, and the loser is
+/// marked superseded with the time it stopped being valid, never deleted; when the
+/// evidence turns, the resolution is recorded again and time travel shows both states.
+#[test]
+fn contradictions_are_resolved_by_weight_then_recency_and_superseded_facts_stay() {
+    let env = Env::new();
+    let s = user_store(&env, "alice");
+    append(
+        &s,
+        "r",
+        finding(
+            "k8s",
+            "orders-svc",
+            "orders-svc listens on port 8080",
+            Some(0.8),
+        ),
+    );
+    append(
+        &s,
+        "r",
+        finding(
+            "net",
+            "orders-svc",
+            "orders-svc listens on port 8080",
+            Some(0.8),
+        ),
+    );
+    let b = append(
+        &s,
+        "r",
+        finding(
+            "config",
+            "orders-svc",
+            "orders-svc listens on port 3000",
+            Some(0.8),
+        ),
+    );
+    let r = synth(&s);
+    assert_eq!((r.contradictions_new, r.resolutions), (1, 1), "{r:?}");
+    let all = s
+        .facts(&FactsQuery {
+            include_superseded: true,
+            ..FactsQuery::default()
+        })
+        .expect("facts");
+    assert_eq!(all.facts.len(), 2);
+    assert_eq!(all.contradictions.len(), 1);
+    let c = &all.contradictions[0];
+    let f8080 = all.facts.iter().find(|f| f.text.contains("8080")).unwrap();
+    let f3000 = all.facts.iter().find(|f| f.text.contains("3000")).unwrap();
+    assert_eq!(c.winner.as_deref(), Some(f8080.id.as_str()));
+    assert_eq!(c.reason.as_deref(), Some("evidence_weight"));
+    assert_eq!(f8080.status, "current");
+    assert_eq!(f3000.status, "superseded");
+    let sup = f3000.superseded.as_ref().unwrap();
+    assert_eq!(sup.by, f8080.id);
+    assert_eq!(sup.valid_to, Some(b.ts));
+    let current = s.facts(&FactsQuery::default()).expect("facts");
+    assert_eq!(
+        current.facts.len(),
+        1,
+        "superseded facts are hidden by default"
+    );
+    let t_before_flip = Ts::now();
+
+    std::thread::sleep(Duration::from_millis(2));
+    for agent in ["app", "lb", "sre"] {
+        append(
+            &s,
+            "r",
+            finding(
+                agent,
+                "orders-svc",
+                "orders-svc listens on port 3000",
+                Some(0.8),
+            ),
+        );
+    }
+    let r2 = synth(&s);
+    assert_eq!((r2.contradictions_new, r2.resolutions), (0, 1), "{r2:?}");
+    let now = s
+        .facts(&FactsQuery {
+            include_superseded: true,
+            ..FactsQuery::default()
+        })
+        .expect("facts");
+    let f3000 = now.facts.iter().find(|f| f.text.contains("3000")).unwrap();
+    let f8080 = now.facts.iter().find(|f| f.text.contains("8080")).unwrap();
+    assert_eq!(f3000.status, "current");
+    assert_eq!(f8080.status, "superseded");
+
+    // Equal weight: the newer evidence wins (recency).
+    let then = s
+        .facts(&FactsQuery {
+            as_of: Some(t_before_flip),
+            include_superseded: true,
+            ..FactsQuery::default()
+        })
+        .expect("facts as of");
+    let f8080_then = then.facts.iter().find(|f| f.text.contains("8080")).unwrap();
+    assert_eq!(
+        f8080_then.status, "current",
+        "as of before the flip: {then:?}"
+    );
+    assert_eq!(
+        then.facts
+            .iter()
+            .find(|f| f.text.contains("3000"))
+            .unwrap()
+            .evidence,
+        1
+    );
+
+    // The resolutions are events of the facts log.
+    let resolutions: Vec<_> = s
+        .read(FACTS_RUN, ReadOptions::default())
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.content.get("op").and_then(Value::as_str) == Some("resolution"))
+        .collect();
+    assert_eq!(resolutions.len(), 2);
+}
+
+/// Equal evidence weight: the side with the newer evidence stands (recency).
+#[test]
+fn equal_weight_contradiction_is_decided_by_recency() {
+    let env = Env::new();
+    let s = user_store(&env, "alice");
+    append(
+        &s,
+        "r",
+        finding(
+            "a",
+            "orders-svc",
+            "orders-svc memory limit is 512Mi",
+            Some(0.7),
+        ),
+    );
+    append(
+        &s,
+        "r",
+        finding(
+            "b",
+            "orders-svc",
+            "orders-svc memory limit is 1Gi",
+            Some(0.7),
+        ),
+    );
+    synth(&s);
+    let ans = s
+        .facts(&FactsQuery {
+            include_superseded: true,
+            ..FactsQuery::default()
+        })
+        .unwrap();
+    assert_eq!(ans.contradictions.len(), 1, "{ans:?}");
+    let c = &ans.contradictions[0];
+    assert_eq!(c.reason.as_deref(), Some("recency"));
+    let winner = ans
+        .facts
+        .iter()
+        .find(|f| Some(&f.id) == c.winner.as_ref())
+        .unwrap();
+    assert!(winner.text.contains("1Gi"));
+}
+
+/// `--as-of` shows the facts as they stood: evidence after the time does not count.
+#[test]
+fn as_of_shows_the_facts_as_they_stood() {
+    let env = Env::new();
+    let s = user_store(&env, "alice");
+    append(
+        &s,
+        "r",
+        finding("a", "checkout", "checkout p99 latency is 2.4s", None),
+    );
+    std::thread::sleep(Duration::from_millis(2));
+    let t = Ts::now();
+    std::thread::sleep(Duration::from_millis(2));
+    append(
+        &s,
+        "r",
+        finding("b", "checkout", "checkout p99 latency is 2.4s", None),
+    );
+    append(
+        &s,
+        "r",
+        finding("b", "cache", "redis hit ratio fell to 40%", None),
+    );
+    synth(&s);
+    let then = s
+        .facts(&FactsQuery {
+            as_of: Some(t),
+            ..FactsQuery::default()
+        })
+        .unwrap();
+    assert_eq!(then.facts.len(), 1);
+    assert_eq!(then.facts[0].evidence, 1);
+    assert_eq!(then.facts[0].agents, vec!["a"]);
+    let now = s.facts(&FactsQuery::default()).unwrap();
+    assert_eq!(now.facts.len(), 2);
+}
+
+/// Findings never cross users: same run id, same text, two users, two facts logs; the
+/// shared scope cannot be acted as, and the engine's logs refuse client appends.
+#[test]
+fn facts_never_cross_users() {
+    let env = Env::new();
+    let alice = user_store(&env, "alice");
+    let bob = user_store(&env, "bob");
+    append(
+        &alice,
+        "inc",
+        finding("db", "orders-db", "orders-db pool exhausted", None),
+    );
+    append(
+        &bob,
+        "inc",
+        finding("db", "orders-db", "orders-db pool exhausted", None),
+    );
+    synth(&alice);
+    assert!(bob.facts(&FactsQuery::default()).unwrap().facts.is_empty());
+    synth(&bob);
+    let fa = alice.facts(&FactsQuery::default()).unwrap().facts;
+    let fb = bob.facts(&FactsQuery::default()).unwrap().facts;
+    assert_eq!((fa.len(), fb.len()), (1, 1));
+    assert_eq!((fa[0].evidence, fb[0].evidence), (1, 1));
+    let ex = bob.explain_fact(&fb[0].id, 10).unwrap();
+    assert_eq!(ex.evidence[0].event.as_ref().unwrap().user_id, "bob");
+
+    let e = Store::open(env.path())
+        .unwrap()
+        .with_user(swarm_memory::synth::SHARED_USER, true)
+        .err()
+        .expect("the shared scope is refused as a user");
+    assert_eq!(e.exit_code(), 5);
+    env.swarm(&[
+        "--user",
+        "alice",
+        "append",
+        "--run",
+        FACTS_RUN,
+        "--agent",
+        "x",
+        "--type",
+        "evidence",
+        "--content",
+        "forged",
+    ])
+    .code(5);
+    env.swarm(&["--user", "alice", "synth", "--run", FACTS_RUN])
+        .code(2);
+}
+
+/// A synth killed with SIGKILL at random moments leaves the facts log with whole passes
+/// only (facts always agree with the watermarks), and finishing it gives exactly the
+/// facts of an uninterrupted synth of the same data.
+#[test]
+fn synth_killed_at_random_moments_converges_to_the_uninterrupted_result() {
+    let env = Env::fast();
+    let s = user_store(&env, "alice");
+    let mut rng = Rng::from_env("synth_kill");
+    let services = ["orders-db", "checkout", "payments-api", "dns", "nodes"];
+    let claims = [
+        "connection pool exhausted at 100 connections",
+        "p99 latency rose to 2.4s",
+        "error rate is 12% mostly 503",
+        "TLS certificate expires on 2026-11-25",
+        "3 nodes report DiskPressure",
+        "SERVFAIL on lookups",
+    ];
+    let mut findings_by_run: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for run in ["r1", "r2", "r3"] {
+        let mut batch = Vec::new();
+        for i in 0..1500 {
+            let svc = services[rng.below(services.len() as u64) as usize];
+            let claim = claims[rng.below(claims.len() as u64) as usize];
+            let agent = format!("agent-{}", rng.below(6));
+            let mut e = finding(
+                &agent,
+                svc,
+                &format!("{svc} {claim}"),
+                Some(0.5 + rng.below(5) as f64 / 10.0),
+            );
+            if i % 7 == 0 {
+                // Not a finding: the synthesizer reads past it (no subject, so no
+                // contradictory-action escalation either).
+                e.kind = "decision".into();
+                e.subject = None;
+            }
+            batch.push(e);
+            if batch.len() == 100 {
+                let stored = s
+                    .append_batch(run, std::mem::take(&mut batch), None, Durability::None)
+                    .unwrap();
+                findings_by_run.entry(run.to_string()).or_default().extend(
+                    stored
+                        .iter()
+                        .filter(|e| e.kind == EventType::Evidence)
+                        .map(|e| e.seq),
+                );
+            }
+        }
+    }
+    // The reference: the same data, synthesized without interruption.
+    let reference = Env::fast();
+    copy_dir(env.path(), reference.path());
+    let rs = user_store(&reference, "alice");
+    rs.synth(
+        &SynthOptions {
+            pass_events_max: 150,
+            ..SynthOptions::default()
+        },
+        |_| {},
+    )
+    .unwrap();
+
+    let mut kills = 0;
+    for round in 0..40 {
+        let mut child = env
+            .cmd(&["--user", "alice", "synth", "--all", "--pass-events", "150"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn synth");
+        std::thread::sleep(Duration::from_micros(rng.range(2_000, 60_000)));
+        let finished = child.try_wait().unwrap().is_some();
+        if !finished {
+            child.kill().unwrap(); // SIGKILL
+            kills += 1;
+        }
+        let _ = child.wait();
+        // Whatever is committed agrees with its watermarks: every finding at or below
+        // the watermark of its run is linked exactly once, none above.
+        let fold = s.facts_fold(None).unwrap();
+        let linked: u64 = fold.facts.iter().map(|f| f.evidence).sum();
+        let expected: u64 = findings_by_run
+            .iter()
+            .map(|(run, seqs)| {
+                let w = fold.watermarks.get(run).copied().unwrap_or(0);
+                seqs.iter().filter(|&&q| q <= w).count() as u64
+            })
+            .sum();
+        assert_eq!(
+            linked, expected,
+            "round {round}: facts disagree with the watermarks"
+        );
+        if finished && round > 0 {
+            break;
+        }
+    }
+    assert!(
+        kills > 0,
+        "no synth was ever killed mid-way; the test proved nothing"
+    );
+    let done = synth_cli(&env);
+    assert_eq!(done["facts_total"], synth_cli(&reference)["facts_total"]);
+    let a = env
+        .swarm(&["--user", "alice", "facts", "--all"])
+        .ok()
+        .stdout;
+    let b = reference
+        .swarm(&["--user", "alice", "facts", "--all"])
+        .ok()
+        .stdout;
+    let strip = |s: &str| {
+        let mut v: Value = serde_json::from_str(s).unwrap();
+        // Pass counts differ (the killed synth committed in more, smaller steps).
+        v.as_object_mut().unwrap().remove("passes");
+        v
+    };
+    assert_eq!(
+        strip(&a),
+        strip(&b),
+        "interrupted synth differs from the reference"
+    );
+    let total: u64 = findings_by_run.values().map(|v| v.len() as u64).sum();
+    let fold = s.facts_fold(None).unwrap();
+    assert_eq!(fold.facts.iter().map(|f| f.evidence).sum::<u64>(), total);
+}
+
+fn synth_cli(env: &Env) -> Value {
+    let out = env.swarm(&["--user", "alice", "synth", "--all"]).ok();
+    serde_json::from_str(&out.stdout).expect("synth report")
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let p = e.path();
+        let dst = to.join(e.file_name());
+        if p.is_dir() {
+            std::fs::create_dir_all(&dst).unwrap();
+            copy_dir(&p, &dst);
+        } else {
+            std::fs::copy(&p, &dst).unwrap();
+        }
+    }
+}
+
+/// One investigation, as a closed run: a symptom, tool calls (one failing, then fixed),
+/// a root cause on the decision.
+fn investigation(s: &Store, run: &str, project: &str) {
+    let tool = |agent: &str, tool: &str, meta: Value, text: &str| {
+        let mut e = NewEvent::new(agent, EventType::Evidence, text);
+        e.subject = Some("checkout".into());
+        let mut m = meta.as_object().unwrap().clone();
+        m.insert("tool".into(), json!(tool));
+        e.meta = Some(m);
+        e
+    };
+    let mut h = NewEvent::new(
+        "lead",
+        EventType::Hypothesis,
+        "checkout slow because of the db pool",
+    );
+    h.meta = Some(
+        json!({"symptom": "high_latency_checkout"})
+            .as_object()
+            .unwrap()
+            .clone(),
+    );
+    append(s, run, h);
+    append(
+        s,
+        run,
+        tool(
+            "metrics",
+            "query_metrics",
+            json!({"tool_status": "error",
+        "error": format!("invalid filter: resource.type required (project {project}, caller ops@{project}.example.com, from 10.2.3.4)"),
+        "args": {"filter": "metric.type=latency"}}),
+            "query failed",
+        ),
+    );
+    append(
+        s,
+        run,
+        tool(
+            "metrics",
+            "query_metrics",
+            json!({"tool_status": "ok",
+        "args": {"filter": "metric.type=latency", "resource_type": "k8s_container"}}),
+            "p99 2.4s",
+        ),
+    );
+    append(
+        s,
+        run,
+        tool(
+            "traces",
+            "fetch_trace_exemplar",
+            json!({"tool_status": "ok"}),
+            "slow span in db",
+        ),
+    );
+    append(
+        s,
+        run,
+        tool(
+            "logs",
+            "get_logs_for_trace",
+            json!({"tool_status": "ok"}),
+            "timeout acquiring connection",
+        ),
+    );
+    let mut d = NewEvent::new("lead", EventType::Decision, "raise the pool from 10 to 50");
+    d.meta = Some(
+        json!({"root_cause": "connection_pool_saturation",
+        "resolution": format!("Increased pool size from 10 to 50 in {project}")})
+        .as_object()
+        .unwrap()
+        .clone(),
+    );
+    append(s, run, d);
+    s.close_run(run, "lead").expect("close");
+}
+
+/// Seed 002: closed runs teach patterns (occurrences add, confidence +0.1 each) and tool
+/// mistakes with their self-correction; both are copied to the shared scope sanitized,
+/// so another user benefits without seeing the first one's project, e-mail or address.
+#[test]
+fn patterns_and_mistakes_are_learned_and_shared_sanitized() {
+    let env = Env::new();
+    let alice = user_store(&env, "alice").with_archive_dir(env.path().join(".archive"));
+    investigation(&alice, "inc-1", "acme-prod-7781");
+    investigation(&alice, "inc-2", "acme-prod-7781");
+    let r = synth(&alice);
+    assert_eq!(r.learned_runs, vec!["inc-1", "inc-2"], "{r:?}");
+    assert_eq!(r.shared_copies, 2);
+    // Learned once: a second synth learns nothing again.
+    assert!(synth(&alice).learned_runs.is_empty());
+
+    let p = alice.patterns("high_latency_checkout").unwrap();
+    let own: Vec<_> = p.iter().filter(|x| x.scope == "private").collect();
+    assert_eq!(own.len(), 1, "{p:?}");
+    assert_eq!(own[0].item.occurrence_count, 2);
+    assert!((own[0].item.confidence - 0.7).abs() < 1e-9);
+    assert_eq!(
+        own[0].item.tool_sequence,
+        vec![
+            "query_metrics",
+            "fetch_trace_exemplar",
+            "get_logs_for_trace"
+        ]
+    );
+    assert_eq!(
+        own[0].item.root_cause_category,
+        "connection_pool_saturation"
+    );
+
+    let advice = alice.advise("query_metrics").unwrap();
+    let mine = advice
+        .iter()
+        .find(|m| m.scope == "private")
+        .expect("private mistake");
+    assert_eq!(mine.item.occurrence_count, 2);
+    assert!(
+        mine.item
+            .correction
+            .as_deref()
+            .unwrap_or("")
+            .contains("resource_type"),
+        "{mine:?}"
+    );
+
+    // Bob has no runs of his own but gets the shared, sanitized lessons.
+    let bob = user_store(&env, "bob");
+    let shared = bob.patterns("high_latency_checkout").unwrap();
+    assert_eq!(shared.len(), 1);
+    assert_eq!(shared[0].scope, "shared");
+    assert_eq!(shared[0].item.occurrence_count, 2);
+    let tips = bob.advise("query_metrics").unwrap();
+    assert_eq!(tips.len(), 1);
+    assert!(tips[0].item.correction.is_some());
+    // Nothing of alice's identity or environment is in the shared scope's files.
+    let mut bytes = Vec::new();
+    let dir = env.path().join(swarm_memory::synth::SHARED_USER);
+    for e in walk(&dir) {
+        bytes.extend(std::fs::read(e).unwrap());
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(text.contains("query_metrics"), "the shared lesson is there");
+    for secret in [
+        "acme-prod-7781",
+        "ops@",
+        "10.2.3.4",
+        "alice",
+        "inc-1",
+        "inc-2",
+    ] {
+        assert!(
+            !text.contains(secret),
+            "{secret:?} leaked into the shared scope"
+        );
+    }
+    // Findings never leave their user: no fact text in the shared scope.
+    assert!(!text.contains("p99 2.4s"));
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// The LLM step: borderline pairs go to the command; its answer is used; a command that
+/// times out or fails leaves the deterministic answer.
+#[test]
+fn llm_step_judges_borderline_pairs_and_falls_back() {
+    let run = |cmd: &str, timeout_ms: u64| {
+        let env = Env::new();
+        let s = user_store(&env, "alice");
+        append(
+            &s,
+            "r",
+            finding(
+                "a",
+                "checkout",
+                "checkout requests are slow since the deploy",
+                None,
+            ),
+        );
+        append(
+            &s,
+            "r",
+            finding(
+                "b",
+                "checkout",
+                "checkout slowness began right after the deploy",
+                None,
+            ),
+        );
+        let opts = SynthOptions {
+            dedup: DedupConfig {
+                borderline_low: 0.0,
+                near_threshold: 0.999,
+                ..DedupConfig::default()
+            },
+            llm: Some(LlmOptions {
+                cmd: cmd.to_string(),
+                timeout: Duration::from_millis(timeout_ms),
+                calls_max: 10,
+            }),
+            ..SynthOptions::default()
+        };
+        let r = s.synth(&opts, |_| {}).unwrap();
+        (
+            r.llm_calls,
+            r.llm_fallbacks,
+            r.matched_judged,
+            r.facts_total,
+        )
+    };
+    assert_eq!(
+        run(r#"cat >/dev/null; echo '{"same": true}'"#, 5_000),
+        (1, 0, 1, 1)
+    );
+    assert_eq!(
+        run(r#"cat >/dev/null; echo '{"same": false}'"#, 5_000),
+        (1, 0, 0, 2)
+    );
+    assert_eq!(run("sleep 5", 200), (1, 1, 0, 2), "a time-out falls back");
+    assert_eq!(
+        run("echo not json", 5_000),
+        (1, 1, 0, 2),
+        "garbage falls back"
+    );
+}
+
+/// `swarm metrics`: JSON a script can rely on and a table a person reads.
+#[test]
+fn metrics_command_measures_duplication_and_influence() {
+    let env = Env::new();
+    let s = user_store(&env, "alice");
+    let a = append(
+        &s,
+        "r",
+        finding("db", "orders-db", "orders-db pool exhausted", None),
+    );
+    append(
+        &s,
+        "r",
+        finding("metrics", "orders-db", "orders-db pool exhausted", None),
+    );
+    let mut built = NewEvent::new("lead", EventType::Hypothesis, "the leak explains the pool");
+    built.refs = vec![a.seq];
+    append(&s, "r", built);
+    let out = env
+        .swarm(&["--user", "alice", "metrics", "--run", "r", "--json"])
+        .ok();
+    let m: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(m["events"], 3);
+    let text = out.stdout;
+    assert!(text.contains("duplication_rate"), "{text}");
+    let table = env
+        .swarm(&["--user", "alice", "metrics", "--run", "r"])
+        .ok()
+        .stdout;
+    assert!(table.lines().count() > 3, "{table}");
+}
+
+/// `swarm quality` reports both parts of the labelled fixture.
+#[test]
+fn quality_command_reports_tune_and_heldout() {
+    let env = Env::new();
+    let out = env.swarm(&["quality", "--json"]).ok();
+    let v: Value = serde_json::from_str(&out.stdout).unwrap();
+    let parts = v["parts"].as_array().unwrap();
+    let names: Vec<_> = parts.iter().map(|p| p["part"].as_str().unwrap()).collect();
+    assert_eq!(names, vec!["tune", "heldout"]);
+    for p in parts {
+        assert!(p["findings"].as_u64().unwrap() > 100);
+        for k in [
+            "precision",
+            "recall",
+            "contradiction_precision",
+            "contradiction_recall",
+        ] {
+            let x = p[k].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&x), "{k} = {x}");
+        }
+    }
+    let table = env.swarm(&["quality"]).ok().stdout;
+    assert!(table.contains("heldout"), "{table}");
+}
+
+/// Two synths of one user at once: the second is refused (exit 4), never interleaved.
+#[test]
+fn one_synth_per_user_at_a_time() {
+    let env = Env::new();
+    let s = user_store(&env, "alice");
+    append(&s, "r", finding("a", "x", "something", None));
+    let lock = env.path().join("alice").join("@facts.synth-lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock)
+        .unwrap();
+    f.lock().unwrap();
+    let e = s.synth(&SynthOptions::default(), |_| {}).unwrap_err();
+    assert_eq!(e.exit_code(), 4, "{e}");
+    f.unlock().unwrap();
+    synth(&s);
+}
