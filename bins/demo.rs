@@ -70,8 +70,22 @@ fn ev(
     content: &str,
     conf: f64,
 ) -> Value {
+    // observed_at: when the agent made the finding (here: when its script is written);
+    // `swarm metrics` measures discovery-to-visibility from it.
     json!({"id": format!("{run}.{id}"), "agent_id": agent, "type": kind, "subject": subject,
-           "content": content, "confidence": conf, "session_id": format!("{agent}-s1")})
+           "content": content, "confidence": conf, "session_id": format!("{agent}-s1"),
+           "meta": {"observed_at": Ts::now().to_string()}})
+}
+
+/// The same entry with `meta` (the tool call it reports, the symptom, the root cause).
+fn with_meta(mut v: Value, meta: Value) -> Value {
+    if let (Some(m), Some(add)) = (
+        v.get_mut("meta").and_then(Value::as_object_mut),
+        meta.as_object(),
+    ) {
+        m.extend(add.clone());
+    }
+    v
 }
 
 fn line(e: &Event) -> String {
@@ -164,23 +178,44 @@ pub fn run(
         (
             "metrics",
             vec![
-                ev(
-                    r,
-                    "m1",
-                    "metrics",
-                    "evidence",
-                    "checkout-latency",
-                    "p99 latency of checkout rose from 180 ms to 2.4 s at 14:01",
-                    0.95,
+                with_meta(
+                    ev(
+                        r,
+                        "m0",
+                        "metrics",
+                        "evidence",
+                        "checkout-latency",
+                        "query failed",
+                        0.1,
+                    ),
+                    json!({"tool": "query_metrics", "tool_status": "error",
+                           "error": "invalid filter: resource.type required",
+                           "args": {"filter": "metric.type=\"latency\""}}),
                 ),
-                ev(
-                    r,
-                    "m2",
-                    "metrics",
-                    "hypothesis",
-                    "root-cause",
-                    "connection pool saturation on orders-db",
-                    0.7,
+                with_meta(
+                    ev(
+                        r,
+                        "m1",
+                        "metrics",
+                        "evidence",
+                        "checkout-latency",
+                        "p99 latency of checkout rose from 180 ms to 2.4 s at 14:01",
+                        0.95,
+                    ),
+                    json!({"tool": "query_metrics", "tool_status": "ok",
+                           "args": {"filter": "metric.type=\"latency\"", "resource.type": "k8s_container"}}),
+                ),
+                with_meta(
+                    ev(
+                        r,
+                        "m2",
+                        "metrics",
+                        "hypothesis",
+                        "root-cause",
+                        "connection pool saturation on orders-db",
+                        0.7,
+                    ),
+                    json!({"symptom": "high_latency_checkout"}),
                 ),
                 ev(
                     r,
@@ -188,8 +223,17 @@ pub fn run(
                     "metrics",
                     "evidence",
                     "orders-db",
-                    "orders-db active connections pinned at max_connections=100",
+                    "orders-db connection pool exhausted: 100 of 100 connections in use",
                     0.9,
+                ),
+                ev(
+                    r,
+                    "m4",
+                    "metrics",
+                    "evidence",
+                    "orders-svc",
+                    "orders-svc listens on port 8080",
+                    0.8,
                 ),
             ],
         ),
@@ -214,28 +258,70 @@ pub fn run(
                     "deploy 2026.11.22-3 of orders-svc leaks connections",
                     0.8,
                 ),
+                with_meta(
+                    ev(
+                        r,
+                        "l3",
+                        "logs",
+                        "evidence",
+                        "orders-svc",
+                        "orders-svc deploy 2026.11.22-3 rolled out at 13:58",
+                        0.95,
+                    ),
+                    json!({"tool": "get_logs_for_trace", "tool_status": "ok"}),
+                ),
                 ev(
                     r,
-                    "l3",
+                    "l4",
+                    "logs",
+                    "evidence",
+                    "orders-db",
+                    "all 100 connections of the orders-db pool are in use (pool exhausted)",
+                    0.85,
+                ),
+                ev(
+                    r,
+                    "l5",
                     "logs",
                     "evidence",
                     "orders-svc",
-                    "orders-svc deploy 2026.11.22-3 rolled out at 13:58",
-                    0.95,
+                    "orders-svc is serving on port 8080",
+                    0.7,
                 ),
             ],
         ),
         (
             "traces",
             vec![
+                with_meta(
+                    ev(
+                        r,
+                        "t1",
+                        "traces",
+                        "evidence",
+                        "checkout",
+                        "trace exemplars: 96% of checkout time spent waiting on orders-db",
+                        0.85,
+                    ),
+                    json!({"tool": "fetch_trace_exemplar", "tool_status": "ok"}),
+                ),
                 ev(
                     r,
-                    "t1",
+                    "t4",
                     "traces",
                     "evidence",
-                    "checkout",
-                    "trace exemplars: 96% of checkout time spent waiting on orders-db",
-                    0.85,
+                    "orders-db",
+                    "orders-db pool is saturated, every one of the 100 connections is busy",
+                    0.8,
+                ),
+                ev(
+                    r,
+                    "t5",
+                    "traces",
+                    "evidence",
+                    "orders-svc",
+                    "orders-svc listens on port 3000 according to its config",
+                    0.6,
                 ),
                 ev(
                     r,
@@ -523,7 +609,30 @@ pub fn run(
         count(EventType::Escalation),
         events.len()
     );
-    // Stage 7: the incident is over: close the run and archive it to cold storage.
+    // Stage 7: the incident is over: the lead records the root cause, then the run is
+    // closed and archived to cold storage.
+    wait_agent(
+        "lead",
+        agent_process(
+            &exe,
+            data_dir,
+            user,
+            &run,
+            vec![with_meta(
+                ev(
+                    r,
+                    "d9",
+                    "lead",
+                    "decision",
+                    "incident",
+                    "root cause: connection leak in orders-svc 2026.11.22-3; rolled back",
+                    0.9,
+                ),
+                json!({"root_cause": "connection_leak_after_deploy",
+                       "resolution": "rolled back orders-svc to 2026.11.22-2; fix the retry path to close connections"}),
+            )],
+        )?,
+    )?;
     let archived = store.close_run(&run, "lead")?;
     let back: Vec<Event> = store
         .read(&run, ReadOptions::default())?
@@ -537,8 +646,10 @@ pub fn run(
         back.len(),
         pinned
     );
+    synthesis(&store, &run)?;
     if io::stdout().is_terminal() {
         say!("\nnext: swarm read --run {run} | jq .   |   swarm replay --run {run} --timeline");
+        say!("      swarm facts --table   |   swarm facts --explain F1   |   swarm metrics --run {run}");
     }
     if !report.ok {
         return Err(Error::Corrupt {
@@ -550,4 +661,119 @@ pub fn run(
         .into());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Stage 8: the nightly job. Synthesizes every run of the user into deduplicated,
+/// evidence-linked facts, explains one back to its raw events, shows the contradiction's
+/// resolution and the patterns learned from the closed run, and the run's metrics.
+fn synthesis(store: &Store, run: &str) -> anyhow::Result<()> {
+    use swarm_memory::synth::{metrics, FactsQuery, SynthOptions};
+    let r = store.synth(&SynthOptions::default(), |_| {})?;
+    say!(
+        "\n8. the nightly synthesis: {} new events of {} runs -> {} new facts ({} exact and {} near duplicates merged),\n   {} contradictions, {} resolutions, {} closed runs learned from, {} sanitized copies shared ({} ms)",
+        r.events,
+        r.runs.len(),
+        r.facts_new,
+        r.matched_exact,
+        r.matched_near,
+        r.contradictions_new,
+        r.resolutions,
+        r.learned_runs.len(),
+        r.shared_copies,
+        r.elapsed_ms
+    );
+    let all = store.facts(&FactsQuery {
+        include_superseded: true,
+        ..FactsQuery::default()
+    })?;
+    let mut mine: Vec<_> = all
+        .facts
+        .iter()
+        .filter(|f| f.runs.iter().any(|x| x == run))
+        .collect();
+    // Most corroborated first; contradicted ones next.
+    mine.sort_by_key(|f| {
+        (
+            std::cmp::Reverse(f.agents.len()),
+            f.contradictions.is_empty(),
+            std::cmp::Reverse(f.evidence),
+        )
+    });
+    say!(
+        "   {} facts found in this run; the most corroborated:",
+        mine.len()
+    );
+    for f in mine.iter().take(8) {
+        let t: String = f.text.chars().take(70).collect();
+        say!(
+            "   {:<5} {:<16} conf {:.2}  {} agent(s), {} evidence  {:<10} {t}",
+            f.id,
+            f.subject.as_deref().unwrap_or("-"),
+            f.confidence,
+            f.agents.len(),
+            f.evidence,
+            f.status
+        );
+    }
+    for c in all
+        .contradictions
+        .iter()
+        .filter(|c| mine.iter().any(|f| f.id == c.a || f.id == c.b))
+    {
+        say!(
+            "   contradiction {} on {}: {:?} vs {:?} -> {} stands ({})",
+            c.id,
+            c.subject,
+            c.a_text,
+            c.b_text,
+            c.winner.as_deref().unwrap_or("?"),
+            c.reason.as_deref().unwrap_or("unresolved")
+        );
+    }
+    if let Some(best) = mine.iter().max_by_key(|f| (f.agents.len(), f.evidence)) {
+        let ex = store.explain_fact(&best.id, 10)?;
+        say!(
+            "   `swarm facts --explain {}`: {:?}, found independently by {}; its evidence chain:",
+            best.id,
+            best.text,
+            best.agents.join(", ")
+        );
+        for l in &ex.evidence {
+            match &l.event {
+                Some(e) => say!("     {} ({}){}", l.matched, l.run, line(e).trim_start()),
+                None => say!(
+                    "     {} #{}: {}",
+                    l.run,
+                    l.seq,
+                    l.error.as_deref().unwrap_or("")
+                ),
+            }
+        }
+    }
+    for p in store.patterns("high_latency_checkout")? {
+        say!(
+            "   pattern ({}): {} -> {} via {} (seen {}x, confidence {:.1})",
+            p.scope,
+            p.item.symptom_type,
+            p.item.root_cause_category,
+            p.item.tool_sequence.join(" > "),
+            p.item.occurrence_count,
+            p.item.confidence
+        );
+    }
+    for m in store.advise("query_metrics")?.iter().take(2) {
+        say!(
+            "   advice before query_metrics ({}): {:?} seen {}x; fix: {}",
+            m.scope,
+            m.item.error,
+            m.item.occurrence_count,
+            m.item.correction.as_deref().unwrap_or("unknown")
+        );
+    }
+    let m = store.metrics(run, &swarm_memory::synth::dedup::DedupConfig::default())?;
+    say!("   metrics of the run (`swarm metrics --run {run}`):");
+    for l in metrics::render_table(&m).lines() {
+        say!("     {l}");
+    }
+    Ok(())
 }
