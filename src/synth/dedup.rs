@@ -10,6 +10,27 @@
 //! - Everything is deterministic: the same calls in the same order give the same answers,
 //!   so the state can be rebuilt from the facts log by replaying `add_fact`/`add_variant`.
 //! - Contradictions are only looked for within a non-empty scope.
+//!
+//! # Method
+//! Each wording becomes a [`Signature`] ([`text::signature`]): content words (stopwords
+//! dropped, light stemming, a small generic SRE synonym table: exhausted/saturated/maxed
+//! out, OOMKilled/OOM killed, p99/99th percentile, ...), *values* (numbers with units
+//! normalized to a base unit: `45s` = `45 seconds` = `45 s`, `12%` = `12 percent`,
+//! `3,214` = `3214`), *identifiers* kept whole (`gke-prod-pool-1-a3f`, `2026.11.22-3`,
+//! `orders-db.internal`) and exclusive qualifiers (cpu/memory/disk, p50/p99), plus polarity.
+//! Two wordings are scored by a weighted Dice coefficient over those tokens (identifiers
+//! weigh more, the subject's own name less). Dice rather than MinHash/SimHash: findings are
+//! ~10 tokens, so exact set overlap is cheap, deterministic and has no sampling noise, and
+//! it needs no corpus statistics (IDF would change as facts arrive and break replay).
+//! Values are a hard check, not a score: if each side states a value or identifier the
+//! other lacks (45s vs 2s, node a3f vs b7c), or names a different exclusive qualifier,
+//! they are not the same fact, whatever the words say; a polarity flip halves the score.
+//! A *contradiction* is the reverse: same topic (Dice over words and identifiers, trend
+//! words such as rose/steady/normal ignored), same entities, but incompatible values in
+//! one dimension (same unit kind, same counted noun), or only the polarity differs with a
+//! near-identical topic. Candidates come from a per-scope inverted index (token -> facts),
+//! reading at most `postings_scan_max` postings per token and scoring at most
+//! `candidates_max` facts, each against its (at most `variants_max`) kept wordings.
 
 use std::collections::HashMap;
 
@@ -170,9 +191,10 @@ impl Cmp {
         if self.id_conflict || self.class_conflict || self.bound_diff || self.name_conflict {
             return 0.0;
         }
-        if self.dim_conflict && self.slot >= cfg.contradiction_threshold {
-            self.slot
-        } else if self.neg_diff && !self.value_conflict && self.slot >= cfg.negation_threshold {
+        let by_value = self.dim_conflict && self.slot >= cfg.contradiction_threshold;
+        let by_polarity =
+            self.neg_diff && !self.value_conflict && self.slot >= cfg.negation_threshold;
+        if by_value || by_polarity {
             self.slot
         } else {
             0.0
@@ -393,10 +415,14 @@ impl Deduper {
                 ("i:", x) => id_w(x, scope_lc),
                 _ => W_VALUE,
             };
+            // Rare tokens (identifiers, unusual values) say more than common words: weigh a
+            // shared token by its weight over its posting length, a cheap IDF that only
+            // ranks candidates (the score itself stays corpus-free).
+            let w = w / post.len() as f64;
             let from = post.len().saturating_sub(self.cfg.postings_scan_max);
             acc.extend(post[from..].iter().map(|&f| (f, w)));
         }
-        acc.sort_by(|a, b| a.0.cmp(&b.0));
+        acc.sort_by_key(|a| a.0);
         let mut merged: Vec<(u32, f64)> = Vec::with_capacity(acc.len());
         for (f, w) in acc {
             match merged.last_mut() {
@@ -467,7 +493,7 @@ impl Deduper {
                 .filter(|x| Some(x.0) != m && x.3 > 0.0)
                 .map(|x| (x.0, x.3))
                 .collect();
-            contradicts.sort_by(|a, b| a.0.cmp(&b.0));
+            contradicts.sort_by_key(|a| a.0);
         }
         Classified {
             matched,
@@ -533,5 +559,362 @@ impl Deduper {
             sig,
         });
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds findings the way the driver does; returns each finding's fact and the
+    /// contradictions reported.
+    fn feed(d: &mut Deduper, items: &[(&str, &str)]) -> (Vec<FactIdx>, Vec<(FactIdx, FactIdx)>) {
+        let mut facts = Vec::new();
+        let mut contra = Vec::new();
+        for (scope, text) in items {
+            let c = d.classify(scope, text, None);
+            let f = match c.matched {
+                Match::New => d.add_fact(scope, text),
+                ref m => {
+                    d.add_variant(m.fact().unwrap(), text);
+                    m.fact().unwrap()
+                }
+            };
+            for (g, s) in c.contradicts {
+                assert_ne!(g, f, "a fact never contradicts itself");
+                assert!(s > 0.0 && s <= 1.0);
+                contra.push((f, g));
+            }
+            facts.push(f);
+        }
+        (facts, contra)
+    }
+
+    fn same(scope: &str, a: &str, b: &str) -> bool {
+        let mut d = Deduper::new(DedupConfig::default());
+        let (f, _) = feed(&mut d, &[(scope, a), (scope, b)]);
+        f[0] == f[1]
+    }
+
+    fn contradicts(scope: &str, a: &str, b: &str) -> bool {
+        let mut d = Deduper::new(DedupConfig::default());
+        !feed(&mut d, &[(scope, a), (scope, b)]).1.is_empty()
+    }
+
+    #[test]
+    fn exact_repeat() {
+        let mut d = Deduper::new(DedupConfig::default());
+        let f = d.add_fact("db", "Pool exhausted.");
+        let c = d.classify("db", "pool   exhausted", None);
+        assert_eq!(c.matched, Match::Exact(f));
+        assert_eq!(
+            d.classify("other", "pool exhausted", None).matched,
+            Match::New
+        );
+    }
+
+    #[test]
+    fn paraphrases_merge() {
+        let s = "billing-db";
+        assert!(same(
+            s,
+            "billing-db connection pool exhausted: 50/50 connections in use",
+            "connection pool for billing-db maxed out at 50 active connections"
+        ));
+        assert!(same(
+            s,
+            "replica lag on billing-db reached 30s",
+            "billing-db replica is lagging 30 seconds behind the primary"
+        ));
+        assert!(same(
+            "web",
+            "web pods restarted 4 times, reason OOMKilled",
+            "web containers were OOM killed, 4 restarts"
+        ));
+        assert!(same(
+            "web",
+            "p99 latency of web rose to 3.1 s",
+            "web 99th percentile latency jumped to 3.1s"
+        ));
+        assert!(same(
+            "web",
+            "5xx rate of web climbed to 7%",
+            "7 percent of web requests fail with 503"
+        ));
+    }
+
+    #[test]
+    fn look_alikes_stay_apart() {
+        assert!(!same(
+            "nodes",
+            "node gke-prod-pool-2-x1 reports DiskPressure=True",
+            "node gke-prod-pool-2-y9 reports DiskPressure=True"
+        ));
+        assert!(!same(
+            "web",
+            "web listens on port 8080",
+            "web listens on port 9090"
+        ));
+        assert!(!same(
+            "db",
+            "db CPU utilization at 97%",
+            "db memory utilization at 97%"
+        ));
+        assert!(!same(
+            "web",
+            "web p50 latency is 45ms",
+            "web p99 latency is 45ms"
+        ));
+        assert!(!same(
+            "web",
+            "web deploy 2026.01.02-4 rolled out at 10:00",
+            "web deploy 2026.01.02-5 rolled out at 10:00"
+        ));
+        assert!(!same(
+            "web",
+            "web NullPointerException in FooMapper.toDto",
+            "web NullPointerException in BarMapper.toDto"
+        ));
+        assert!(!same(
+            "edge",
+            "ingress returns 502 on /login",
+            "ingress returns 504 on /login"
+        ));
+        assert!(!same(
+            "tls",
+            "api still accepts TLS 1.0 connections",
+            "api does not accept TLS 1.0 connections"
+        ));
+        // Scopes never mix.
+        let mut d = Deduper::new(DedupConfig::default());
+        let (f, _) = feed(
+            &mut d,
+            &[
+                ("a", "pool exhausted at 10 connections"),
+                ("b", "pool exhausted at 10 connections"),
+            ],
+        );
+        assert_ne!(f[0], f[1]);
+    }
+
+    #[test]
+    fn contradiction_cases() {
+        assert!(contradicts(
+            "web",
+            "web listens on port 8080",
+            "web serves HTTP on port 3000"
+        ));
+        assert!(contradicts(
+            "db",
+            "replica lag on db reached 45s",
+            "db replication lag stays below 2s"
+        ));
+        assert!(contradicts(
+            "web",
+            "web error rate is 12%",
+            "web error rate is normal at 0.3%"
+        ));
+        assert!(contradicts(
+            "web",
+            "memory limit for web is 512Mi",
+            "web has a 1Gi memory limit"
+        ));
+        assert!(contradicts(
+            "tls",
+            "api still accepts TLS 1.0 connections",
+            "api does not accept TLS 1.0 connections"
+        ));
+        // Different entities, different measures, no subject: no contradiction.
+        assert!(!contradicts(
+            "nodes",
+            "node pool-1-a3f has 3 evicted pods",
+            "node pool-1-b7c has 9 evicted pods"
+        ));
+        assert!(!contradicts(
+            "dns",
+            "intermittent SERVFAIL resolving a-db.internal",
+            "b-db.internal resolves fine, no SERVFAIL"
+        ));
+        assert!(!contradicts(
+            "db",
+            "db CPU utilization at 97%",
+            "db memory utilization at 40%"
+        ));
+        assert!(!contradicts(
+            "k",
+            "topic t has 12 partitions",
+            "consumer c is 5000 messages behind on topic t"
+        ));
+        assert!(!contradicts(
+            "",
+            "web listens on port 8080",
+            "web listens on port 3000"
+        ));
+        // The matched fact is never reported.
+        let mut d = Deduper::new(DedupConfig::default());
+        let f = d.add_fact("web", "web listens on port 8080");
+        let c = d.classify("web", "web is serving on port 8080", None);
+        assert_eq!(c.matched.fact(), Some(f));
+        assert!(c.contradicts.is_empty());
+    }
+
+    #[test]
+    fn deterministic_replay() {
+        let items: Vec<(&str, &str)> = vec![
+            ("web", "web listens on port 8080"),
+            ("web", "web is serving on port 8080"),
+            ("web", "web serves HTTP on port 3000"),
+            ("db", "db pool exhausted: 100/100 connections in use"),
+            (
+                "db",
+                "db pool saturated, every one of the 100 connections busy",
+            ),
+            ("db", "db CPU at 97%"),
+            ("db", "db memory at 97%"),
+            ("", "incident started after the 13:58 deploy"),
+            ("", "errors began right after the deploy at 13:58"),
+        ];
+        let run = || {
+            let mut d = Deduper::new(DedupConfig::default());
+            let out = feed(&mut d, &items);
+            let texts: Vec<String> = (0..d.len()).map(|f| d.text(f).to_string()).collect();
+            (out, texts)
+        };
+        let a = run();
+        assert_eq!(a, run());
+        // Replaying the facts log gives the same answers to new findings.
+        let mut d1 = Deduper::new(DedupConfig::default());
+        let (facts, _) = feed(&mut d1, &items);
+        let mut d2 = Deduper::new(DedupConfig::default());
+        for (i, (scope, text)) in items.iter().enumerate() {
+            if facts[..i].contains(&facts[i]) {
+                d2.add_variant(facts[i], text);
+            } else {
+                assert_eq!(d2.add_fact(scope, text), facts[i]);
+            }
+        }
+        for (scope, text) in [
+            ("web", "web listens on 3000"),
+            ("db", "db CPU pegged at 97%"),
+        ] {
+            assert_eq!(
+                d1.classify(scope, text, None),
+                d2.classify(scope, text, None)
+            );
+        }
+    }
+
+    struct Recorder {
+        scores: Vec<f64>,
+        answer: Option<bool>,
+    }
+
+    impl Judge for Recorder {
+        fn same(&mut self, _scope: &str, _a: &str, _b: &str, score: f64) -> Option<bool> {
+            self.scores.push(score);
+            self.answer
+        }
+    }
+
+    #[test]
+    fn judge_only_on_borderline() {
+        let cfg = DedupConfig::default();
+        let mut d = Deduper::new(cfg.clone());
+        d.add_fact("web", "web p99 latency rose to 2.4s after the deploy");
+        let probes = [
+            "web p99 latency rose to 2.4s after the deploy",
+            "web p99 latency jumped to 2.4 seconds after the release",
+            "web p99 latency is 2.4s",
+            "web p99 latency 2.4s, queue depth growing on workers",
+            "completely unrelated words here",
+            "web p99 latency rose to 9s",
+        ];
+        let mut j = Recorder {
+            scores: Vec::new(),
+            answer: Some(true),
+        };
+        let mut judged = 0;
+        for p in probes {
+            let before = j.scores.len();
+            let c = d.classify("web", p, Some(&mut j));
+            let s = crate::synth::dedup::similarity("web", p, d.text(0));
+            let borderline = s >= cfg.borderline_low && s < cfg.near_threshold;
+            assert_eq!(
+                j.scores.len() - before,
+                usize::from(borderline && c.matched != Match::Exact(0)),
+                "{p}: {s}"
+            );
+            if borderline {
+                assert!(matches!(c.matched, Match::Judged { fact: 0, .. }));
+                judged += 1;
+            }
+        }
+        assert!(judged >= 1, "no probe was borderline");
+        assert!(j
+            .scores
+            .iter()
+            .all(|s| *s >= cfg.borderline_low && *s < cfg.near_threshold));
+        // No opinion or "different": the deterministic answer stands.
+        for answer in [None, Some(false)] {
+            let mut j = Recorder {
+                scores: Vec::new(),
+                answer,
+            };
+            let c = d.classify(
+                "web",
+                "web p99 latency 2.4s, queue depth growing on workers",
+                Some(&mut j),
+            );
+            assert_eq!(
+                c.matched,
+                d.classify(
+                    "web",
+                    "web p99 latency 2.4s, queue depth growing on workers",
+                    None
+                )
+                .matched
+            );
+        }
+    }
+
+    #[test]
+    fn bounded_growth_many_findings() {
+        let cfg = DedupConfig {
+            candidates_max: 8,
+            ..DedupConfig::default()
+        };
+        let mut d = Deduper::new(cfg.clone());
+        let mut first: Vec<Option<FactIdx>> = vec![None; 2000];
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let i = (x % 2000) as usize;
+            let w = ((x >> 20) % 3) as usize;
+            let r = i % 7 + 2;
+            let scope = format!("svc-{}", i % 20);
+            let text = match w {
+                0 => format!("pod api-{i} restarted {r} times, reason OOMKilled"),
+                1 => format!("api-{i} containers were OOM killed, {r} restarts"),
+                _ => format!("api-{i} was killed by the OOM killer {r} times"),
+            };
+            let c = d.classify(&scope, &text, None);
+            let f = match c.matched {
+                Match::New => d.add_fact(&scope, &text),
+                ref m => {
+                    let f = m.fact().unwrap();
+                    d.add_variant(f, &text);
+                    f
+                }
+            };
+            assert_eq!(
+                *first[i].get_or_insert(f),
+                f,
+                "finding of fact {i} went elsewhere"
+            );
+        }
+        assert_eq!(d.len(), 2000);
+        assert!((0..d.len()).all(|f| d.variants(f) <= cfg.variants_max));
     }
 }

@@ -266,3 +266,75 @@ mod tests {
         eprintln!("{}", serde_json::to_string_pretty(&r).unwrap());
     }
 }
+
+#[cfg(test)]
+mod fixture_tests {
+    use super::*;
+
+    #[test]
+    fn fixture_quality() {
+        let fixture = include_str!("../../data/fixtures/synth-quality.jsonl");
+        let r = evaluate(fixture, &DedupConfig::default()).unwrap();
+        for p in &r.parts {
+            eprintln!("{}", serde_json::to_string(p).unwrap());
+        }
+        let tune = r.parts.iter().find(|p| p.part == "tune").unwrap();
+        assert!(tune.precision >= 0.95, "tune precision {}", tune.precision);
+        assert!(tune.recall >= 0.85, "tune recall {}", tune.recall);
+        let held = r.parts.iter().find(|p| p.part == "heldout").unwrap();
+        assert!(held.findings > 0);
+        for x in [
+            held.precision,
+            held.recall,
+            held.contradiction_precision,
+            held.contradiction_recall,
+        ] {
+            assert!((0.0..=1.0).contains(&x));
+        }
+        assert!(held.facts <= held.findings && held.correct_pairs <= held.predicted_pairs);
+    }
+
+    #[test]
+    fn evaluate_small_fixture() {
+        let fx = r#"{"kind": "about", "text": "x"}
+{"kind": "finding", "part": "p", "cluster": "A", "agent": "a", "subject": "web", "text": "web listens on port 8080", "item": "1"}
+{"kind": "finding", "part": "p", "cluster": "A", "agent": "b", "subject": "web", "text": "web is serving on port 8080", "item": "2"}
+{"kind": "finding", "part": "p", "cluster": "B", "agent": "c", "subject": "web", "text": "web serves HTTP on port 3000", "item": "3"}
+{"kind": "contradiction", "part": "p", "a": "B", "b": "A"}"#;
+        let r = evaluate(fx, &DedupConfig::default()).unwrap();
+        let p = &r.parts[0];
+        assert_eq!(
+            (
+                p.findings,
+                p.facts,
+                p.true_pairs,
+                p.predicted_pairs,
+                p.correct_pairs
+            ),
+            (3, 2, 1, 1, 1)
+        );
+        assert_eq!(
+            (
+                p.contradictions_labelled,
+                p.contradictions_reported,
+                p.contradictions_correct
+            ),
+            (1, 1, 1)
+        );
+        assert_eq!(
+            (
+                p.precision,
+                p.recall,
+                p.contradiction_precision,
+                p.contradiction_recall
+            ),
+            (1.0, 1.0, 1.0, 1.0)
+        );
+        assert!(evaluate("{not json", &DedupConfig::default()).is_err());
+        assert!(evaluate(
+            r#"{"kind": "finding", "part": "p"}"#,
+            &DedupConfig::default()
+        )
+        .is_err());
+    }
+}

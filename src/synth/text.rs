@@ -893,178 +893,55 @@ fn canon(w: &str) -> String {
     synonyms().get(&s).map(|c| c.to_string()).unwrap_or(s)
 }
 
+/// Synonym groups: canonical word, then words (any inflection) mapped to it. Generic SRE
+/// vocabulary only; a word belongs to one group (checked by a test).
+#[rustfmt::skip]
+const SYNONYM_GROUPS: &[(&str, &[&str])] = &[
+    ("exhaust", &["exhausted", "saturated", "depleted", "pegged", "pinned"]),
+    ("busy", &["active", "occupied"]),
+    ("lag", &["lagging", "behind", "lags", "delay", "delayed"]),
+    ("replica", &["replication", "replicas", "replicated"]),
+    ("deploy", &["deployment", "deployed", "release", "released", "releases", "rollout", "rollouts"]),
+    ("listen", &["serving", "serves", "serve", "bound", "binds", "exposes"]),
+    ("error", &["errors", "failure", "failures", "fail", "fails", "failed", "failing"]),
+    ("request", &["requests", "req", "reqs", "call", "calls", "traffic", "queries", "query"]),
+    ("rise", &["rose", "jumped", "climbed", "increased", "spiked", "spiking", "grew", "grown", "went"]),
+    ("drop", &["dropped", "fell", "fallen", "decreased", "down"]),
+    ("start", &["started", "began", "begun", "onset", "starting", "beginning"]),
+    ("timeout", &["timeouts", "timed"]),
+    ("close", &["closes", "closing", "closed", "freed", "free"]),
+    ("restart", &["restarts", "restarted", "restarting", "crashloop", "crashloopbackoff"]),
+    ("usage", &["utilization", "utilisation", "full", "capacity", "used"]),
+    ("disk", &["volume", "storage"]),
+    ("memory", &["mem", "ram"]),
+    ("normal", &["usual", "usually", "normally", "baseline", "typical", "typically"]),
+    ("cert", &["certificate", "certificates", "certs"]),
+    ("expire", &["expires", "expiry", "expiration", "expiring"]),
+    ("node", &["kubelet", "nodes", "host", "hosts"]),
+    ("throttle", &["throttled", "throttling"]),
+    ("hpa", &["autoscaler", "autoscaling"]),
+    ("cap", &["caps", "capped", "ceiling"]),
+    ("limit", &["limits", "limited"]),
+    ("max", &["maximum"]),
+    ("min", &["minimum"]),
+    ("slow", &["slowness", "latency", "latencies", "slowdown"]),
+    ("index", &["indexed", "indexes", "indices"]),
+    ("evict", &["evicted", "evicting", "evicts", "eviction", "evictions"]),
+    ("succeed", &["succeeds", "success", "successful", "accept", "accepts", "accepted"]),
+    ("intermittent", &["intermittently", "sporadic", "sporadically", "occasional", "occasionally", "flaky", "flapping"]),
+    ("resolve", &["resolving", "resolves", "resolution", "lookup", "lookups"]),
+    ("return", &["returns", "returned", "returning", "respond", "responds", "responded", "responding", "gives", "give"]),
+    ("throw", &["thrown", "throws", "raise", "raised", "raises"]),
+    ("recent", &["last", "past", "previous"]),
+    ("connection", &["connections", "handshake", "handshakes", "conn", "conns"]),
+];
+
 fn synonyms() -> &'static std::collections::HashMap<String, &'static str> {
     static MAP: std::sync::OnceLock<std::collections::HashMap<String, &'static str>> =
         std::sync::OnceLock::new();
     MAP.get_or_init(|| {
-        const GROUPS: &[(&str, &[&str])] = &[
-            (
-                "exhaust",
-                &["exhausted", "saturated", "depleted", "pegged", "pinned"],
-            ),
-            ("busy", &["active", "occupied"]),
-            ("lag", &["lagging", "behind", "lags", "delay", "delayed"]),
-            ("replica", &["replication", "replicas", "replicated"]),
-            (
-                "deploy",
-                &[
-                    "deployment",
-                    "deployed",
-                    "release",
-                    "released",
-                    "rollout",
-                    "rollouts",
-                ],
-            ),
-            (
-                "listen",
-                &["serving", "serves", "serve", "bound", "binds", "exposes"],
-            ),
-            (
-                "error",
-                &[
-                    "errors", "failure", "failures", "fail", "fails", "failed", "failing",
-                ],
-            ),
-            (
-                "request",
-                &[
-                    "requests", "req", "reqs", "call", "calls", "traffic", "queries", "query",
-                ],
-            ),
-            (
-                "rise",
-                &[
-                    "rose",
-                    "jumped",
-                    "climbed",
-                    "increased",
-                    "spiked",
-                    "spiking",
-                    "grew",
-                    "grown",
-                    "went",
-                ],
-            ),
-            ("drop", &["dropped", "fell", "fallen", "decreased", "down"]),
-            (
-                "start",
-                &[
-                    "started",
-                    "began",
-                    "begun",
-                    "onset",
-                    "starting",
-                    "beginning",
-                ],
-            ),
-            ("timeout", &["timeouts", "timed"]),
-            (
-                "release",
-                &[
-                    "close",
-                    "closes",
-                    "closing",
-                    "closed",
-                    "releases",
-                    "releasing",
-                    "freed",
-                    "free",
-                ],
-            ),
-            (
-                "restart",
-                &[
-                    "restarts",
-                    "restarted",
-                    "restarting",
-                    "crashloop",
-                    "crashloopbackoff",
-                ],
-            ),
-            (
-                "usage",
-                &["utilization", "utilisation", "full", "capacity", "used"],
-            ),
-            ("disk", &["volume", "storage"]),
-            ("memory", &["mem", "ram"]),
-            (
-                "normal",
-                &[
-                    "usual",
-                    "usually",
-                    "normally",
-                    "baseline",
-                    "typical",
-                    "typically",
-                ],
-            ),
-            ("cert", &["certificate", "certificates", "certs"]),
-            ("expire", &["expires", "expiry", "expiration", "expiring"]),
-            ("node", &["kubelet", "nodes", "host", "hosts"]),
-            ("throttle", &["throttled", "throttling"]),
-            ("hpa", &["autoscaler", "autoscaling"]),
-            ("cap", &["caps", "capped", "ceiling"]),
-            ("limit", &["limits", "limited"]),
-            ("max", &["maximum"]),
-            ("min", &["minimum"]),
-            ("slow", &["slowness", "latency", "latencies", "slowdown"]),
-            ("index", &["indexed", "indexes", "indices"]),
-            (
-                "evict",
-                &["evicted", "evicting", "evicts", "eviction", "evictions"],
-            ),
-            (
-                "succeed",
-                &[
-                    "succeeds",
-                    "success",
-                    "successful",
-                    "accept",
-                    "accepts",
-                    "accepted",
-                ],
-            ),
-            (
-                "intermittent",
-                &[
-                    "intermittently",
-                    "sporadic",
-                    "sporadically",
-                    "occasional",
-                    "occasionally",
-                    "flaky",
-                    "flapping",
-                ],
-            ),
-            (
-                "resolve",
-                &["resolving", "resolves", "resolution", "lookup", "lookups"],
-            ),
-            (
-                "return",
-                &[
-                    "returns",
-                    "returned",
-                    "returning",
-                    "respond",
-                    "responds",
-                    "responded",
-                    "responding",
-                    "gives",
-                    "give",
-                    "serves",
-                ],
-            ),
-            ("throw", &["thrown", "throws", "raise", "raised", "raises"]),
-            ("recent", &["last", "past", "previous"]),
-            (
-                "connection",
-                &["connections", "handshake", "handshakes", "conn", "conns"],
-            ),
-        ];
         let mut m = std::collections::HashMap::new();
-        for (c, words) in GROUPS {
+        for (c, words) in SYNONYM_GROUPS {
             m.insert(stem(c), *c);
             for w in *words {
                 m.insert(stem(w), *c);
@@ -1082,4 +959,130 @@ fn resource(c: &str) -> Option<&'static str> {
         "network" | "bandwidth" => "network",
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(t: &str) -> Vec<String> {
+        signature(t).values.into_iter().map(|v| v.key).collect()
+    }
+
+    #[test]
+    fn normalize_and_exact_key() {
+        assert_eq!(
+            normalize("  Orders-DB  pool\tExhausted. "),
+            "orders-db pool exhausted"
+        );
+        assert_eq!(normalize("x..."), "x");
+        assert_eq!(
+            exact_key("s", "Pool  exhausted."),
+            exact_key("s", "pool exhausted")
+        );
+        assert_ne!(
+            exact_key("s", "pool exhausted"),
+            exact_key("t", "pool exhausted")
+        );
+        assert_ne!(exact_key("", "a b"), exact_key("a", "b"));
+    }
+
+    #[test]
+    fn identifiers_are_kept_whole() {
+        let s = signature("node gke-prod-pool-1-a3f reports DiskPressure=True");
+        assert_eq!(s.ids, vec!["gke-prod-pool-1-a3f".to_string()]);
+        let s = signature("SERVFAIL resolving orders-db.internal after deploy 2026.11.22-3.");
+        assert!(s.ids.contains(&"orders-db.internal".to_string()));
+        assert!(s.ids.contains(&"2026.11.22-3".to_string()));
+        let s = signature("fails in OrderMapper.toDto");
+        assert_eq!(s.ids, vec!["ordermapper.todto".to_string()]);
+        // A package path stands for its class name.
+        assert_eq!(
+            signature("java.lang.NullPointerException").words,
+            signature("NullPointerException").words
+        );
+        // `broker 2` names an entity.
+        assert_eq!(
+            signature("broker 2 is down").ids,
+            vec!["broker#2".to_string()]
+        );
+    }
+
+    #[test]
+    fn numbers_and_units_are_normalized() {
+        assert_eq!(keys("lag 45s"), vec!["45000"]);
+        assert_eq!(keys("lag 45 seconds"), vec!["45000"]);
+        assert_eq!(keys("lag 45 s"), vec!["45000"]);
+        assert_eq!(keys("p99 2.4s"), keys("p99 2400 ms"));
+        assert_eq!(keys("12%"), keys("12 percent"));
+        assert_eq!(keys("3,214 times"), vec!["3214"]);
+        assert_eq!(keys("250k messages"), keys("250,000 messages"));
+        assert_eq!(keys("limit 512Mi"), vec![(512u64 << 20).to_string()]);
+        assert_eq!(keys("limit 1Gi"), vec![(1u64 << 30).to_string()]);
+        assert_eq!(keys("TLS 1.0"), vec!["1"]);
+        assert_eq!(keys("three days"), keys("3 days"));
+        assert_eq!(keys("at 14:01"), vec!["14:01"]);
+        let mut k = keys("100/100 connections");
+        k.dedup();
+        assert_eq!(k, vec!["100"]);
+        let s = signature("12 partitions");
+        assert_eq!(s.values[0].noun, "partition");
+        assert_eq!(signature("HTTP 503").values[0].dim, Dim::Status);
+    }
+
+    #[test]
+    fn synonyms_stems_and_classes() {
+        let w = |t: &str| signature(t).words;
+        assert_eq!(w("pool exhausted"), w("pool saturated"));
+        assert_eq!(w("pool exhausted"), w("pool maxed out"));
+        assert_eq!(w("pods OOMKilled"), w("pods OOM killed"));
+        assert_eq!(w("connections are leaking"), w("connection leaks"));
+        assert_eq!(stem("retries"), "retry");
+        assert_eq!(stem("lagging"), "lag");
+        assert_eq!(stem("closes"), stem("closed"));
+        let c = |t: &str| signature(t).classes;
+        assert_eq!(c("p99 latency"), c("99th percentile latency"));
+        assert_eq!(c("median latency"), c("p50 latency"));
+        assert_ne!(c("cpu at 97%"), c("memory at 97%"));
+        assert!(signature("does not accept TLS 1.0").negated);
+        assert!(!signature("accepts TLS 1.0").negated);
+        assert!(!signature("3 nodes NotReady").negated);
+        assert!(signature("memory limit of 512Mi").bound);
+    }
+
+    #[test]
+    fn synonym_groups_do_not_overlap() {
+        let mut seen = std::collections::HashMap::new();
+        for (c, words) in SYNONYM_GROUPS {
+            for w in words.iter().chain(std::iter::once(c)) {
+                if let Some(prev) = seen.insert(stem(w), *c) {
+                    assert_eq!(prev, *c, "{w} is in two groups");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn odd_input_does_not_panic() {
+        for t in [
+            "",
+            " ",
+            "...",
+            "1.2.3",
+            "99999999999999999999999999s",
+            "1e5",
+            "a,b,,c",
+            ":::",
+            "é漢字 ñ 12ΩΩ",
+            "'quoted' -x- _y_",
+            "1,2345",
+            "p",
+            "0x1F",
+            "5xx",
+            "max_",
+        ] {
+            let _ = signature(t);
+            let _ = exact_key("s", t);
+        }
+    }
 }
