@@ -10,10 +10,31 @@
 //! - Everything is deterministic: the same calls in the same order give the same answers,
 //!   so the state can be rebuilt from the facts log by replaying `add_fact`/`add_variant`.
 //! - Contradictions are only looked for within a non-empty scope.
+//!
+//! # Method
+//! Each wording becomes a [`Signature`] ([`text::signature`]): content words (stopwords
+//! dropped, light stemming, a small generic SRE synonym table: exhausted/saturated/maxed
+//! out, OOMKilled/OOM killed, p99/99th percentile, ...), *values* (numbers with units
+//! normalized to a base unit: `45s` = `45 seconds` = `45 s`, `12%` = `12 percent`,
+//! `3,214` = `3214`), *identifiers* kept whole (`gke-prod-pool-1-a3f`, `2026.11.22-3`,
+//! `orders-db.internal`) and exclusive qualifiers (cpu/memory/disk, p50/p99), plus polarity.
+//! Two wordings are scored by a weighted Dice coefficient over those tokens (identifiers
+//! weigh more, the subject's own name less). Dice rather than MinHash/SimHash: findings are
+//! ~10 tokens, so exact set overlap is cheap, deterministic and has no sampling noise, and
+//! it needs no corpus statistics (IDF would change as facts arrive and break replay).
+//! Values are a hard check, not a score: if each side states a value or identifier the
+//! other lacks (45s vs 2s, node a3f vs b7c), or names a different exclusive qualifier,
+//! they are not the same fact, whatever the words say; a polarity flip halves the score.
+//! A *contradiction* is the reverse: same topic (Dice over words and identifiers, trend
+//! words such as rose/steady/normal ignored), same entities, but incompatible values in
+//! one dimension (same unit kind, same counted noun), or only the polarity differs with a
+//! near-identical topic. Candidates come from a per-scope inverted index (token -> facts),
+//! reading at most `postings_scan_max` postings per token and scoring at most
+//! `candidates_max` facts, each against its (at most `variants_max`) kept wordings.
 
 use std::collections::HashMap;
 
-use crate::synth::text;
+use crate::synth::text::{self, Dim, Signature};
 
 /// Index of a fact in a [`Deduper`].
 pub type FactIdx = usize;
@@ -29,6 +50,15 @@ pub struct DedupConfig {
     pub variants_max: usize,
     /// Most candidate facts scored per finding (time bound).
     pub candidates_max: usize,
+    /// Most postings read per token when gathering candidates (the most recent ones).
+    pub postings_scan_max: usize,
+    /// Topic similarity (0..=1) at or above which a known fact stating an incompatible
+    /// value is reported as a contradiction.
+    pub contradiction_threshold: f64,
+    /// Topic similarity needed when the only disagreement is polarity ("accepts" vs "does
+    /// not accept"): a flipped negation alone is weak evidence, so the topics must be
+    /// nearly identical.
+    pub negation_threshold: f64,
 }
 
 impl Default for DedupConfig {
@@ -38,6 +68,9 @@ impl Default for DedupConfig {
             borderline_low: 0.45,
             variants_max: 4,
             candidates_max: 32,
+            postings_scan_max: 256,
+            contradiction_threshold: 0.65,
+            negation_threshold: 0.9,
         }
     }
 }
@@ -94,10 +127,14 @@ pub trait Judge {
     fn same(&mut self, scope: &str, a: &str, b: &str, score: f64) -> Option<bool>;
 }
 
+struct Variant {
+    text: String,
+    sig: Signature,
+}
+
 struct Fact {
     scope: u32,
-    text: String,
-    variants: usize,
+    variants: Vec<Variant>,
 }
 
 /// The in-memory dedup engine; memory grows with distinct facts and wordings kept, never
@@ -108,6 +145,217 @@ pub struct Deduper {
     scopes: HashMap<String, u32>,
     scope_names: Vec<String>,
     exact: HashMap<u64, FactIdx>,
+    /// Per scope: token (`w:` word, `v:` value, `i:` identifier) -> facts, in insertion order.
+    index: Vec<HashMap<String, Vec<u32>>>,
+}
+
+/// How two signatures compare.
+#[derive(Clone, Copy, Debug, Default)]
+struct Cmp {
+    /// Weighted Dice over words, values and identifiers.
+    sim: f64,
+    /// Weighted Dice over words and identifiers only: are they about the same thing?
+    slot: f64,
+    /// Each side has a value the other lacks.
+    value_conflict: bool,
+    /// Within one dimension, each side has a value the other lacks.
+    dim_conflict: bool,
+    /// Each side has an identifier the other lacks.
+    id_conflict: bool,
+    /// Different members of an exclusive class (cpu vs memory, p50 vs p99).
+    class_conflict: bool,
+    /// One is negated, the other not.
+    neg_diff: bool,
+    /// One names a bound (limit, max), the other not.
+    bound_diff: bool,
+    /// Each side names a thing (`fraud-check`, `order_items`) the other does not.
+    name_conflict: bool,
+}
+
+impl Cmp {
+    /// Same-fact score: 0 when the values, identifiers or classes disagree; halved when the
+    /// polarity differs.
+    fn same_score(&self) -> f64 {
+        if self.value_conflict || self.id_conflict || self.class_conflict {
+            0.0
+        } else if self.neg_diff {
+            self.sim * 0.5
+        } else {
+            self.sim
+        }
+    }
+
+    /// Contradiction score: the topic similarity when both are about the same entity and
+    /// slot but state incompatible values or opposite polarity; else 0.
+    fn contra_score(&self, cfg: &DedupConfig) -> f64 {
+        if self.id_conflict || self.class_conflict || self.bound_diff || self.name_conflict {
+            return 0.0;
+        }
+        let by_value = self.dim_conflict && self.slot >= cfg.contradiction_threshold;
+        let by_polarity =
+            self.neg_diff && !self.value_conflict && self.slot >= cfg.negation_threshold;
+        if by_value || by_polarity {
+            self.slot
+        } else {
+            0.0
+        }
+    }
+}
+
+const W_WORD: f64 = 1.0;
+const W_SCOPE: f64 = 0.5;
+const W_VALUE: f64 = 1.0;
+const W_ID: f64 = 1.5;
+
+fn slot_w(w: &str, scope: &str) -> f64 {
+    if text::TREND_WORDS.contains(&w) {
+        0.0
+    } else {
+        word_w(w, scope)
+    }
+}
+
+fn word_w(w: &str, scope: &str) -> f64 {
+    if w == scope {
+        W_SCOPE
+    } else {
+        W_WORD
+    }
+}
+
+fn id_w(w: &str, scope: &str) -> f64 {
+    if w == scope {
+        W_SCOPE
+    } else {
+        W_ID
+    }
+}
+
+/// Weight of the intersection and of each side, over two sorted string lists.
+fn overlap(a: &[String], b: &[String], w: impl Fn(&str) -> f64) -> (f64, f64, f64, bool, bool) {
+    let (mut i, mut j) = (0, 0);
+    let (mut both, mut wa, mut wb) = (0.0, 0.0, 0.0);
+    let (mut a_only, mut b_only) = (false, false);
+    while i < a.len() || j < b.len() {
+        let ord = match (a.get(i), b.get(j)) {
+            (Some(x), Some(y)) => x.cmp(y),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            _ => std::cmp::Ordering::Greater,
+        };
+        match ord {
+            std::cmp::Ordering::Equal => {
+                let x = w(&a[i]);
+                both += x;
+                wa += x;
+                wb += x;
+                i += 1;
+                j += 1;
+            }
+            std::cmp::Ordering::Less => {
+                wa += w(&a[i]);
+                a_only = true;
+                i += 1;
+            }
+            std::cmp::Ordering::Greater => {
+                wb += w(&b[j]);
+                b_only = true;
+                j += 1;
+            }
+        }
+    }
+    (both, wa, wb, a_only, b_only)
+}
+
+fn compare(a: &Signature, b: &Signature, scope: &str) -> Cmp {
+    let (ww, wa, wb, _, _) = overlap(&a.words, &b.words, |w| word_w(w, scope));
+    let (sw, sa, sb, _, _) = overlap(&a.words, &b.words, |w| slot_w(w, scope));
+    let na: Vec<String> = a.names.iter().filter(|n| *n != scope).cloned().collect();
+    let nb: Vec<String> = b.names.iter().filter(|n| *n != scope).cloned().collect();
+    let (_, _, _, na_only, nb_only) = overlap(&na, &nb, |_| 1.0);
+    let cls = |s: &Signature| s.classes.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>();
+    let (cw, ca, cb, _, _) = overlap(&cls(a), &cls(b), |_| W_WORD);
+    let (iw, ia, ib, ia_only, ib_only) = overlap(&a.ids, &b.ids, |w| id_w(w, scope));
+    // Values match on their canonical key (a bare 95 matches 95%).
+    let keys = |s: &Signature| {
+        let mut k: Vec<String> = s.values.iter().map(|v| v.key.clone()).collect();
+        k.sort();
+        k.dedup();
+        k
+    };
+    let (ka, kb) = (keys(a), keys(b));
+    let (vw, va, vb, va_only, vb_only) = overlap(&ka, &kb, |_| W_VALUE);
+    let dice = |both: f64, x: f64, y: f64| {
+        if x + y > 0.0 {
+            2.0 * both / (x + y)
+        } else {
+            0.0
+        }
+    };
+    // Within a dimension (and counted noun), each side states a value the other lacks.
+    let compatible = |x: &text::Value, y: &text::Value| {
+        x.dim == y.dim
+            && x.dim != Dim::Status
+            && x.dim != Dim::Clock
+            && (x.noun == y.noun || x.noun.is_empty() || y.noun.is_empty())
+    };
+    let one_way = |p: &Signature, q: &Signature| {
+        p.values.iter().any(|x| {
+            let mut comp = q.values.iter().filter(|y| compatible(x, y)).peekable();
+            comp.peek().is_some() && comp.all(|y| y.key != x.key)
+        })
+    };
+    let dim_conflict = one_way(a, b) && one_way(b, a);
+    let mut class_conflict = false;
+    for c in [text::Class::Resource, text::Class::Percentile] {
+        let ca: Vec<&str> = a
+            .classes
+            .iter()
+            .filter(|x| x.0 == c)
+            .map(|x| x.1.as_str())
+            .collect();
+        let cb: Vec<&str> = b
+            .classes
+            .iter()
+            .filter(|x| x.0 == c)
+            .map(|x| x.1.as_str())
+            .collect();
+        if !ca.is_empty() && !cb.is_empty() && !ca.iter().any(|x| cb.contains(x)) {
+            class_conflict = true;
+        }
+    }
+    Cmp {
+        sim: dice(ww + iw + vw + cw, wa + ia + va + ca, wb + ib + vb + cb),
+        slot: dice(sw + iw + cw, sa + ia + ca, sb + ib + cb),
+        value_conflict: va_only && vb_only,
+        dim_conflict,
+        id_conflict: ia_only && ib_only,
+        class_conflict,
+        neg_diff: a.negated != b.negated,
+        bound_diff: a.bound != b.bound,
+        name_conflict: na_only && nb_only,
+    }
+}
+
+/// Same-fact score of two wordings in one scope (0 when their values, identifiers or
+/// exclusive qualifiers disagree), as [`Deduper::classify`] computes it.
+pub fn similarity(scope: &str, a: &str, b: &str) -> f64 {
+    compare(
+        &text::signature(a),
+        &text::signature(b),
+        &scope.to_lowercase(),
+    )
+    .same_score()
+}
+
+/// Index tokens of a signature.
+fn index_tokens(sig: &Signature) -> Vec<String> {
+    let mut t: Vec<String> = Vec::with_capacity(sig.words.len() + sig.values.len() + sig.ids.len());
+    t.extend(sig.words.iter().map(|w| format!("w:{w}")));
+    t.extend(sig.values.iter().map(|v| format!("v:{}", v.key)));
+    t.extend(sig.ids.iter().map(|i| format!("i:{i}")));
+    t.sort();
+    t.dedup();
+    t
 }
 
 impl Deduper {
@@ -119,6 +367,7 @@ impl Deduper {
             scopes: HashMap::new(),
             scope_names: Vec::new(),
             exact: HashMap::new(),
+            index: Vec::new(),
         }
     }
 
@@ -139,7 +388,7 @@ impl Deduper {
 
     /// The first wording of fact `f`.
     pub fn text(&self, f: FactIdx) -> &str {
-        &self.facts[f].text
+        &self.facts[f].variants[0].text
     }
 
     /// The scope of fact `f`.
@@ -147,15 +396,123 @@ impl Deduper {
         &self.scope_names[self.facts[f].scope as usize]
     }
 
-    /// How `text` in `scope` relates to the known facts. Does not change the deduper.
-    pub fn classify(&self, scope: &str, text: &str, _judge: Option<&mut dyn Judge>) -> Classified {
-        let matched = match self.exact.get(&text::exact_key(scope, text)) {
-            Some(&f) => Match::Exact(f),
-            None => Match::New,
+    /// Number of wordings kept for fact `f`.
+    pub fn variants(&self, f: FactIdx) -> usize {
+        self.facts[f].variants.len()
+    }
+
+    /// Candidate facts of scope `sid` for `sig`, best prefilter overlap first (ties: lower
+    /// index first), at most `candidates_max`.
+    fn candidates(&self, sid: u32, sig: &Signature, scope_lc: &str) -> Vec<u32> {
+        let Some(idx) = self.index.get(sid as usize) else {
+            return Vec::new();
         };
+        let mut acc: Vec<(u32, f64)> = Vec::new();
+        for tok in index_tokens(sig) {
+            let Some(post) = idx.get(&tok) else { continue };
+            let w = match tok.split_at(2) {
+                ("w:", x) => word_w(x, scope_lc),
+                ("i:", x) => id_w(x, scope_lc),
+                _ => W_VALUE,
+            };
+            // Rare tokens (identifiers, unusual values) say more than common words: weigh a
+            // shared token by its weight over its posting length, a cheap IDF that only
+            // ranks candidates (the score itself stays corpus-free).
+            let w = w / post.len() as f64;
+            let from = post.len().saturating_sub(self.cfg.postings_scan_max);
+            acc.extend(post[from..].iter().map(|&f| (f, w)));
+        }
+        acc.sort_by_key(|a| a.0);
+        let mut merged: Vec<(u32, f64)> = Vec::with_capacity(acc.len());
+        for (f, w) in acc {
+            match merged.last_mut() {
+                Some(last) if last.0 == f => last.1 += w,
+                _ => merged.push((f, w)),
+            }
+        }
+        merged.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        merged.truncate(self.cfg.candidates_max);
+        merged.into_iter().map(|(f, _)| f).collect()
+    }
+
+    /// How `text` in `scope` relates to the known facts. Does not change the deduper.
+    pub fn classify(&self, scope: &str, text: &str, judge: Option<&mut dyn Judge>) -> Classified {
+        if let Some(&f) = self.exact.get(&text::exact_key(scope, text)) {
+            return Classified {
+                matched: Match::Exact(f),
+                contradicts: Vec::new(),
+            };
+        }
+        let none = Classified {
+            matched: Match::New,
+            contradicts: Vec::new(),
+        };
+        let Some(&sid) = self.scopes.get(scope) else {
+            return none;
+        };
+        let sig = text::signature(text);
+        let scope_lc = scope.to_lowercase();
+        // (fact, best same-score, its variant, best contradiction score)
+        let mut scored: Vec<(FactIdx, f64, usize, f64)> = Vec::new();
+        for f in self.candidates(sid, &sig, &scope_lc) {
+            let f = f as usize;
+            let (mut best, mut best_v, mut contra) = (0.0f64, 0usize, 0.0f64);
+            for (vi, v) in self.facts[f].variants.iter().enumerate() {
+                let c = compare(&sig, &v.sig, &scope_lc);
+                let s = c.same_score();
+                if s > best {
+                    best = s;
+                    best_v = vi;
+                }
+                contra = contra.max(c.contra_score(&self.cfg));
+            }
+            scored.push((f, best, best_v, contra));
+        }
+        let mut matched = Match::New;
+        let top = scored
+            .iter()
+            .filter(|x| x.1 > 0.0)
+            .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)));
+        if let Some(&(f, s, vi, _)) = top {
+            if s >= self.cfg.near_threshold {
+                matched = Match::Near { fact: f, score: s };
+            } else if s >= self.cfg.borderline_low {
+                if let Some(j) = judge {
+                    let other = &self.facts[f].variants[vi].text;
+                    if j.same(scope, text, other, s) == Some(true) {
+                        matched = Match::Judged { fact: f, score: s };
+                    }
+                }
+            }
+        }
+        let mut contradicts = Vec::new();
+        if !scope.is_empty() {
+            let m = matched.fact();
+            contradicts = scored
+                .iter()
+                .filter(|x| Some(x.0) != m && x.3 > 0.0)
+                .map(|x| (x.0, x.3))
+                .collect();
+            contradicts.sort_by_key(|a| a.0);
+        }
         Classified {
             matched,
-            contradicts: Vec::new(),
+            contradicts,
+        }
+    }
+
+    fn index_variant(&mut self, f: FactIdx, sig: &Signature) {
+        let sid = self.facts[f].scope as usize;
+        let known: Vec<String> = self.facts[f]
+            .variants
+            .iter()
+            .flat_map(|v| index_tokens(&v.sig))
+            .collect();
+        let idx = &mut self.index[sid];
+        for tok in index_tokens(sig) {
+            if !known.contains(&tok) {
+                idx.entry(tok).or_default().push(f as u32);
+            }
         }
     }
 
@@ -167,14 +524,20 @@ impl Deduper {
                 let s = self.scope_names.len() as u32;
                 self.scopes.insert(scope.to_string(), s);
                 self.scope_names.push(scope.to_string());
+                self.index.push(HashMap::new());
                 s
             }
         };
         let f = self.facts.len();
         self.facts.push(Fact {
             scope: sid,
+            variants: Vec::new(),
+        });
+        let sig = text::signature(text);
+        self.index_variant(f, &sig);
+        self.facts[f].variants.push(Variant {
             text: text.to_string(),
-            variants: 1,
+            sig,
         });
         self.exact.entry(text::exact_key(scope, text)).or_insert(f);
         f
@@ -185,11 +548,373 @@ impl Deduper {
     /// was kept.
     pub fn add_variant(&mut self, f: FactIdx, text: &str) -> bool {
         let key = text::exact_key(self.scope(f), text);
-        if self.exact.contains_key(&key) || self.facts[f].variants >= self.cfg.variants_max {
+        if self.exact.contains_key(&key) || self.facts[f].variants.len() >= self.cfg.variants_max {
             return false;
         }
         self.exact.insert(key, f);
-        self.facts[f].variants += 1;
+        let sig = text::signature(text);
+        self.index_variant(f, &sig);
+        self.facts[f].variants.push(Variant {
+            text: text.to_string(),
+            sig,
+        });
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds findings the way the driver does; returns each finding's fact and the
+    /// contradictions reported.
+    fn feed(d: &mut Deduper, items: &[(&str, &str)]) -> (Vec<FactIdx>, Vec<(FactIdx, FactIdx)>) {
+        let mut facts = Vec::new();
+        let mut contra = Vec::new();
+        for (scope, text) in items {
+            let c = d.classify(scope, text, None);
+            let f = match c.matched {
+                Match::New => d.add_fact(scope, text),
+                ref m => {
+                    d.add_variant(m.fact().unwrap(), text);
+                    m.fact().unwrap()
+                }
+            };
+            for (g, s) in c.contradicts {
+                assert_ne!(g, f, "a fact never contradicts itself");
+                assert!(s > 0.0 && s <= 1.0);
+                contra.push((f, g));
+            }
+            facts.push(f);
+        }
+        (facts, contra)
+    }
+
+    fn same(scope: &str, a: &str, b: &str) -> bool {
+        let mut d = Deduper::new(DedupConfig::default());
+        let (f, _) = feed(&mut d, &[(scope, a), (scope, b)]);
+        f[0] == f[1]
+    }
+
+    fn contradicts(scope: &str, a: &str, b: &str) -> bool {
+        let mut d = Deduper::new(DedupConfig::default());
+        !feed(&mut d, &[(scope, a), (scope, b)]).1.is_empty()
+    }
+
+    #[test]
+    fn exact_repeat() {
+        let mut d = Deduper::new(DedupConfig::default());
+        let f = d.add_fact("db", "Pool exhausted.");
+        let c = d.classify("db", "pool   exhausted", None);
+        assert_eq!(c.matched, Match::Exact(f));
+        assert_eq!(
+            d.classify("other", "pool exhausted", None).matched,
+            Match::New
+        );
+    }
+
+    #[test]
+    fn paraphrases_merge() {
+        let s = "billing-db";
+        assert!(same(
+            s,
+            "billing-db connection pool exhausted: 50/50 connections in use",
+            "connection pool for billing-db maxed out at 50 active connections"
+        ));
+        assert!(same(
+            s,
+            "replica lag on billing-db reached 30s",
+            "billing-db replica is lagging 30 seconds behind the primary"
+        ));
+        assert!(same(
+            "web",
+            "web pods restarted 4 times, reason OOMKilled",
+            "web containers were OOM killed, 4 restarts"
+        ));
+        assert!(same(
+            "web",
+            "p99 latency of web rose to 3.1 s",
+            "web 99th percentile latency jumped to 3.1s"
+        ));
+        assert!(same(
+            "web",
+            "5xx rate of web climbed to 7%",
+            "7 percent of web requests fail with 503"
+        ));
+    }
+
+    #[test]
+    fn look_alikes_stay_apart() {
+        assert!(!same(
+            "nodes",
+            "node gke-prod-pool-2-x1 reports DiskPressure=True",
+            "node gke-prod-pool-2-y9 reports DiskPressure=True"
+        ));
+        assert!(!same(
+            "web",
+            "web listens on port 8080",
+            "web listens on port 9090"
+        ));
+        assert!(!same(
+            "db",
+            "db CPU utilization at 97%",
+            "db memory utilization at 97%"
+        ));
+        assert!(!same(
+            "web",
+            "web p50 latency is 45ms",
+            "web p99 latency is 45ms"
+        ));
+        assert!(!same(
+            "web",
+            "web deploy 2026.01.02-4 rolled out at 10:00",
+            "web deploy 2026.01.02-5 rolled out at 10:00"
+        ));
+        assert!(!same(
+            "web",
+            "web NullPointerException in FooMapper.toDto",
+            "web NullPointerException in BarMapper.toDto"
+        ));
+        assert!(!same(
+            "edge",
+            "ingress returns 502 on /login",
+            "ingress returns 504 on /login"
+        ));
+        assert!(!same(
+            "tls",
+            "api still accepts TLS 1.0 connections",
+            "api does not accept TLS 1.0 connections"
+        ));
+        // Scopes never mix.
+        let mut d = Deduper::new(DedupConfig::default());
+        let (f, _) = feed(
+            &mut d,
+            &[
+                ("a", "pool exhausted at 10 connections"),
+                ("b", "pool exhausted at 10 connections"),
+            ],
+        );
+        assert_ne!(f[0], f[1]);
+    }
+
+    #[test]
+    fn contradiction_cases() {
+        assert!(contradicts(
+            "web",
+            "web listens on port 8080",
+            "web serves HTTP on port 3000"
+        ));
+        assert!(contradicts(
+            "db",
+            "replica lag on db reached 45s",
+            "db replication lag stays below 2s"
+        ));
+        assert!(contradicts(
+            "web",
+            "web error rate is 12%",
+            "web error rate is normal at 0.3%"
+        ));
+        assert!(contradicts(
+            "web",
+            "memory limit for web is 512Mi",
+            "web has a 1Gi memory limit"
+        ));
+        assert!(contradicts(
+            "tls",
+            "api still accepts TLS 1.0 connections",
+            "api does not accept TLS 1.0 connections"
+        ));
+        // Different entities, different measures, no subject: no contradiction.
+        assert!(!contradicts(
+            "nodes",
+            "node pool-1-a3f has 3 evicted pods",
+            "node pool-1-b7c has 9 evicted pods"
+        ));
+        assert!(!contradicts(
+            "dns",
+            "intermittent SERVFAIL resolving a-db.internal",
+            "b-db.internal resolves fine, no SERVFAIL"
+        ));
+        assert!(!contradicts(
+            "db",
+            "db CPU utilization at 97%",
+            "db memory utilization at 40%"
+        ));
+        assert!(!contradicts(
+            "k",
+            "topic t has 12 partitions",
+            "consumer c is 5000 messages behind on topic t"
+        ));
+        assert!(!contradicts(
+            "",
+            "web listens on port 8080",
+            "web listens on port 3000"
+        ));
+        // The matched fact is never reported.
+        let mut d = Deduper::new(DedupConfig::default());
+        let f = d.add_fact("web", "web listens on port 8080");
+        let c = d.classify("web", "web is serving on port 8080", None);
+        assert_eq!(c.matched.fact(), Some(f));
+        assert!(c.contradicts.is_empty());
+    }
+
+    #[test]
+    fn deterministic_replay() {
+        let items: Vec<(&str, &str)> = vec![
+            ("web", "web listens on port 8080"),
+            ("web", "web is serving on port 8080"),
+            ("web", "web serves HTTP on port 3000"),
+            ("db", "db pool exhausted: 100/100 connections in use"),
+            (
+                "db",
+                "db pool saturated, every one of the 100 connections busy",
+            ),
+            ("db", "db CPU at 97%"),
+            ("db", "db memory at 97%"),
+            ("", "incident started after the 13:58 deploy"),
+            ("", "errors began right after the deploy at 13:58"),
+        ];
+        let run = || {
+            let mut d = Deduper::new(DedupConfig::default());
+            let out = feed(&mut d, &items);
+            let texts: Vec<String> = (0..d.len()).map(|f| d.text(f).to_string()).collect();
+            (out, texts)
+        };
+        let a = run();
+        assert_eq!(a, run());
+        // Replaying the facts log gives the same answers to new findings.
+        let mut d1 = Deduper::new(DedupConfig::default());
+        let (facts, _) = feed(&mut d1, &items);
+        let mut d2 = Deduper::new(DedupConfig::default());
+        for (i, (scope, text)) in items.iter().enumerate() {
+            if facts[..i].contains(&facts[i]) {
+                d2.add_variant(facts[i], text);
+            } else {
+                assert_eq!(d2.add_fact(scope, text), facts[i]);
+            }
+        }
+        for (scope, text) in [
+            ("web", "web listens on 3000"),
+            ("db", "db CPU pegged at 97%"),
+        ] {
+            assert_eq!(
+                d1.classify(scope, text, None),
+                d2.classify(scope, text, None)
+            );
+        }
+    }
+
+    struct Recorder {
+        scores: Vec<f64>,
+        answer: Option<bool>,
+    }
+
+    impl Judge for Recorder {
+        fn same(&mut self, _scope: &str, _a: &str, _b: &str, score: f64) -> Option<bool> {
+            self.scores.push(score);
+            self.answer
+        }
+    }
+
+    #[test]
+    fn judge_only_on_borderline() {
+        let cfg = DedupConfig::default();
+        let mut d = Deduper::new(cfg.clone());
+        d.add_fact("web", "web p99 latency rose to 2.4s after the deploy");
+        let probes = [
+            "web p99 latency rose to 2.4s after the deploy",
+            "web p99 latency jumped to 2.4 seconds after the release",
+            "web p99 latency is 2.4s",
+            "web p99 latency 2.4s, queue depth growing on workers",
+            "completely unrelated words here",
+            "web p99 latency rose to 9s",
+        ];
+        let mut j = Recorder {
+            scores: Vec::new(),
+            answer: Some(true),
+        };
+        let mut judged = 0;
+        for p in probes {
+            let before = j.scores.len();
+            let c = d.classify("web", p, Some(&mut j));
+            let s = crate::synth::dedup::similarity("web", p, d.text(0));
+            let borderline = s >= cfg.borderline_low && s < cfg.near_threshold;
+            assert_eq!(
+                j.scores.len() - before,
+                usize::from(borderline && c.matched != Match::Exact(0)),
+                "{p}: {s}"
+            );
+            if borderline {
+                assert!(matches!(c.matched, Match::Judged { fact: 0, .. }));
+                judged += 1;
+            }
+        }
+        assert!(judged >= 1, "no probe was borderline");
+        assert!(j
+            .scores
+            .iter()
+            .all(|s| *s >= cfg.borderline_low && *s < cfg.near_threshold));
+        // No opinion or "different": the deterministic answer stands.
+        for answer in [None, Some(false)] {
+            let mut j = Recorder {
+                scores: Vec::new(),
+                answer,
+            };
+            let c = d.classify(
+                "web",
+                "web p99 latency 2.4s, queue depth growing on workers",
+                Some(&mut j),
+            );
+            assert_eq!(
+                c.matched,
+                d.classify(
+                    "web",
+                    "web p99 latency 2.4s, queue depth growing on workers",
+                    None
+                )
+                .matched
+            );
+        }
+    }
+
+    #[test]
+    fn bounded_growth_many_findings() {
+        let cfg = DedupConfig {
+            candidates_max: 8,
+            ..DedupConfig::default()
+        };
+        let mut d = Deduper::new(cfg.clone());
+        let mut first: Vec<Option<FactIdx>> = vec![None; 2000];
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let i = (x % 2000) as usize;
+            let w = ((x >> 20) % 3) as usize;
+            let r = i % 7 + 2;
+            let scope = format!("svc-{}", i % 20);
+            let text = match w {
+                0 => format!("pod api-{i} restarted {r} times, reason OOMKilled"),
+                1 => format!("api-{i} containers were OOM killed, {r} restarts"),
+                _ => format!("api-{i} was killed by the OOM killer {r} times"),
+            };
+            let c = d.classify(&scope, &text, None);
+            let f = match c.matched {
+                Match::New => d.add_fact(&scope, &text),
+                ref m => {
+                    let f = m.fact().unwrap();
+                    d.add_variant(f, &text);
+                    f
+                }
+            };
+            assert_eq!(
+                *first[i].get_or_insert(f),
+                f,
+                "finding of fact {i} went elsewhere"
+            );
+        }
+        assert_eq!(d.len(), 2000);
+        assert!((0..d.len()).all(|f| d.variants(f) <= cfg.variants_max));
     }
 }

@@ -1,0 +1,188 @@
+//! The batch synthesizer on 1,000,000 events: events/s (target >= 200,000/s), peak memory
+//! (target < 256 MiB), and a re-run with nothing new (target < 1 s); side by side, in the
+//! same run, with a plain scan of the same events (`swarm read > /dev/null`), the floor
+//! any synthesis over this log pays.
+//!
+//! ```sh
+//! cargo bench --bench synth                       # 1,000,000 events
+//! SYNTH_BENCH_EVENTS=200000 cargo bench --bench synth
+//! ```
+//!
+//! The data: 10 runs of equal size in one user's partition, written with `none`
+//! durability in batches of 1,000 (~250-byte events). 90% are findings (evidence and
+//! hypotheses) about 500 subjects drawn from 20,000 distinct claims, each claim written in
+//! one of 3 wordings (case, punctuation, word order) by one of 64 agents, so most findings
+//! repeat a known fact exactly or nearly; 10% are decisions. The synthesizer runs as a
+//! child process (`swarm synth --all`, the release binary), which reports its own peak
+//! resident memory (`VmHWM`). Then: a re-run with nothing new, and an incremental run
+//! after 10,000 more events.
+
+use std::process::Command;
+use std::time::Instant;
+
+use serde_json::Value;
+use swarm_memory::{Durability, EventType, NewEvent, Store};
+
+const SWARM: &str = env!("CARGO_BIN_EXE_swarm");
+
+fn claim(x: u64, wording: u64) -> (String, String) {
+    let subject = format!("svc-{}", x % 500);
+    let value = 100 + (x * 7919) % 900;
+    let pool = x % 97;
+    let text = match wording {
+        0 => format!(
+            "{subject} p99 latency rose to {value} ms after deploy {pool}; pool usage {pool}/100"
+        ),
+        1 => format!(
+            "{} P99 latency rose to {value} ms after deploy {pool}; pool usage {pool}/100.",
+            subject.to_uppercase()
+        ),
+        _ => format!(
+            "after deploy {pool}, {subject} p99 latency rose to {value} ms; pool usage {pool}/100"
+        ),
+    };
+    (subject, text)
+}
+
+fn generate(store: &Store, runs: u64, per_run: u64, seed: u64) {
+    let mut x = seed;
+    let mut next = || {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    for r in 0..runs {
+        let run = format!("inc-{r:02}");
+        let mut i = 0;
+        while i < per_run {
+            let batch: Vec<NewEvent> = (0..1000.min(per_run - i))
+                .map(|_| {
+                    let n = next();
+                    let agent = format!("agent-{:02}", n % 64);
+                    if n % 10 == 0 {
+                        return NewEvent::new(&agent, EventType::Decision, "keep investigating");
+                    }
+                    let (subject, text) = claim((n >> 8) % 20_000, (n >> 40) % 3);
+                    let kind = if n % 7 == 0 {
+                        EventType::Hypothesis
+                    } else {
+                        EventType::Evidence
+                    };
+                    let mut e = NewEvent::new(&agent, kind, text);
+                    e.subject = Some(subject);
+                    e.confidence = Some(((n >> 20) % 10) as f64 / 10.0);
+                    e
+                })
+                .collect();
+            i += batch.len() as u64;
+            store
+                .append_batch(&run, batch, None, Durability::None)
+                .unwrap();
+        }
+    }
+}
+
+fn swarm(data: &std::path::Path, args: &[&str]) -> (Value, f64) {
+    let t = Instant::now();
+    let out = Command::new(SWARM)
+        .arg("--data-dir")
+        .arg(data)
+        .args(["--user", "bench"])
+        .args(args)
+        .env_remove("SWARM_LOG")
+        .output()
+        .expect("run swarm");
+    let secs = t.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "swarm {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (v, secs)
+}
+
+fn main() {
+    let n: u64 = std::env::var("SYNTH_BENCH_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    let runs = 10;
+    let base = std::env::current_dir().unwrap().join("target");
+    std::fs::create_dir_all(&base).unwrap();
+    let dir = tempfile::tempdir_in(&base).unwrap();
+    let data = dir.path().join("data");
+    let store = Store::open(&data)
+        .unwrap()
+        .with_checkpoints(dir.path().join("ck"), 0)
+        .with_user("bench", true)
+        .unwrap();
+    let t = Instant::now();
+    generate(&store, runs, n / runs, 1);
+    println!(
+        "generated {n} events in {runs} runs in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+
+    // The floor: reading every event once, through the same reader the synthesizer uses.
+    let t = Instant::now();
+    let mut scanned = 0u64;
+    for r in 0..runs {
+        for e in store
+            .read(&format!("inc-{r:02}"), swarm_memory::ReadOptions::default())
+            .unwrap()
+        {
+            e.unwrap();
+            scanned += 1;
+        }
+    }
+    let scan_secs = t.elapsed().as_secs_f64();
+    assert_eq!(scanned, n);
+
+    let (first, first_secs) = swarm(&data, &["synth", "--all"]);
+    assert_eq!(first["events"].as_u64(), Some(n), "{first}");
+    let rate = n as f64 / first_secs;
+    let rss = first["peak_rss_bytes"].as_u64().unwrap_or(0) as f64 / (1 << 20) as f64;
+    let (again, again_secs) = swarm(&data, &["synth", "--all"]);
+    assert_eq!(again["nothing_new"], Value::Bool(true), "{again}");
+    generate(&store, 1, 10_000, 2);
+    let (incr, incr_secs) = swarm(&data, &["synth", "--all"]);
+    assert_eq!(incr["events"].as_u64(), Some(10_000), "{incr}");
+    let (facts, facts_secs) = swarm(&data, &["facts"]);
+    let nfacts = facts["facts"].as_array().map_or(0, Vec::len);
+
+    println!();
+    println!("| measure ({n} events, {runs} runs) | result | target |");
+    println!("|---|---:|---:|");
+    println!(
+        "| `swarm synth --all`, first run (whole process) | {:.0} events/s ({:.2} s) | >= 200,000 events/s |",
+        rate, first_secs
+    );
+    println!(
+        "| plain scan of the same events (library read, no synthesis) | {:.0} events/s ({:.2} s); synth ÷ scan = {:.2} | |",
+        n as f64 / scan_secs,
+        scan_secs,
+        rate / (n as f64 / scan_secs)
+    );
+    println!("| peak resident memory of the synth process | {rss:.0} MiB | < 256 MiB |");
+    println!(
+        "| re-run with nothing new | {:.0} ms | < 1 s |",
+        again_secs * 1e3
+    );
+    println!(
+        "| incremental run after 10,000 new events | {:.0} ms | |",
+        incr_secs * 1e3
+    );
+    println!(
+        "| facts: {} new, {} exact + {} near matches, {} passes; `swarm facts` lists {nfacts} current facts in {:.0} ms | | |",
+        first["facts_new"], first["matched_exact"], first["matched_near"], first["passes"], facts_secs * 1e3
+    );
+    println!(
+        "{}",
+        serde_json::json!({"bench": "synth", "events": n, "events_per_s": rate, "scan_events_per_s": n as f64 / scan_secs,
+            "peak_rss_mib": rss, "rerun_nothing_new_ms": again_secs * 1e3, "incremental_10k_ms": incr_secs * 1e3,
+            "facts": first["facts_total"], "passes": first["passes"]})
+    );
+}
