@@ -145,7 +145,7 @@ pub struct Deduper {
     scopes: HashMap<String, u32>,
     scope_names: Vec<String>,
     exact: HashMap<u64, FactIdx>,
-    /// Per scope: token (`w:` word, `v:` value, `i:` identifier) -> facts, in insertion order.
+    /// Per scope: token (`w:` word, `v:` value, `i:` identifier) -> facts, sorted by index.
     index: Vec<HashMap<String, Vec<u32>>>,
 }
 
@@ -511,7 +511,13 @@ impl Deduper {
         let idx = &mut self.index[sid];
         for tok in index_tokens(sig) {
             if !known.contains(&tok) {
-                idx.entry(tok).or_default().push(f as u32);
+                // Postings stay sorted by fact index whatever order wordings arrive in, so
+                // a deduper rebuilt from the facts log (facts in number order, each with
+                // its wordings) is identical to the one that wrote it.
+                let post = idx.entry(tok).or_default();
+                if let Err(at) = post.binary_search(&(f as u32)) {
+                    post.insert(at, f as u32);
+                }
             }
         }
     }

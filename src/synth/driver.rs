@@ -189,7 +189,6 @@ impl Judge for LlmJudge<'_> {
 
 /// The work of one pass, before it is written.
 struct Pass {
-    deduper: Deduper,
     /// Fact index -> what this pass adds to it.
     deltas: BTreeMap<FactIdx, Delta>,
     contradictions: Vec<Record>,
@@ -222,8 +221,9 @@ fn fact_id(i: usize) -> String {
     format!("F{}", i + 1)
 }
 
-/// Rebuilds the deduper from the fold: facts in number order, each with its wordings,
-/// exactly as they were added. Every pass starts from this, so a synth that crashed
+/// Rebuilds the deduper from the fold: facts in number order, each with its wordings.
+/// The deduper's state does not depend on the order wordings arrived in (its postings
+/// are sorted by fact), so this is the deduper that wrote the log: a synth that crashed
 /// and was run again decides exactly as one that was never interrupted.
 fn restore(fold: &FactsFold, cfg: &DedupConfig) -> Deduper {
     let mut d = Deduper::new(cfg.clone());
@@ -237,9 +237,8 @@ fn restore(fold: &FactsFold, cfg: &DedupConfig) -> Deduper {
 }
 
 impl Pass {
-    fn new(fold: &FactsFold, cfg: &DedupConfig) -> Pass {
+    fn new() -> Pass {
         Pass {
-            deduper: restore(fold, cfg),
             deltas: BTreeMap::new(),
             contradictions: Vec::new(),
             pairs: BTreeSet::new(),
@@ -256,6 +255,7 @@ impl Pass {
 
     fn feed(
         &mut self,
+        deduper: &mut Deduper,
         fold: &FactsFold,
         e: &Event,
         judge: Option<&mut dyn Judge>,
@@ -278,10 +278,10 @@ impl Pass {
             return;
         }
         let scope = e.subject.as_deref().unwrap_or("");
-        let c = self.deduper.classify(scope, text, judge);
+        let c = deduper.classify(scope, text, judge);
         let (idx, how) = match c.matched {
             Match::New => {
-                let i = self.deduper.add_fact(scope, text);
+                let i = deduper.add_fact(scope, text);
                 report.facts_new += 1;
                 self.deltas.entry(i).or_default().new = Some(NewFact {
                     subject: e.subject.clone(),
@@ -301,7 +301,7 @@ impl Pass {
                 } else {
                     report.matched_near += 1;
                 }
-                if self.deduper.add_variant(fact, text) {
+                if deduper.add_variant(fact, text) {
                     self.deltas
                         .entry(fact)
                         .or_default()
@@ -353,24 +353,19 @@ impl Pass {
         for (&i, d) in &mut self.deltas {
             let mut new = d.new.take();
             let mut variants = std::mem::take(&mut d.variants);
-            let evidence = std::mem::take(&mut d.evidence);
-            let mut chunks = evidence.chunks(EVIDENCE_PER_RECORD_MAX).peekable();
-            if chunks.peek().is_none() {
-                out.push(Record::Fact {
-                    fact: fact_id(i),
-                    new,
-                    variants,
-                    evidence: Vec::new(),
-                });
-                continue;
-            }
-            for ch in chunks {
+            let mut evidence = std::mem::take(&mut d.evidence);
+            loop {
+                let rest = evidence.split_off(evidence.len().min(EVIDENCE_PER_RECORD_MAX));
                 out.push(Record::Fact {
                     fact: fact_id(i),
                     new: new.take(),
                     variants: std::mem::take(&mut variants),
-                    evidence: ch.to_vec(),
+                    evidence,
                 });
+                if rest.is_empty() {
+                    break;
+                }
+                evidence = rest;
             }
         }
         out.append(&mut self.contradictions);
@@ -445,6 +440,22 @@ fn engine_event(user: &str, kind: EventType, subject: Option<String>, content: V
         subject,
         session_id: None,
         meta: None,
+    }
+}
+
+/// Bytes a JSON value takes, roughly (strings and numbers counted, structure estimated),
+/// without serializing it: only frames are sized with it.
+fn approx_json_len(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.len() + 2,
+        Value::Array(a) => 2 + a.iter().map(|x| approx_json_len(x) + 1).sum::<usize>(),
+        Value::Object(o) => {
+            2 + o
+                .iter()
+                .map(|(k, x)| k.len() + 4 + approx_json_len(x))
+                .sum::<usize>()
+        }
+        _ => 24,
     }
 }
 
@@ -527,8 +538,10 @@ impl Store {
 
     /// The watermarks of the facts log, from its commits alone (through the index: fast
     /// when nothing is new).
-    fn synth_watermarks(&self) -> Result<BTreeMap<String, u64>> {
+    #[allow(clippy::type_complexity)]
+    fn synth_watermarks(&self) -> Result<(BTreeMap<String, u64>, Option<(u64, Commit)>)> {
         let mut w = BTreeMap::new();
+        let mut last = None;
         let it = match self.read(
             FACTS_RUN,
             ReadOptions {
@@ -537,18 +550,59 @@ impl Store {
             },
         ) {
             Ok(it) => it,
-            Err(Error::RunNotFound(_)) => return Ok(w),
+            Err(Error::RunNotFound(_)) => return Ok((w, last)),
             Err(e) => return Err(e),
         };
         for e in it {
-            if let Ok(c) = serde_json::from_value::<Commit>(e?.content) {
-                for (run, seq) in c.watermarks {
-                    let x: &mut u64 = w.entry(run).or_default();
+            let e = e?;
+            if let Ok(c) = serde_json::from_value::<Commit>(e.content) {
+                for (run, &seq) in &c.watermarks {
+                    let x: &mut u64 = w.entry(run.clone()).or_default();
                     *x = (*x).max(seq);
                 }
+                last = Some((e.seq, c));
             }
         }
-        Ok(w)
+        Ok((w, last))
+    }
+
+    /// The learnings recorded by the pass that ends with the commit at `commit_seq`.
+    fn pass_learnings(
+        &self,
+        commit_seq: u64,
+    ) -> Result<Vec<(String, patterns::RunLearnings)>> {
+        let begin = self
+            .read(
+                FACTS_RUN,
+                ReadOptions {
+                    kind: Some(EventType::SynthBegin),
+                    to_seq: Some(commit_seq),
+                    last: Some(1),
+                    ..ReadOptions::default()
+                },
+            )?
+            .next()
+            .transpose()?
+            .map_or(1, |e| e.seq);
+        let mut out = Vec::new();
+        for e in self.read(
+            FACTS_RUN,
+            ReadOptions {
+                kind: Some(EventType::Synth),
+                from_seq: Some(begin),
+                to_seq: Some(commit_seq),
+                ..ReadOptions::default()
+            },
+        )? {
+            let e = e?;
+            if e.content.get("op").and_then(Value::as_str) != Some("learned") {
+                continue;
+            }
+            if let Ok(Record::Learned { run, learnings }) = serde_json::from_value(e.content) {
+                out.push((run, learnings));
+            }
+        }
+        Ok(out)
     }
 
     /// The visible head seq of a run, cheaply (its last event through the index).
@@ -622,7 +676,7 @@ impl Store {
         }
 
         // Fast path: nothing new since the last commit.
-        let marks = self.synth_watermarks()?;
+        let (marks, last_commit) = self.synth_watermarks()?;
         let mut any_new = false;
         for r in &runs {
             if self.head_seq_of(r)? > marks.get(r).copied().unwrap_or(0) {
@@ -630,14 +684,16 @@ impl Store {
                 break;
             }
         }
-        let mut fold = self.facts_fold(None)?;
-        // Re-send the last pass's shared copies (idempotent): a crash may have come
+        // Re-send the last pass's shared copies (idempotent ids): a crash may have come
         // between its commit and them.
-        let resend = fold.last_learned.clone();
-        report.shared_copies += self.share_learnings(&resend, opts)?;
+        if let Some((seq, c)) = &last_commit {
+            if !c.learned.is_empty() {
+                report.shared_copies += self.share_learnings(self.pass_learnings(*seq)?, opts)?;
+            }
+        }
         if !any_new {
             report.nothing_new = true;
-            report.facts_total = fold.facts.len() as u64;
+            report.facts_total = last_commit.map_or(0, |(_, c)| c.facts_total);
             report.elapsed_ms = started.elapsed().as_millis() as u64;
             let _ = lock.unlock();
             return Ok(report);
@@ -648,7 +704,9 @@ impl Store {
             calls: 0,
             fallbacks: 0,
         });
-        let mut pass = Pass::new(&fold, &opts.dedup);
+        let mut fold = self.facts_fold(None)?;
+        let mut deduper = restore(&fold, &opts.dedup);
+        let mut pass = Pass::new();
         let mut prog = SynthProgress::default();
         for run in &runs {
             let from = fold.watermarks.get(run).copied().unwrap_or(0) + 1;
@@ -670,6 +728,7 @@ impl Store {
                 let e = e?;
                 let before = report.findings;
                 pass.feed(
+                    &mut deduper,
                     &fold,
                     &e,
                     judge.as_mut().map(|j| j as &mut dyn Judge),
@@ -687,7 +746,7 @@ impl Store {
                     self.learn_closed(&mut pass, &fold)?;
                     self.commit_pass(&mut fold, &mut pass, opts, &mut report)?;
                     prog.passes = report.passes;
-                    pass = Pass::new(&fold, &opts.dedup);
+                    pass = Pass::new();
                 }
             }
             if rs.events > 0 {
@@ -739,11 +798,13 @@ impl Store {
         report: &mut SynthReport,
     ) -> Result<()> {
         let mut records = pass.records();
-        // Resolutions are decided on the state the pass leads to.
-        let mut after = fold.clone();
+        // The pass is applied to the fold record by record as it is written below (the
+        // same records, so the fold is what a reader of the log would fold); resolutions
+        // are decided on the state the pass leads to. If a write fails, the synth stops
+        // and this fold is dropped with it.
         let mut touched = BTreeSet::new();
         for r in &records {
-            after.apply_record(r);
+            fold.apply_record(r);
             match r {
                 Record::Fact { fact, .. } => {
                     touched.extend(parse_id('F', fact));
@@ -755,7 +816,7 @@ impl Store {
                 _ => {}
             }
         }
-        let resolutions = resolve(&mut after, &touched);
+        let resolutions = resolve(fold, &touched);
         report.resolutions += resolutions.len() as u64;
         report.contradictions_new += records
             .iter()
@@ -765,107 +826,86 @@ impl Store {
 
         let user = self.user().to_string();
         let pass_no = fold.passes + 1;
-        let learned: Vec<String> = records
+        let learned_items: Vec<(String, patterns::RunLearnings)> = records
             .iter()
             .filter_map(|r| match r {
-                Record::Learned { run, .. } => Some(run.clone()),
+                Record::Learned { run, learnings } => Some((run.clone(), learnings.clone())),
                 _ => None,
             })
             .collect();
+        let learned: Vec<String> = learned_items.iter().map(|(r, _)| r.clone()).collect();
         let commit = Commit {
             pass: pass_no,
             watermarks: std::mem::take(&mut pass.watermarks),
             learned: learned.clone(),
             source_events: pass.source_events,
+            facts_total: fold.facts.len() as u64,
         };
-        let mut events = Vec::with_capacity(records.len() + 2);
-        events.push(engine_event(
+        let subject_of = |r: &Record, fold: &FactsFold| match r {
+            Record::Fact { fact, .. } => parse_id('F', fact)
+                .and_then(|i| fold.facts.get(i))
+                .and_then(|f| f.subject.clone()),
+            Record::Contradiction { subject, .. } => Some(subject.clone()),
+            _ => None,
+        };
+        // Frames bounded in events and bytes, written as they fill (memory: one frame);
+        // only the last one (with the commit) is synced, and its fdatasync covers all.
+        let mut batch: Vec<Checked> = vec![engine_event(
             &user,
             EventType::SynthBegin,
             None,
             serde_json::json!({ "pass": pass_no }),
-        ));
-        for r in &records {
-            let subject = match r {
-                Record::Fact { fact, .. } => parse_id('F', fact)
-                    .and_then(|i| after.facts.get(i))
-                    .and_then(|f| f.subject.clone()),
-                Record::Contradiction { subject, .. } => Some(subject.clone()),
-                _ => None,
-            };
-            events.push(engine_event(&user, EventType::Synth, subject, to_value(r)?));
+        )];
+        let mut bytes = 0usize;
+        let mut last_seq = 0;
+        for r in records {
+            let subject = subject_of(&r, fold);
+            let content = to_value(&r)?;
+            drop(r);
+            let size = 256 + approx_json_len(&content);
+            if batch.len() >= FRAME_EVENTS_MAX || bytes + size > FRAME_BYTES_MAX {
+                let n = batch.len() as u64;
+                let stored = self.append_checked(
+                    FACTS_RUN,
+                    std::mem::take(&mut batch),
+                    None,
+                    Durability::None,
+                )?;
+                last_seq = stored.last().map_or(last_seq, |e| e.seq);
+                report.records_written += n;
+                bytes = 0;
+            }
+            bytes += size;
+            batch.push(engine_event(&user, EventType::Synth, subject, content));
         }
-        events.push(engine_event(
+        batch.push(engine_event(
             &user,
             EventType::SynthCommit,
             None,
             to_value(&commit)?,
         ));
-        // Frames: bounded in events and bytes; the last one (with the commit) is synced.
-        let mut batches: Vec<Vec<Checked>> = vec![Vec::new()];
-        let mut bytes = 0usize;
-        for ev in events {
-            let size = 256 + ev.content.to_string().len();
-            let cur = batches.last().map_or(0, Vec::len);
-            if cur > 0 && (cur >= FRAME_EVENTS_MAX || bytes + size > FRAME_BYTES_MAX) {
-                batches.push(Vec::new());
-                bytes = 0;
-            }
-            bytes += size;
-            if let Some(b) = batches.last_mut() {
-                b.push(ev);
-            }
-        }
-        let last = batches.len() - 1;
-        for (i, b) in batches.into_iter().enumerate() {
-            let durability = if i == last {
-                Durability::Sync
-            } else {
-                Durability::None
-            };
-            let n = b.len() as u64;
-            for e in self.append_checked(FACTS_RUN, b, None, durability)? {
-                fold.apply(&e);
-            }
-            report.records_written += n;
-        }
-        debug_assert_eq!(fold.facts.len(), after.facts.len());
+        let n = batch.len() as u64;
+        let stored = self.append_checked(FACTS_RUN, batch, None, Durability::Sync)?;
+        last_seq = stored.last().map_or(last_seq, |e| e.seq);
+        report.records_written += n;
+        fold.apply_commit(&commit);
+        fold.set_head(last_seq);
         report.passes += 1;
         report.learned_runs.extend(learned.iter().cloned());
-        report.shared_copies += self.share_learnings(&learned, opts)?;
+        report.shared_copies += self.share_learnings(learned_items, opts)?;
         Ok(())
     }
 
     /// Copies the learnings of `runs` (from the private fold) to the shared scope,
     /// sanitized. Idempotent: each copy has an id derived from the user and the run.
-    fn share_learnings(&self, runs: &[String], opts: &SynthOptions) -> Result<u64> {
-        if runs.is_empty() {
-            return Ok(0);
-        }
-        // The learnings themselves are in the facts log's records; find them again.
-        let mut wanted: BTreeMap<String, Option<patterns::RunLearnings>> =
-            runs.iter().map(|r| (r.clone(), None)).collect();
-        for e in self.read(
-            FACTS_RUN,
-            ReadOptions {
-                kind: Some(EventType::Synth),
-                ..ReadOptions::default()
-            },
-        )? {
-            let e = e?;
-            if e.content.get("op").and_then(Value::as_str) != Some("learned") {
-                continue;
-            }
-            if let Ok(Record::Learned { run, learnings }) = serde_json::from_value(e.content) {
-                if let Some(slot) = wanted.get_mut(&run) {
-                    *slot = Some(learnings);
-                }
-            }
-        }
+    fn share_learnings(
+        &self,
+        items: Vec<(String, patterns::RunLearnings)>,
+        opts: &SynthOptions,
+    ) -> Result<u64> {
         let shared = self.shared_store();
         let mut n = 0;
-        for (run, l) in wanted {
-            let Some(l) = l else { continue };
+        for (run, l) in items {
             let s = Sanitizer::new(self.sanitize_context(&run, opts)?);
             let mut clean = sanitize_learnings(&s, l);
             let h = fnv(&[self.user(), &run]);

@@ -8,7 +8,7 @@
 //! the facts and the watermarks move together or not at all. The next pass's begin
 //! discards the uncommitted records.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -148,6 +148,9 @@ pub struct Commit {
     pub learned: Vec<String>,
     /// Source events read in this pass.
     pub source_events: u64,
+    /// Facts in the log once this pass is applied.
+    #[serde(default)]
+    pub facts_total: u64,
 }
 
 /// A fact as folded from the log.
@@ -163,12 +166,13 @@ pub struct Fact {
     pub text: String,
     /// Further wordings kept for comparison.
     pub variants: Vec<String>,
-    /// Each agent that found it, with the highest confidence it gave (0.5 when none).
-    pub agents: BTreeMap<String, f64>,
+    /// Each agent that found it (a [`FactsFold::name`] id), with the highest confidence
+    /// it gave (0.5 when none).
+    pub agents: BTreeMap<u32, f64>,
     /// Number of evidence links.
     pub evidence: u64,
-    /// Evidence links per run.
-    pub runs: BTreeMap<String, u64>,
+    /// Evidence links per run (a [`FactsFold::name`] id).
+    pub runs: BTreeMap<u32, u64>,
     /// Time of its first evidence.
     pub first_seen: Option<Ts>,
     /// Time of its latest evidence.
@@ -271,6 +275,10 @@ pub struct FactsFold {
     pub source_events: u64,
     pending: Option<Vec<Record>>,
     cutoff: Option<Ts>,
+    /// Agent and run names, interned: a fact found by many agents in many runs costs a
+    /// few bytes per agent, not a string.
+    names: Vec<String>,
+    name_ids: HashMap<String, u32>,
 }
 
 impl FactsFold {
@@ -281,6 +289,39 @@ impl FactsFold {
             cutoff,
             ..FactsFold::default()
         }
+    }
+
+    /// The agent or run name behind an interned id.
+    pub fn name(&self, id: u32) -> &str {
+        self.names.get(id as usize).map_or("", String::as_str)
+    }
+
+    fn intern(&mut self, s: &str) -> u32 {
+        if let Some(&i) = self.name_ids.get(s) {
+            return i;
+        }
+        let i = self.names.len() as u32;
+        self.names.push(s.to_string());
+        self.name_ids.insert(s.to_string(), i);
+        i
+    }
+
+    /// Sets the seq of the last event folded (after the driver applied a pass it wrote
+    /// itself, record by record, instead of reading it back).
+    pub fn set_head(&mut self, seq: u64) {
+        self.head_seq = self.head_seq.max(seq);
+    }
+
+    /// Applies a pass's commit (the driver, after applying the pass's records itself).
+    pub fn apply_commit(&mut self, c: &Commit) {
+        for (run, seq) in &c.watermarks {
+            let w = self.watermarks.entry(run.clone()).or_default();
+            *w = (*w).max(*seq);
+        }
+        self.learned.extend(c.learned.iter().cloned());
+        self.last_learned.clone_from(&c.learned);
+        self.passes = self.passes.max(c.pass);
+        self.source_events += c.source_events;
     }
 
     /// Whether a pass was begun and not committed (at the end of the log: a crashed pass).
@@ -324,14 +365,7 @@ impl FactsFold {
                 for r in &records {
                     self.apply_record(r);
                 }
-                for (run, seq) in c.watermarks {
-                    let w = self.watermarks.entry(run).or_default();
-                    *w = (*w).max(seq);
-                }
-                self.learned.extend(c.learned.iter().cloned());
-                self.last_learned = c.learned;
-                self.passes = self.passes.max(c.pass);
-                self.source_events += c.source_events;
+                self.apply_commit(&c);
             }
             _ => {}
         }
@@ -365,18 +399,20 @@ impl FactsFold {
                     });
                 }
                 let cutoff = self.cutoff;
-                let Some(f) = self.facts.get_mut(i) else {
+                if i >= self.facts.len() {
                     return;
-                };
-                f.variants.extend(variants.iter().cloned());
+                }
+                self.facts[i].variants.extend(variants.iter().cloned());
                 for l in evidence {
                     if cutoff.is_some_and(|c| l.ts() > c) {
                         continue;
                     }
+                    let (run, agent) = (self.intern(l.run()), self.intern(l.agent()));
+                    let f = &mut self.facts[i];
                     f.evidence += 1;
-                    *f.runs.entry(l.run().to_string()).or_default() += 1;
+                    *f.runs.entry(run).or_default() += 1;
                     let c = l.confidence().unwrap_or(CONFIDENCE_DEFAULT).clamp(0.0, 1.0);
-                    let a = f.agents.entry(l.agent().to_string()).or_insert(c);
+                    let a = f.agents.entry(agent).or_insert(c);
                     *a = a.max(c);
                     f.first_seen = Some(f.first_seen.map_or(l.ts(), |t| t.min(l.ts())));
                     f.last_seen = Some(f.last_seen.map_or(l.ts(), |t| t.max(l.ts())));

@@ -150,6 +150,12 @@ pub struct Explanation {
     pub contradictions: Vec<ContradictionView>,
 }
 
+fn sorted(it: impl Iterator<Item = String>) -> Vec<String> {
+    let mut v: Vec<String> = it.collect();
+    v.sort();
+    v
+}
+
 fn view(fold: &FactsFold, i: usize) -> FactView {
     let f = &fold.facts[i];
     let sup = fold.superseded_by(i).map(|c| Superseded {
@@ -174,8 +180,8 @@ fn view(fold: &FactsFold, i: usize) -> FactView {
         confidence: (f.confidence() * 1000.0).round() / 1000.0,
         weight: (f.weight() * 1000.0).round() / 1000.0,
         evidence: f.evidence,
-        agents: f.agents.keys().cloned().collect(),
-        runs: f.runs.keys().cloned().collect(),
+        agents: sorted(f.agents.keys().map(|&a| fold.name(a).to_string())),
+        runs: sorted(f.runs.keys().map(|&r| fold.name(r).to_string())),
         first_seen: f.first_seen,
         last_seen: f.last_seen,
         superseded: sup,
