@@ -10,9 +10,10 @@
 //!
 //! The data: 10 runs of equal size in one user's partition, written with `none`
 //! durability in batches of 1,000 (~250-byte events). 90% are findings (evidence and
-//! hypotheses) about 500 subjects drawn from 20,000 distinct claims, each claim written in
-//! one of 3 wordings (case, punctuation, word order) by one of 64 agents, so most findings
-//! repeat a known fact exactly or nearly; 10% are decisions. The synthesizer runs as a
+//! hypotheses) about 500 subjects drawn from 20,000 distinct claims (40 topics per
+//! subject), each written in one of 3 wordings (two differ in case and punctuation, one
+//! in word order) by one of 64 agents, so most findings repeat a known fact exactly or
+//! nearly; 1% state an incompatible value (contradictions); 10% are decisions. The synthesizer runs as a
 //! child process (`swarm synth --all`, the release binary), which reports its own peak
 //! resident memory (`VmHWM`). Then: a re-run with nothing new, and an incremental run
 //! after 10,000 more events.
@@ -25,21 +26,32 @@ use swarm_memory::{Durability, EventType, NewEvent, Store};
 
 const SWARM: &str = env!("CARGO_BIN_EXE_swarm");
 
-fn claim(x: u64, wording: u64) -> (String, String) {
+/// Claim `x` of 20,000: one of 40 topics (8 measures x 5 zones) about one of 500
+/// services, with its value; `wording` 0/1 differ only in case and punctuation (exact
+/// duplicates), 2 puts the zone first (a near duplicate); `contradict` changes the value
+/// (an incompatible claim on the same topic).
+fn claim(x: u64, wording: u64, contradict: bool) -> (String, String) {
     let subject = format!("svc-{}", x % 500);
-    let value = 100 + (x * 7919) % 900;
-    let pool = x % 97;
+    let t = (x / 500) % 40;
+    let zone = format!("zone-{}", t / 8);
+    let mut v = 10 + (x * 7919) % 90;
+    if contradict {
+        v += 1000;
+    }
+    let measure = match t % 8 {
+        0 => format!("p99 latency is {v} ms"),
+        1 => format!("error rate is {v}%"),
+        2 => format!("connection pool uses {v} of 2000 connections"),
+        3 => format!("disk usage is at {v}%"),
+        4 => format!("memory limit is set to {v}Mi"),
+        5 => format!("pods restarted {v} times"),
+        6 => format!("runs {v} replicas"),
+        _ => format!("listens on port {}", 8000 + v),
+    };
     let text = match wording {
-        0 => format!(
-            "{subject} p99 latency rose to {value} ms after deploy {pool}; pool usage {pool}/100"
-        ),
-        1 => format!(
-            "{} P99 latency rose to {value} ms after deploy {pool}; pool usage {pool}/100.",
-            subject.to_uppercase()
-        ),
-        _ => format!(
-            "after deploy {pool}, {subject} p99 latency rose to {value} ms; pool usage {pool}/100"
-        ),
+        0 => format!("{subject} {measure} in {zone}"),
+        1 => format!("{} {measure} in {zone}.", subject.to_uppercase()),
+        _ => format!("in {zone}, {subject} {measure}"),
     };
     (subject, text)
 }
@@ -64,7 +76,7 @@ fn generate(store: &Store, runs: u64, per_run: u64, seed: u64) {
                     if n % 10 == 0 {
                         return NewEvent::new(&agent, EventType::Decision, "keep investigating");
                     }
-                    let (subject, text) = claim((n >> 8) % 20_000, (n >> 40) % 3);
+                    let (subject, text) = claim((n >> 8) % 20_000, (n >> 40) % 3, (n >> 50) % 100 == 0);
                     let kind = if n % 7 == 0 {
                         EventType::Hypothesis
                     } else {

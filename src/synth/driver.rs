@@ -35,6 +35,10 @@ pub const SHARED_RUN: &str = "@patterns";
 pub const PASS_EVENTS_MAX_DEFAULT: u64 = 100_000;
 /// Evidence links per `synth` record (keeps each record far below the 64 KiB content limit).
 pub const EVIDENCE_PER_RECORD_MAX: usize = 128;
+/// Contradictions recorded per finding, at most (the strongest).
+pub const CONTRADICTIONS_PER_FINDING_MAX: usize = 3;
+/// Contradictions a fact takes part in, at most.
+pub const CONTRADICTIONS_PER_FACT_MAX: usize = 16;
 /// Largest frame the synthesizer writes, in estimated bytes.
 const FRAME_BYTES_MAX: usize = 4 << 20;
 /// Events per frame the synthesizer writes.
@@ -193,6 +197,7 @@ struct Pass {
     deltas: BTreeMap<FactIdx, Delta>,
     contradictions: Vec<Record>,
     pairs: BTreeSet<(usize, usize)>,
+    contradiction_counts: BTreeMap<usize, usize>,
     watermarks: BTreeMap<String, u64>,
     closed: Vec<String>,
     learned: Vec<(String, patterns::RunLearnings)>,
@@ -242,6 +247,7 @@ impl Pass {
             deltas: BTreeMap::new(),
             contradictions: Vec::new(),
             pairs: BTreeSet::new(),
+            contradiction_counts: BTreeMap::new(),
             watermarks: BTreeMap::new(),
             closed: Vec::new(),
             learned: Vec::new(),
@@ -325,14 +331,31 @@ impl Pass {
                 e.confidence,
                 how,
             ));
-        for (other, score) in c.contradicts {
+        // Bounded: the strongest few per finding, and a cap per fact, so a subject with
+        // many look-alike readings (a metric sampled over time) cannot make the
+        // contradictions grow quadratically.
+        let mut contradicts = c.contradicts;
+        contradicts.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        contradicts.truncate(CONTRADICTIONS_PER_FINDING_MAX);
+        for (other, score) in contradicts {
             if other == idx || scope.is_empty() {
+                continue;
+            }
+            let count = |f: usize| {
+                fold.facts.get(f).map_or(0, |x| x.contradictions.len())
+                    + self.contradiction_counts.get(&f).copied().unwrap_or(0)
+            };
+            if count(idx) >= CONTRADICTIONS_PER_FACT_MAX
+                || count(other) >= CONTRADICTIONS_PER_FACT_MAX
+            {
                 continue;
             }
             let pair = (idx.min(other), idx.max(other));
             if fold.contradicts(pair.0, pair.1) || !self.pairs.insert(pair) {
                 continue;
             }
+            *self.contradiction_counts.entry(pair.0).or_default() += 1;
+            *self.contradiction_counts.entry(pair.1).or_default() += 1;
             let n = fold.contradictions.len() + self.contradictions.len();
             self.contradictions.push(Record::Contradiction {
                 id: format!("C{}", n + 1),
