@@ -76,7 +76,8 @@ fn generate(store: &Store, runs: u64, per_run: u64, seed: u64) {
                     if n % 10 == 0 {
                         return NewEvent::new(&agent, EventType::Decision, "keep investigating");
                     }
-                    let (subject, text) = claim((n >> 8) % 20_000, (n >> 40) % 3, (n >> 50) % 100 == 0);
+                    let (subject, text) =
+                        claim((n >> 8) % 20_000, (n >> 40) % 3, (n >> 50) % 100 == 0);
                     let kind = if n % 7 == 0 {
                         EventType::Hypothesis
                     } else {

@@ -200,7 +200,7 @@ struct Pass {
     contradiction_counts: BTreeMap<usize, usize>,
     watermarks: BTreeMap<String, u64>,
     closed: Vec<String>,
-    learned: Vec<(String, patterns::RunLearnings)>,
+    learned: Vec<(String, patterns::RunLearnings, patterns::RunLearnings)>,
     source_events: u64,
 }
 
@@ -392,8 +392,12 @@ impl Pass {
             }
         }
         out.append(&mut self.contradictions);
-        for (run, l) in std::mem::take(&mut self.learned) {
-            out.push(Record::Learned { run, learnings: l });
+        for (run, l, shared) in std::mem::take(&mut self.learned) {
+            out.push(Record::Learned {
+                run,
+                learnings: l,
+                shared: Some(shared),
+            });
         }
         out
     }
@@ -523,6 +527,22 @@ fn sanitize_learnings(s: &Sanitizer, mut l: patterns::RunLearnings) -> patterns:
     l
 }
 
+/// An event with its free text (content, subject, meta) through the sanitizer.
+fn sanitize_event(s: &Sanitizer, mut e: Event) -> Event {
+    if e.meta.is_none() && e.kind != EventType::Decision {
+        return e;
+    }
+    e.content = s.value(&e.content);
+    e.subject = e.subject.map(|x| s.text(&x));
+    if let Some(m) = e.meta.take() {
+        e.meta = match s.value(&Value::Object(m)) {
+            Value::Object(m) => Some(m),
+            _ => None,
+        };
+    }
+    e
+}
+
 /// A pattern or mistake with the scope it comes from.
 #[derive(Clone, Debug, Serialize)]
 pub struct Scoped<T> {
@@ -590,10 +610,7 @@ impl Store {
     }
 
     /// The learnings recorded by the pass that ends with the commit at `commit_seq`.
-    fn pass_learnings(
-        &self,
-        commit_seq: u64,
-    ) -> Result<Vec<(String, patterns::RunLearnings)>> {
+    fn pass_learnings(&self, commit_seq: u64) -> Result<Vec<(String, patterns::RunLearnings)>> {
         let begin = self
             .read(
                 FACTS_RUN,
@@ -621,8 +638,13 @@ impl Store {
             if e.content.get("op").and_then(Value::as_str) != Some("learned") {
                 continue;
             }
-            if let Ok(Record::Learned { run, learnings }) = serde_json::from_value(e.content) {
-                out.push((run, learnings));
+            if let Ok(Record::Learned {
+                run,
+                learnings,
+                shared,
+            }) = serde_json::from_value(e.content)
+            {
+                out.push((run, shared.unwrap_or(learnings)));
             }
         }
         Ok(out)
@@ -766,7 +788,7 @@ impl Store {
                     progress(&prog);
                 }
                 if pass.source_events >= opts.pass_events_max.max(1) {
-                    self.learn_closed(&mut pass, &fold)?;
+                    self.learn_closed(&mut pass, &fold, opts)?;
                     self.commit_pass(&mut fold, &mut pass, opts, &mut report)?;
                     prog.passes = report.passes;
                     pass = Pass::new();
@@ -776,7 +798,7 @@ impl Store {
                 report.runs.push(rs);
             }
         }
-        self.learn_closed(&mut pass, &fold)?;
+        self.learn_closed(&mut pass, &fold, opts)?;
         if !pass.is_empty() {
             self.commit_pass(&mut fold, &mut pass, opts, &mut report)?;
         }
@@ -796,16 +818,24 @@ impl Store {
     }
 
     /// Learns patterns and mistakes from the runs this pass saw close (once per run).
-    fn learn_closed(&self, pass: &mut Pass, fold: &FactsFold) -> Result<()> {
+    fn learn_closed(&self, pass: &mut Pass, fold: &FactsFold, opts: &SynthOptions) -> Result<()> {
         for run in std::mem::take(&mut pass.closed) {
-            if fold.learned.contains(&run) || pass.learned.iter().any(|(r, _)| *r == run) {
+            if fold.learned.contains(&run) || pass.learned.iter().any(|(r, _, _)| *r == run) {
                 continue;
             }
-            let mut learner = patterns::Learner::default();
+            // Two learners: the private one sees the events as they are; the shared one
+            // sees them after the sanitizer (error texts are redacted before they are
+            // normalized, which keeps e-mails and addresses recognizable).
+            let s = Sanitizer::new(self.sanitize_context(&run, opts)?);
+            let mut private = patterns::Learner::default();
+            let mut shared = patterns::Learner::default();
             for e in self.read(&run, ReadOptions::default())? {
-                learner.push(&e?);
+                let e = e?;
+                private.push(&e);
+                shared.push(&sanitize_event(&s, e));
             }
-            pass.learned.push((run, learner.finish()));
+            let shared = sanitize_learnings(&s, shared.finish());
+            pass.learned.push((run, private.finish(), shared));
         }
         Ok(())
     }
@@ -852,7 +882,14 @@ impl Store {
         let learned_items: Vec<(String, patterns::RunLearnings)> = records
             .iter()
             .filter_map(|r| match r {
-                Record::Learned { run, learnings } => Some((run.clone(), learnings.clone())),
+                Record::Learned {
+                    run,
+                    learnings,
+                    shared,
+                } => Some((
+                    run.clone(),
+                    shared.clone().unwrap_or_else(|| learnings.clone()),
+                )),
                 _ => None,
             })
             .collect();
@@ -937,6 +974,7 @@ impl Store {
             let rec = Record::Learned {
                 run: format!("r{h:016x}"),
                 learnings: clean,
+                shared: None,
             };
             let mut ev = engine_event(SHARED_USER, EventType::Synth, None, to_value(&rec)?);
             ev.id = Some(format!("shared-{h:016x}"));
@@ -946,16 +984,13 @@ impl Store {
         Ok(n)
     }
 
-    /// What the sanitizer must redact for a run of this user: the user id, the run id,
-    /// the run's agents and sessions.
+    /// What the sanitizer must redact for a run of this user: the user id and the run id
+    /// (agent ids are not: they are role names such as `metrics` that also occur in tool
+    /// names), the project ids and environment names given.
     fn sanitize_context(&self, run: &str, opts: &SynthOptions) -> Result<SanitizeContext> {
-        let mut ids: BTreeSet<String> = BTreeSet::new();
-        ids.insert(run.to_string());
-        let st = self.head_state(run)?;
-        ids.extend(st.state.agents.keys().cloned());
         Ok(SanitizeContext {
             user_id: self.user().to_string(),
-            identifiers: ids.into_iter().collect(),
+            identifiers: vec![run.to_string()],
             project_ids: opts.project_ids.clone(),
             env_names: opts.env_names.clone(),
         })
