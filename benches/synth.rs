@@ -125,11 +125,15 @@ fn main() {
     let runs = 10;
     let base = std::env::current_dir().unwrap().join("target");
     std::fs::create_dir_all(&base).unwrap();
+    // SYNTH_BENCH_DIR keeps the data (to profile `swarm synth` on it afterwards).
     let dir = tempfile::tempdir_in(&base).unwrap();
-    let data = dir.path().join("data");
+    let root = std::env::var_os("SYNTH_BENCH_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| dir.path().to_path_buf());
+    let data = root.join("data");
     let store = Store::open(&data)
         .unwrap()
-        .with_checkpoints(dir.path().join("ck"), 0)
+        .with_checkpoints(root.join("ck"), 0)
         .with_user("bench", true)
         .unwrap();
     let t = Instant::now();

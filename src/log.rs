@@ -683,10 +683,14 @@ impl RunLog {
         // and without a subject on a decision or action) are all checked against the
         // rules as they are, then applied; other batches are checked and applied on a
         // copy, which replaces the rules once the batch is accepted.
+        // The synthesizer's events never touch the rules: independent too.
         let independent = r.batch.iter().all(|c| {
-            c.kind.is_client()
+            matches!(
+                c.kind,
+                EventType::SynthBegin | EventType::Synth | EventType::SynthCommit
+            ) || (c.kind.is_client()
                 && c.expect_subject_seq.is_none()
-                && !(c.kind.is_pinned() && c.subject.is_some())
+                && !(c.kind.is_pinned() && c.subject.is_some()))
         });
         let mut scratch: Option<Rules> =
             (r.batch.len() > 1 && !independent).then(|| w.rules.clone());

@@ -264,6 +264,11 @@ impl Store {
         if every == 0 || (first.seq - 1) / every == last.seq / every {
             return;
         }
+        // The engine's own logs (`@facts`, `@patterns`) are folded by their own readers;
+        // a scratchpad-state checkpoint of them would only cost a replay.
+        if run.starts_with('@') {
+            return;
+        }
         let Ok(p) = self.paths(run) else { return };
         // Off the append path: the appender has its acknowledgement already.
         let spawned = std::thread::Builder::new()

@@ -232,34 +232,36 @@ fn id_w(w: &str, scope: &str) -> f64 {
 }
 
 /// Weight of the intersection and of each side, over two sorted string lists.
-fn overlap(a: &[String], b: &[String], w: impl Fn(&str) -> f64) -> (f64, f64, f64, bool, bool) {
-    let (mut i, mut j) = (0, 0);
+fn overlap<'a, A, B>(a: A, b: B, w: impl Fn(&str) -> f64) -> (f64, f64, f64, bool, bool)
+where
+    A: IntoIterator<Item = &'a String>,
+    B: IntoIterator<Item = &'a String>,
+{
+    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
     let (mut both, mut wa, mut wb) = (0.0, 0.0, 0.0);
     let (mut a_only, mut b_only) = (false, false);
-    while i < a.len() || j < b.len() {
-        let ord = match (a.get(i), b.get(j)) {
-            (Some(x), Some(y)) => x.cmp(y),
+    loop {
+        let ord = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) => x.as_str().cmp(y.as_str()),
             (Some(_), None) => std::cmp::Ordering::Less,
-            _ => std::cmp::Ordering::Greater,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (None, None) => break,
         };
         match ord {
             std::cmp::Ordering::Equal => {
-                let x = w(&a[i]);
+                let x = a.next().map_or(0.0, |t| w(t));
+                b.next();
                 both += x;
                 wa += x;
                 wb += x;
-                i += 1;
-                j += 1;
             }
             std::cmp::Ordering::Less => {
-                wa += w(&a[i]);
+                wa += a.next().map_or(0.0, |t| w(t));
                 a_only = true;
-                i += 1;
             }
             std::cmp::Ordering::Greater => {
-                wb += w(&b[j]);
+                wb += b.next().map_or(0.0, |t| w(t));
                 b_only = true;
-                j += 1;
             }
         }
     }
@@ -269,21 +271,15 @@ fn overlap(a: &[String], b: &[String], w: impl Fn(&str) -> f64) -> (f64, f64, f6
 fn compare(a: &Signature, b: &Signature, scope: &str) -> Cmp {
     let (ww, wa, wb, _, _) = overlap(&a.words, &b.words, |w| word_w(w, scope));
     let (sw, sa, sb, _, _) = overlap(&a.words, &b.words, |w| slot_w(w, scope));
-    let na: Vec<String> = a.names.iter().filter(|n| *n != scope).cloned().collect();
-    let nb: Vec<String> = b.names.iter().filter(|n| *n != scope).cloned().collect();
-    let (_, _, _, na_only, nb_only) = overlap(&na, &nb, |_| 1.0);
-    let cls = |s: &Signature| s.classes.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>();
-    let (cw, ca, cb, _, _) = overlap(&cls(a), &cls(b), |_| W_WORD);
+    let (_, _, _, na_only, nb_only) = overlap(
+        a.names.iter().filter(|n| *n != scope),
+        b.names.iter().filter(|n| *n != scope),
+        |_| 1.0,
+    );
+    let (cw, ca, cb, _, _) = overlap(&a.class_members, &b.class_members, |_| W_WORD);
     let (iw, ia, ib, ia_only, ib_only) = overlap(&a.ids, &b.ids, |w| id_w(w, scope));
     // Values match on their canonical key (a bare 95 matches 95%).
-    let keys = |s: &Signature| {
-        let mut k: Vec<String> = s.values.iter().map(|v| v.key.clone()).collect();
-        k.sort();
-        k.dedup();
-        k
-    };
-    let (ka, kb) = (keys(a), keys(b));
-    let (vw, va, vb, va_only, vb_only) = overlap(&ka, &kb, |_| W_VALUE);
+    let (vw, va, vb, va_only, vb_only) = overlap(&a.value_keys, &b.value_keys, |_| W_VALUE);
     let dice = |both: f64, x: f64, y: f64| {
         if x + y > 0.0 {
             2.0 * both / (x + y)
@@ -307,19 +303,10 @@ fn compare(a: &Signature, b: &Signature, scope: &str) -> Cmp {
     let dim_conflict = one_way(a, b) && one_way(b, a);
     let mut class_conflict = false;
     for c in [text::Class::Resource, text::Class::Percentile] {
-        let ca: Vec<&str> = a
-            .classes
-            .iter()
-            .filter(|x| x.0 == c)
-            .map(|x| x.1.as_str())
-            .collect();
-        let cb: Vec<&str> = b
-            .classes
-            .iter()
-            .filter(|x| x.0 == c)
-            .map(|x| x.1.as_str())
-            .collect();
-        if !ca.is_empty() && !cb.is_empty() && !ca.iter().any(|x| cb.contains(x)) {
+        let mut ca = a.classes.iter().filter(|x| x.0 == c).map(|x| x.1.as_str());
+        let cb = || b.classes.iter().filter(|x| x.0 == c).map(|x| x.1.as_str());
+        let (a_any, b_any) = (ca.clone().next().is_some(), cb().next().is_some());
+        if a_any && b_any && !ca.any(|x| cb().any(|y| y == x)) {
             class_conflict = true;
         }
     }

@@ -191,6 +191,22 @@ impl Judge for LlmJudge<'_> {
     }
 }
 
+/// A pass ready to be written (by the writer thread).
+struct WriteJob {
+    /// Each record with the subject its event carries.
+    records: Vec<(Option<String>, Record)>,
+    commit: Commit,
+    /// What the pass learned, as the shared scope gets it (run, sanitized learnings).
+    learned: Vec<(String, patterns::RunLearnings)>,
+}
+
+/// What writing a pass did.
+#[derive(Default)]
+struct WriteDone {
+    records_written: u64,
+    shared_copies: u64,
+}
+
 /// The work of one pass, before it is written.
 struct Pass {
     /// Fact index -> what this pass adds to it.
@@ -395,8 +411,8 @@ impl Pass {
         for (run, l, shared) in std::mem::take(&mut self.learned) {
             out.push(Record::Learned {
                 run,
-                learnings: l,
-                shared: Some(shared),
+                learnings: Box::new(l),
+                shared: Some(Box::new(shared)),
             });
         }
         out
@@ -644,7 +660,7 @@ impl Store {
                 shared,
             }) = serde_json::from_value(e.content)
             {
-                out.push((run, shared.unwrap_or(learnings)));
+                out.push((run, *shared.unwrap_or(learnings)));
             }
         }
         Ok(out)
@@ -753,55 +769,98 @@ impl Store {
         let mut deduper = restore(&fold, &opts.dedup);
         let mut pass = Pass::new();
         let mut prog = SynthProgress::default();
-        for run in &runs {
-            let from = fold.watermarks.get(run).copied().unwrap_or(0) + 1;
-            let mut rs = RunSynth {
-                run: run.clone(),
-                from_seq: from,
-                to_seq: from - 1,
-                ..RunSynth::default()
+        // Passes are written by a second thread while this one classifies the next pass.
+        // At most one pass is in flight, and passes are written in order: a pass's
+        // commit is on disk before the next pass's begin is written.
+        std::thread::scope(|scope| -> Result<()> {
+            let (jobs, inbox) = std::sync::mpsc::sync_channel::<WriteJob>(0);
+            let (results, outbox) = std::sync::mpsc::channel::<Result<WriteDone>>();
+            let writer = scope.spawn(move || {
+                for job in inbox {
+                    let r = self.write_pass(job, opts);
+                    let failed = r.is_err();
+                    if results.send(r).is_err() || failed {
+                        return;
+                    }
+                }
+            });
+            let mut in_flight = false;
+            let collect = |in_flight: &mut bool, report: &mut SynthReport| -> Result<()> {
+                if std::mem::take(in_flight) {
+                    let done = outbox
+                        .recv()
+                        .map_err(|_| Error::invalid("synth", "the writer thread stopped"))??;
+                    report.records_written += done.records_written;
+                    report.shared_copies += done.shared_copies;
+                }
+                Ok(())
             };
-            prog.run = run.clone();
-            let it = self.read(
-                run,
-                ReadOptions {
-                    from_seq: Some(from),
-                    ..ReadOptions::default()
-                },
-            )?;
-            for e in it {
-                let e = e?;
-                let before = report.findings;
-                pass.feed(
-                    &mut deduper,
-                    &fold,
-                    &e,
-                    judge.as_mut().map(|j| j as &mut dyn Judge),
-                    &mut report,
-                );
-                rs.findings += report.findings - before;
-                rs.events += 1;
-                rs.to_seq = e.seq;
-                report.events += 1;
-                prog.events += 1;
-                if prog.events % 4096 == 0 {
-                    progress(&prog);
+            let send =
+                |job: WriteJob, in_flight: &mut bool, report: &mut SynthReport| -> Result<()> {
+                    collect(in_flight, report)?;
+                    jobs.send(job)
+                        .map_err(|_| Error::invalid("synth", "the writer thread stopped"))?;
+                    *in_flight = true;
+                    Ok(())
+                };
+            for run in &runs {
+                let from = fold.watermarks.get(run).copied().unwrap_or(0) + 1;
+                let mut rs = RunSynth {
+                    run: run.clone(),
+                    from_seq: from,
+                    to_seq: from - 1,
+                    ..RunSynth::default()
+                };
+                prog.run = run.clone();
+                let it = self.read(
+                    run,
+                    ReadOptions {
+                        from_seq: Some(from),
+                        ..ReadOptions::default()
+                    },
+                )?;
+                for e in it {
+                    let e = e?;
+                    let before = report.findings;
+                    pass.feed(
+                        &mut deduper,
+                        &fold,
+                        &e,
+                        judge.as_mut().map(|j| j as &mut dyn Judge),
+                        &mut report,
+                    );
+                    rs.findings += report.findings - before;
+                    rs.events += 1;
+                    rs.to_seq = e.seq;
+                    report.events += 1;
+                    prog.events += 1;
+                    if prog.events % 4096 == 0 {
+                        progress(&prog);
+                    }
+                    if pass.source_events >= opts.pass_events_max.max(1) {
+                        self.learn_closed(&mut pass, &fold, opts)?;
+                        let job = self.prepare_pass(&mut fold, &mut pass, &mut report)?;
+                        send(job, &mut in_flight, &mut report)?;
+                        prog.passes = report.passes;
+                        pass = Pass::new();
+                    }
                 }
-                if pass.source_events >= opts.pass_events_max.max(1) {
-                    self.learn_closed(&mut pass, &fold, opts)?;
-                    self.commit_pass(&mut fold, &mut pass, opts, &mut report)?;
-                    prog.passes = report.passes;
-                    pass = Pass::new();
+                if rs.events > 0 {
+                    report.runs.push(rs);
                 }
             }
-            if rs.events > 0 {
-                report.runs.push(rs);
+            self.learn_closed(&mut pass, &fold, opts)?;
+            if !pass.is_empty() {
+                let job = self.prepare_pass(&mut fold, &mut pass, &mut report)?;
+                send(job, &mut in_flight, &mut report)?;
             }
-        }
-        self.learn_closed(&mut pass, &fold, opts)?;
-        if !pass.is_empty() {
-            self.commit_pass(&mut fold, &mut pass, opts, &mut report)?;
-        }
+            collect(&mut in_flight, &mut report)?;
+            drop(jobs);
+            writer
+                .join()
+                .map_err(|_| Error::invalid("synth", "the writer thread panicked"))?;
+            Ok(())
+        })?;
         if let Some(j) = judge {
             report.llm_calls = j.calls;
             report.llm_fallbacks = j.fallbacks;
@@ -840,16 +899,14 @@ impl Store {
         Ok(())
     }
 
-    /// Writes one pass: `synth_begin`, its records, the resolutions they call for, and
-    /// `synth_commit` with the watermarks; only the last frame waits for an fsync (which
-    /// covers the earlier ones). Then folds what was stored.
-    fn commit_pass(
+    /// Prepares one pass for the writer: its records, the resolutions they call for, and
+    /// the `synth_commit` with the watermarks; applies them to the fold.
+    fn prepare_pass(
         &self,
         fold: &mut FactsFold,
         pass: &mut Pass,
-        opts: &SynthOptions,
         report: &mut SynthReport,
-    ) -> Result<()> {
+    ) -> Result<WriteJob> {
         let mut records = pass.records();
         // The pass is applied to the fold record by record as it is written below (the
         // same records, so the fold is what a reader of the log would fold); resolutions
@@ -877,7 +934,6 @@ impl Store {
             .count() as u64;
         records.extend(resolutions);
 
-        let user = self.user().to_string();
         let pass_no = fold.passes + 1;
         let learned_items: Vec<(String, patterns::RunLearnings)> = records
             .iter()
@@ -888,7 +944,7 @@ impl Store {
                     shared,
                 } => Some((
                     run.clone(),
-                    shared.clone().unwrap_or_else(|| learnings.clone()),
+                    *shared.clone().unwrap_or_else(|| learnings.clone()),
                 )),
                 _ => None,
             })
@@ -901,38 +957,57 @@ impl Store {
             source_events: pass.source_events,
             facts_total: fold.facts.len() as u64,
         };
-        let subject_of = |r: &Record, fold: &FactsFold| match r {
-            Record::Fact { fact, .. } => parse_id('F', fact)
-                .and_then(|i| fold.facts.get(i))
-                .and_then(|f| f.subject.clone()),
-            Record::Contradiction { subject, .. } => Some(subject.clone()),
-            _ => None,
-        };
-        // Frames bounded in events and bytes, written as they fill (memory: one frame);
-        // only the last one (with the commit) is synced, and its fdatasync covers all.
+        // Subjects now, while the fold is at hand; the writer thread gets plain data.
+        let records: Vec<(Option<String>, Record)> = records
+            .into_iter()
+            .map(|r| {
+                let subject = match &r {
+                    Record::Fact { fact, .. } => parse_id('F', fact)
+                        .and_then(|i| fold.facts.get(i))
+                        .and_then(|f| f.subject.clone()),
+                    Record::Contradiction { subject, .. } => Some(subject.clone()),
+                    _ => None,
+                };
+                (subject, r)
+            })
+            .collect();
+        fold.apply_commit(&commit);
+        report.passes += 1;
+        report.learned_runs.extend(learned.iter().cloned());
+        Ok(WriteJob {
+            records,
+            commit,
+            learned: learned_items,
+        })
+    }
+
+    /// Writes one prepared pass: `synth_begin`, its records, `synth_commit`, in frames
+    /// bounded in events and bytes, written as they fill (memory: one frame); only the
+    /// last one (with the commit) is synced, and its fdatasync covers all. Then the
+    /// shared copies of what the pass learned.
+    fn write_pass(&self, job: WriteJob, opts: &SynthOptions) -> Result<WriteDone> {
+        let user = self.user().to_string();
+        let mut done = WriteDone::default();
         let mut batch: Vec<Checked> = vec![engine_event(
             &user,
             EventType::SynthBegin,
             None,
-            serde_json::json!({ "pass": pass_no }),
+            serde_json::json!({ "pass": job.commit.pass }),
         )];
         let mut bytes = 0usize;
-        let mut last_seq = 0;
-        for r in records {
-            let subject = subject_of(&r, fold);
+        for (subject, r) in job.records {
             let content = to_value(&r)?;
             drop(r);
             let size = 256 + approx_json_len(&content);
             if batch.len() >= FRAME_EVENTS_MAX || bytes + size > FRAME_BYTES_MAX {
                 let n = batch.len() as u64;
-                let stored = self.append_checked(
+                self.append_checked(
                     FACTS_RUN,
                     std::mem::take(&mut batch),
                     None,
                     Durability::None,
                 )?;
-                last_seq = stored.last().map_or(last_seq, |e| e.seq);
-                report.records_written += n;
+                done.records_written += n;
                 bytes = 0;
             }
             bytes += size;
@@ -942,18 +1017,13 @@ impl Store {
             &user,
             EventType::SynthCommit,
             None,
-            to_value(&commit)?,
+            to_value(&job.commit)?,
         ));
         let n = batch.len() as u64;
-        let stored = self.append_checked(FACTS_RUN, batch, None, Durability::Sync)?;
-        last_seq = stored.last().map_or(last_seq, |e| e.seq);
-        report.records_written += n;
-        fold.apply_commit(&commit);
-        fold.set_head(last_seq);
-        report.passes += 1;
-        report.learned_runs.extend(learned.iter().cloned());
-        report.shared_copies += self.share_learnings(learned_items, opts)?;
-        Ok(())
+        self.append_checked(FACTS_RUN, batch, None, Durability::Sync)?;
+        done.records_written += n;
+        done.shared_copies += self.share_learnings(job.learned, opts)?;
+        Ok(done)
     }
 
     /// Copies the learnings of `runs` (from the private fold) to the shared scope,
@@ -973,7 +1043,7 @@ impl Store {
             clean.run_id = format!("r{h:016x}");
             let rec = Record::Learned {
                 run: format!("r{h:016x}"),
-                learnings: clean,
+                learnings: Box::new(clean),
                 shared: None,
             };
             let mut ev = engine_event(SHARED_USER, EventType::Synth, None, to_value(&rec)?);

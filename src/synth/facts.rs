@@ -132,11 +132,11 @@ pub enum Record {
         /// The run (private copy) or an opaque hash of it (shared copy).
         run: String,
         /// The learnings (private: full context).
-        learnings: RunLearnings,
+        learnings: Box<RunLearnings>,
         /// The same learned from the run's events after the sanitizer (what the shared
         /// scope gets); absent in the shared scope's own copies.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        shared: Option<RunLearnings>,
+        shared: Option<Box<RunLearnings>>,
     },
 }
 

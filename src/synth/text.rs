@@ -116,6 +116,10 @@ pub struct Signature {
     pub negated: bool,
     /// The finding names a bound (limit, max, cap, quota, min).
     pub bound: bool,
+    /// The values' canonical keys, sorted, deduplicated (precomputed: compared often).
+    pub value_keys: Vec<String>,
+    /// The members of `classes`, in `classes` order (precomputed: compared often).
+    pub class_members: Vec<String>,
 }
 
 /// The comparison signature of a finding's text (the subject's own name, when the text
@@ -284,6 +288,10 @@ pub fn signature(text: &str) -> Signature {
     sig.classes.dedup();
     sig.names.sort();
     sig.names.dedup();
+    sig.value_keys = sig.values.iter().map(|v| v.key.clone()).collect();
+    sig.value_keys.sort();
+    sig.value_keys.dedup();
+    sig.class_members = sig.classes.iter().map(|(_, m)| m.clone()).collect();
     sig
 }
 
