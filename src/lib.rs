@@ -17,6 +17,8 @@
 //! - [`store`]: the public handle over a data directory.
 //! - [`tail`]: the live tail: catch up from the log, then follow it (iterator and `Stream`).
 //! - [`storage`]: the I/O trait every file access goes through (real and fault-injecting).
+//! - [`synth`]: the batch synthesizer: deduplicated, evidence-linked facts, contradictions,
+//!   patterns and mistakes, the sanitizer, swarm metrics.
 //!
 //! # Example
 //! ```
