@@ -715,11 +715,15 @@ fn synthesis(store: &Store, run: &str) -> anyhow::Result<()> {
             f.status
         );
     }
-    for c in all
+    let mut contras: Vec<_> = all
         .contradictions
         .iter()
         .filter(|c| mine.iter().any(|f| f.id == c.a || f.id == c.b))
-    {
+        .collect();
+    // Decided by evidence first: they are the interesting ones (a value sampled over
+    // time yields a chain of recency decisions: the latest reading stands).
+    contras.sort_by_key(|c| c.reason.as_deref() != Some("evidence_weight"));
+    for c in contras.iter().take(3) {
         say!(
             "   contradiction {} on {}: {:?} vs {:?} -> {} stands ({})",
             c.id,
@@ -728,6 +732,12 @@ fn synthesis(store: &Store, run: &str) -> anyhow::Result<()> {
             c.b_text,
             c.winner.as_deref().unwrap_or("?"),
             c.reason.as_deref().unwrap_or("unresolved")
+        );
+    }
+    if contras.len() > 3 {
+        say!(
+            "   (+{} more contradictions; the superseded facts stay, marked with the time they stopped being valid)",
+            contras.len() - 3
         );
     }
     if let Some(best) = mine.iter().max_by_key(|f| (f.agents.len(), f.evidence)) {

@@ -347,11 +347,12 @@ impl Pass {
                 e.confidence,
                 how,
             ));
-        // Bounded: the strongest few per finding, and a cap per fact, so a subject with
+        // Bounded: the strongest few per finding (ties: the newest facts, the standing
+        // readings a new one replaces), and a cap per fact, so a subject with
         // many look-alike readings (a metric sampled over time) cannot make the
         // contradictions grow quadratically.
         let mut contradicts = c.contradicts;
-        contradicts.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        contradicts.sort_by(|a, b| b.1.total_cmp(&a.1).then(b.0.cmp(&a.0)));
         contradicts.truncate(CONTRADICTIONS_PER_FINDING_MAX);
         for (other, score) in contradicts {
             if other == idx || scope.is_empty() {
