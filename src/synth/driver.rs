@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::error::{Error, IoContext, Result};
 use crate::event::{Checked, Event, EventType, ENGINE_AGENT};
 use crate::log::Durability;
-use crate::read::ReadOptions;
+use crate::read::{ReadOptions, Visibility};
 use crate::storage::OpenMode;
 use crate::store::Store;
 use crate::synth::dedup::{DedupConfig, Deduper, FactIdx, Judge, Match};
@@ -583,8 +583,22 @@ impl Store {
     /// Folds the user's facts log (committed passes only). With `cutoff`, the facts as
     /// they stood at that time.
     pub fn facts_fold(&self, cutoff: Option<Ts>) -> Result<FactsFold> {
+        self.facts_fold_with(cutoff, Visibility::Visible)
+    }
+
+    /// The fold the synthesizer builds on: every whole frame *written*, durable or not.
+    /// A synth killed after writing a pass's commit but before its fsync leaves a commit
+    /// that readers do not see yet; the next synth appends after it (and its own fsync
+    /// covers it), so it must build on it too, or that pass would be applied twice.
+    fn facts_fold_with(&self, cutoff: Option<Ts>, visibility: Visibility) -> Result<FactsFold> {
         let mut fold = FactsFold::new(cutoff);
-        match self.read(FACTS_RUN, ReadOptions::default()) {
+        let opts = ReadOptions {
+            visibility,
+            // Written frames past the visible mark are not in the index.
+            full_scan: visibility == Visibility::Written,
+            ..ReadOptions::default()
+        };
+        match self.read(FACTS_RUN, opts) {
             Ok(it) => {
                 for e in it {
                     fold.apply(&e?);
@@ -626,21 +640,40 @@ impl Store {
         Ok((w, last))
     }
 
-    /// The learnings recorded by the pass that ends with the commit at `commit_seq`.
-    fn pass_learnings(&self, commit_seq: u64) -> Result<Vec<(String, patterns::RunLearnings)>> {
-        let begin = self
-            .read(
-                FACTS_RUN,
+    /// The learnings recorded by the pass that ends with the commit at `commit_seq` (and
+    /// begins at `begin`, when known: then read from every written frame; else the begin
+    /// is looked up among the visible events).
+    fn pass_learnings(
+        &self,
+        begin: Option<u64>,
+        commit_seq: u64,
+    ) -> Result<Vec<(String, patterns::RunLearnings)>> {
+        let (begin, opts) = match begin {
+            Some(b) => (
+                b,
                 ReadOptions {
-                    kind: Some(EventType::SynthBegin),
-                    to_seq: Some(commit_seq),
-                    last: Some(1),
+                    visibility: Visibility::Written,
+                    full_scan: true,
                     ..ReadOptions::default()
                 },
-            )?
-            .next()
-            .transpose()?
-            .map_or(1, |e| e.seq);
+            ),
+            None => {
+                let b = self
+                    .read(
+                        FACTS_RUN,
+                        ReadOptions {
+                            kind: Some(EventType::SynthBegin),
+                            to_seq: Some(commit_seq),
+                            last: Some(1),
+                            ..ReadOptions::default()
+                        },
+                    )?
+                    .next()
+                    .transpose()?
+                    .map_or(1, |e| e.seq);
+                (b, ReadOptions::default())
+            }
+        };
         let mut out = Vec::new();
         for e in self.read(
             FACTS_RUN,
@@ -648,7 +681,7 @@ impl Store {
                 kind: Some(EventType::Synth),
                 from_seq: Some(begin),
                 to_seq: Some(commit_seq),
-                ..ReadOptions::default()
+                ..opts
             },
         )? {
             let e = e?;
@@ -750,7 +783,8 @@ impl Store {
         // between its commit and them.
         if let Some((seq, c)) = &last_commit {
             if !c.learned.is_empty() {
-                report.shared_copies += self.share_learnings(self.pass_learnings(*seq)?, opts)?;
+                report.shared_copies +=
+                    self.share_learnings(self.pass_learnings(None, *seq)?, opts)?;
             }
         }
         if !any_new {
@@ -766,7 +800,14 @@ impl Store {
             calls: 0,
             fallbacks: 0,
         });
-        let mut fold = self.facts_fold(None)?;
+        let mut fold = self.facts_fold_with(None, Visibility::Written)?;
+        // The last pass may be one whose commit was not visible to the fast path above.
+        if let Some((begin, commit)) = fold.last_pass {
+            if !fold.last_learned.is_empty() && Some(commit) != last_commit.as_ref().map(|c| c.0) {
+                report.shared_copies +=
+                    self.share_learnings(self.pass_learnings(Some(begin), commit)?, opts)?;
+            }
+        }
         let mut deduper = restore(&fold, &opts.dedup);
         let mut pass = Pass::new();
         let mut prog = SynthProgress::default();

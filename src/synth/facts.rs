@@ -269,6 +269,9 @@ pub struct FactsFold {
     pub learned: BTreeSet<String>,
     /// Runs learned in the last committed pass (their shared copies are re-sent, idempotently).
     pub last_learned: Vec<String>,
+    /// Seqs of the last committed pass's `synth_begin` and `synth_commit`.
+    pub last_pass: Option<(u64, u64)>,
+    begin_seq: u64,
     /// Patterns and mistakes learned (private copy).
     pub book: PatternBook,
     /// Committed passes.
@@ -345,7 +348,10 @@ impl FactsFold {
         }
         self.head_seq = e.seq;
         match e.kind {
-            EventType::SynthBegin => self.pending = Some(Vec::new()),
+            EventType::SynthBegin => {
+                self.pending = Some(Vec::new());
+                self.begin_seq = e.seq;
+            }
             EventType::Synth => {
                 let Ok(r) = serde_json::from_value::<Record>(e.content.clone()) else {
                     tracing::warn!(seq = e.seq, "facts log: unreadable synth record skipped");
@@ -370,6 +376,7 @@ impl FactsFold {
                     self.apply_record(r);
                 }
                 self.apply_commit(&c);
+                self.last_pass = Some((self.begin_seq, e.seq));
             }
             _ => {}
         }
