@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::checkpoint::{self, CheckpointInfo, CHECKPOINT_EVERY_DEFAULT};
 use crate::error::{Error, Result};
 use crate::event::{
-    check_path_id, check_run_id, Checked, Event, NewEvent, ANONYMOUS, BATCH_EVENTS_MAX,
+    check_path_id, check_run_id, Checked, Event, EventType, NewEvent, ANONYMOUS, BATCH_EVENTS_MAX,
     ENGINE_AGENT,
 };
 use crate::index::{self, IndexCell, IndexSnapshot, IndexStats};
@@ -396,6 +396,20 @@ impl Store {
             return Err(Error::Forbidden(format!(
                 "run {run:?} is closed and archived at {}",
                 p.display()
+            )));
+        }
+        // The engine's own logs take only the synthesizer's events: no policy, channel,
+        // summary or close can be written into a facts log.
+        if run.starts_with('@')
+            && batch.iter().any(|c| {
+                !matches!(
+                    c.kind,
+                    EventType::SynthBegin | EventType::Synth | EventType::SynthCommit
+                )
+            })
+        {
+            return Err(Error::Forbidden(format!(
+                "{run:?} is an engine log (facts, patterns); only the synthesizer writes it"
             )));
         }
         let log = self.writer(run, &self.user)?;
