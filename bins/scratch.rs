@@ -9,14 +9,14 @@ use serde_json::Value;
 use swarm_memory::rules::{ChannelDecl, ChannelKind, ConflictPolicy, Policy};
 use swarm_memory::{Error, ReadOptions, Store};
 
-fn invalid(field: &str, reason: impl Into<String>) -> anyhow::Error {
+pub(crate) fn invalid(field: &str, reason: impl Into<String>) -> anyhow::Error {
     anyhow::Error::new(Error::Invalid {
         field: field.into(),
         reason: reason.into(),
     })
 }
 
-fn print_json(v: &impl Serialize) -> anyhow::Result<ExitCode> {
+pub(crate) fn print_json(v: &impl Serialize) -> anyhow::Result<ExitCode> {
     let out = io::stdout();
     let mut out = out.lock();
     serde_json::to_writer(&mut out, v)?;

@@ -6,29 +6,14 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use serde::Serialize;
 use swarm_memory::synth::dedup::DedupConfig;
 use swarm_memory::synth::{metrics, quality, FactsQuery, LlmOptions, SynthOptions};
-use swarm_memory::{Error, Store, Ts};
+use swarm_memory::{Store, Ts};
+
+use crate::scratch::{invalid, print_json};
 
 /// The labelled fixture, built in so `swarm quality` works from any directory.
 const FIXTURE: &str = include_str!("../data/fixtures/synth-quality.jsonl");
-
-fn print_json(v: &impl Serialize) -> anyhow::Result<ExitCode> {
-    let out = io::stdout();
-    let mut out = out.lock();
-    serde_json::to_writer(&mut out, v)?;
-    out.write_all(b"\n")?;
-    out.flush()?;
-    Ok(ExitCode::SUCCESS)
-}
-
-fn invalid(field: &str, reason: impl Into<String>) -> anyhow::Error {
-    anyhow::Error::new(Error::Invalid {
-        field: field.into(),
-        reason: reason.into(),
-    })
-}
 
 /// Peak resident memory of this process (Linux `VmHWM`), in bytes.
 fn peak_rss_bytes() -> Option<u64> {

@@ -338,6 +338,32 @@ pub(crate) struct Checked {
     pub meta: Option<Map<String, Value>>,
 }
 
+impl Checked {
+    /// An event the engine writes itself (no id: one is generated).
+    pub(crate) fn engine(
+        agent: &str,
+        user: &str,
+        kind: EventType,
+        content: Value,
+        subject: Option<String>,
+        refs: Vec<u64>,
+    ) -> Checked {
+        Checked {
+            expect_subject_seq: None,
+            id: None,
+            agent_id: agent.to_string(),
+            user_id: user.to_string(),
+            kind,
+            content,
+            confidence: None,
+            refs,
+            subject,
+            session_id: None,
+            meta: None,
+        }
+    }
+}
+
 impl NewEvent {
     /// Checks every field against its limit. Refs are checked later, against the run.
     pub(crate) fn check(self) -> Result<Checked> {

@@ -82,19 +82,7 @@ impl Store {
         refs: Vec<u64>,
     ) -> Result<Event> {
         crate::event::check_id("agent_id", agent)?;
-        let c = Checked {
-            expect_subject_seq: None,
-            id: None,
-            agent_id: agent.to_string(),
-            user_id: self.user().to_string(),
-            kind,
-            content,
-            confidence: None,
-            refs,
-            subject,
-            session_id: None,
-            meta: None,
-        };
+        let c = Checked::engine(agent, self.user(), kind, content, subject, refs);
         let v = self.append_checked(run, vec![c], None, Durability::Sync)?;
         v.into_iter()
             .next()

@@ -30,6 +30,9 @@ use crate::ts::Ts;
 pub const SHARED_USER: &str = "system_shared_patterns";
 /// The shared scope's log of sanitized learnings.
 pub const SHARED_RUN: &str = "@patterns";
+/// The subject the `learned` records carry, so that the pattern book is read through
+/// the index without folding the facts.
+pub const LEARNED_SUBJECT: &str = "@learned";
 /// Source events read per pass, at most: bounds the memory a pass holds (its evidence
 /// links) and the work a crash can lose.
 pub const PASS_EVENTS_MAX_DEFAULT: u64 = 100_000;
@@ -472,19 +475,7 @@ fn resolve(fold: &mut FactsFold, touched: &BTreeSet<usize>) -> Vec<Record> {
 }
 
 fn engine_event(user: &str, kind: EventType, subject: Option<String>, content: Value) -> Checked {
-    Checked {
-        expect_subject_seq: None,
-        id: None,
-        agent_id: ENGINE_AGENT.to_string(),
-        user_id: user.to_string(),
-        kind,
-        content,
-        confidence: None,
-        refs: Vec::new(),
-        subject,
-        session_id: None,
-        meta: None,
-    }
+    Checked::engine(ENGINE_AGENT, user, kind, content, subject, Vec::new())
 }
 
 /// Bytes a JSON value takes, roughly (strings and numbers counted, structure estimated),
@@ -1008,7 +999,8 @@ impl Store {
                         .and_then(|i| fold.facts.get(i))
                         .and_then(|f| f.subject.clone()),
                     Record::Contradiction { subject, .. } => Some(subject.clone()),
-                    _ => None,
+                    Record::Learned { .. } => Some(LEARNED_SUBJECT.to_string()),
+                    Record::Resolution { .. } => None,
                 };
                 (subject, r)
             })
@@ -1088,7 +1080,12 @@ impl Store {
                 learnings: Box::new(clean),
                 shared: None,
             };
-            let mut ev = engine_event(SHARED_USER, EventType::Synth, None, to_value(&rec)?);
+            let mut ev = engine_event(
+                SHARED_USER,
+                EventType::Synth,
+                Some(LEARNED_SUBJECT.to_string()),
+                to_value(&rec)?,
+            );
             ev.id = Some(format!("shared-{h:016x}"));
             shared.append_checked(SHARED_RUN, vec![ev], None, Durability::Sync)?;
             n += 1;
@@ -1124,43 +1121,58 @@ impl Store {
         Ok(fold.book)
     }
 
+    /// The user's own pattern book: the `learned` records of committed passes, found
+    /// through the subject index (they carry the subject [`LEARNED_SUBJECT`]).
+    pub fn own_book(&self) -> Result<PatternBook> {
+        let mut book = PatternBook::default();
+        let committed = match self.committed_passes() {
+            Ok(c) => c,
+            Err(Error::RunNotFound(_)) => return Ok(book),
+            Err(e) => return Err(e),
+        };
+        for e in self.read(
+            FACTS_RUN,
+            ReadOptions {
+                subject: Some(LEARNED_SUBJECT.to_string()),
+                ..ReadOptions::default()
+            },
+        )? {
+            let e = e?;
+            if !committed.contains(e.seq) {
+                continue;
+            }
+            if let Ok(Record::Learned { learnings, .. }) = serde_json::from_value(e.content) {
+                book.merge_run(&learnings);
+            }
+        }
+        Ok(book)
+    }
+
     /// Proven investigation patterns for a symptom: the user's own first, then the
     /// shared scope's (seed 002's `get_recommended_investigation_strategy`).
     pub fn patterns(&self, symptom: &str) -> Result<Vec<Scoped<InvestigationPattern>>> {
-        let own = self.facts_fold(None)?.book;
-        let shared = self.shared_book()?;
-        let mut out: Vec<Scoped<InvestigationPattern>> = own
-            .recommend(symptom)
-            .into_iter()
-            .map(|p| Scoped {
-                scope: "private",
-                item: p.clone(),
-            })
-            .collect();
-        out.extend(shared.recommend(symptom).into_iter().map(|p| Scoped {
-            scope: "shared",
-            item: p.clone(),
-        }));
-        Ok(out)
+        let (own, shared) = (self.own_book()?, self.shared_book()?);
+        Ok(scoped(own.recommend(symptom), shared.recommend(symptom)))
     }
 
     /// Known mistakes of a tool, before calling it: the user's own, then the shared
     /// scope's (seed 002's `MistakeAdvisor`).
     pub fn advise(&self, tool: &str) -> Result<Vec<Scoped<ToolMistake>>> {
-        let own = self.facts_fold(None)?.book;
-        let shared = self.shared_book()?;
-        let mut out: Vec<Scoped<ToolMistake>> = own
-            .advise(tool)
-            .into_iter()
-            .map(|m| Scoped {
-                scope: "private",
-                item: m.clone(),
-            })
-            .collect();
-        out.extend(shared.advise(tool).into_iter().map(|m| Scoped {
-            scope: "shared",
-            item: m.clone(),
-        }));
-        Ok(out)
+        let (own, shared) = (self.own_book()?, self.shared_book()?);
+        Ok(scoped(own.advise(tool), shared.advise(tool)))
     }
+}
+
+/// The user's own items, then the shared scope's.
+fn scoped<T: Clone>(own: Vec<&T>, shared: Vec<&T>) -> Vec<Scoped<T>> {
+    let tag = |scope: &'static str| {
+        move |item: &T| Scoped {
+            scope,
+            item: item.clone(),
+        }
+    };
+    own.into_iter()
+        .map(tag("private"))
+        .chain(shared.into_iter().map(tag("shared")))
+        .collect()
 }

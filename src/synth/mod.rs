@@ -24,7 +24,7 @@ pub mod text;
 pub mod views;
 
 pub use driver::{
-    LlmOptions, RunSynth, Scoped, SynthOptions, SynthProgress, SynthReport,
+    LlmOptions, RunSynth, Scoped, SynthOptions, SynthProgress, SynthReport, LEARNED_SUBJECT,
     PASS_EVENTS_MAX_DEFAULT, SHARED_RUN, SHARED_USER,
 };
 pub use facts::FACTS_RUN;

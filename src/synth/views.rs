@@ -211,7 +211,44 @@ fn contradiction_view(fold: &FactsFold, n: usize) -> Option<ContradictionView> {
     })
 }
 
+/// The committed passes of a facts log, as seq ranges (begin, commit).
+pub(crate) struct CommittedPasses(Vec<(u64, u64)>);
+
+impl CommittedPasses {
+    /// Whether the event at `seq` belongs to a committed pass.
+    pub(crate) fn contains(&self, seq: u64) -> bool {
+        let k = self.0.partition_point(|&(_, c)| c < seq);
+        self.0.get(k).is_some_and(|&(b, _)| b < seq)
+    }
+}
+
 impl Store {
+    /// The committed passes of the user's facts log, from its index (begin and commit
+    /// events only).
+    pub(crate) fn committed_passes(&self) -> Result<CommittedPasses> {
+        let seqs = |kind| -> Result<Vec<u64>> {
+            self.read(
+                FACTS_RUN,
+                ReadOptions {
+                    kind: Some(kind),
+                    ..ReadOptions::default()
+                },
+            )?
+            .map(|e| e.map(|e| e.seq))
+            .collect()
+        };
+        let begins = seqs(EventType::SynthBegin)?;
+        let mut out = Vec::new();
+        for c in seqs(EventType::SynthCommit)? {
+            // The pass a commit closes began at the last begin before it.
+            let k = begins.partition_point(|&b| b < c);
+            if k > 0 {
+                out.push((begins[k - 1], c));
+            }
+        }
+        Ok(CommittedPasses(out))
+    }
+
     /// The user's facts: current ones (and superseded ones with `include_superseded`),
     /// optionally of one subject, optionally as they stood at a time.
     pub fn facts(&self, q: &FactsQuery) -> Result<FactsAnswer> {
@@ -252,35 +289,8 @@ impl Store {
             .filter(|&i| i < fold.facts.len())
             .ok_or_else(|| Error::invalid("fact", format!("no fact {id:?} (ids look like F12)")))?;
         let f = &fold.facts[i];
-        // The committed passes, as seq ranges (begin..=commit), from the index.
-        let mut begins = Vec::new();
-        for e in self.read(
-            FACTS_RUN,
-            ReadOptions {
-                kind: Some(EventType::SynthBegin),
-                ..ReadOptions::default()
-            },
-        )? {
-            begins.push(e?.seq);
-        }
-        let mut committed: Vec<(u64, u64)> = Vec::new();
-        for e in self.read(
-            FACTS_RUN,
-            ReadOptions {
-                kind: Some(EventType::SynthCommit),
-                ..ReadOptions::default()
-            },
-        )? {
-            let c = e?.seq;
-            // The pass a commit closes began at the last begin before it.
-            if let Some(&b) = begins.iter().rev().find(|&&b| b < c) {
-                committed.push((b, c));
-            }
-        }
-        let is_committed = |seq: u64| {
-            let k = committed.partition_point(|&(_, c)| c < seq);
-            committed.get(k).is_some_and(|&(b, _)| b < seq)
-        };
+        let committed = self.committed_passes()?;
+        let is_committed = |seq: u64| committed.contains(seq);
         // The fact's records carry its subject: the index finds them.
         let opts = ReadOptions {
             subject: f.subject.clone(),
