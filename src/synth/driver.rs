@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::checkpoint::{self, CheckpointInfo};
 use crate::error::{Error, IoContext, Result};
 use crate::event::{Checked, Event, EventType, ENGINE_AGENT};
 use crate::log::Durability;
-use crate::read::{ReadOptions, Visibility};
+use crate::read::{EventIter, ReadOptions, Visibility};
 use crate::storage::OpenMode;
 use crate::store::Store;
 use crate::synth::dedup::{DedupConfig, Deduper, FactIdx, Judge, Match};
@@ -22,6 +23,7 @@ use crate::synth::facts::{
 };
 use crate::synth::patterns::{self, InvestigationPattern, PatternBook, ToolMistake};
 use crate::synth::sanitize::{SanitizeContext, Sanitizer};
+use crate::synth::snapshot;
 use crate::synth::text::content_text;
 use crate::ts::Ts;
 
@@ -208,6 +210,9 @@ struct WriteJob {
 struct WriteDone {
     records_written: u64,
     shared_copies: u64,
+    /// Seqs the pass's `synth_begin` and `synth_commit` got.
+    begin_seq: u64,
+    commit_seq: u64,
 }
 
 /// The work of one pass, before it is written.
@@ -582,13 +587,37 @@ impl Store {
     /// that readers do not see yet; the next synth appends after it (and its own fsync
     /// covers it), so it must build on it too, or that pass would be applied twice.
     fn facts_fold_with(&self, cutoff: Option<Ts>, visibility: Visibility) -> Result<FactsFold> {
-        let mut fold = FactsFold::new(cutoff);
         let opts = ReadOptions {
             visibility,
             // Written frames past the visible mark are not in the index.
             full_scan: visibility == Visibility::Written,
             ..ReadOptions::default()
         };
+        let run_dir = self.run_dir(FACTS_RUN)?;
+        // The newest valid snapshot, then the events after its commit (a time-travel fold
+        // has its own cutoff and starts from the beginning).
+        if cutoff.is_none() {
+            let snap = snapshot::load_checked(
+                &**self.storage(),
+                &self.checkpoint_dir(FACTS_RUN),
+                &run_dir,
+            )?;
+            if let Some((mut fold, info)) = snap {
+                let it = EventIter::new_at(
+                    self.storage().clone(),
+                    run_dir,
+                    FACTS_RUN,
+                    info.end(),
+                    info.seq + 1,
+                    opts,
+                )?;
+                for e in it {
+                    fold.apply(&e?);
+                }
+                return Ok(fold);
+            }
+        }
+        let mut fold = FactsFold::new(cutoff);
         match self.read(FACTS_RUN, opts) {
             Ok(it) => {
                 for e in it {
@@ -599,6 +628,49 @@ impl Store {
             Err(e) => return Err(e),
         }
         Ok(fold)
+    }
+
+    /// Writes a snapshot of `fold` (standing at its last commit), so the next synth and
+    /// the next `swarm facts` fold only what comes after it. Best effort: a failure is
+    /// logged and costs only time later.
+    fn write_snapshot(&self, fold: &FactsFold) {
+        let Some((_, commit)) = fold.last_pass else {
+            return;
+        };
+        let r = (|| -> Result<bool> {
+            let mut it = self.read(
+                FACTS_RUN,
+                ReadOptions {
+                    from_seq: Some(commit),
+                    limit: Some(1),
+                    ..ReadOptions::default()
+                },
+            )?;
+            let Some(e) = it.next().transpose()? else {
+                return Ok(false);
+            };
+            if e.seq != commit || e.kind != EventType::SynthCommit || !it.at_frame_end() {
+                return Ok(false);
+            }
+            let info = CheckpointInfo {
+                seq: e.seq,
+                segment: it.position().seg,
+                frame_start: it.frame_start(),
+                frame_end: it.position().off,
+                ts: e.ts,
+            };
+            let run_dir = self.run_dir(FACTS_RUN)?;
+            if !checkpoint::matches_log(&**self.storage(), &run_dir, &info)? {
+                return Ok(false);
+            }
+            snapshot::write(self.storage(), &self.checkpoint_dir(FACTS_RUN), fold, &info)?;
+            Ok(true)
+        })();
+        match r {
+            Ok(true) => {}
+            Ok(false) => tracing::debug!("facts snapshot skipped: the commit frame was not found"),
+            Err(e) => tracing::warn!(error = %e, "cannot write a facts snapshot"),
+        }
     }
 
     /// The watermarks of the facts log, from its commits alone (through the index: fast
@@ -802,6 +874,8 @@ impl Store {
         let mut deduper = restore(&fold, &opts.dedup);
         let mut pass = Pass::new();
         let mut prog = SynthProgress::default();
+        // The seqs of the last pass written (begin, commit): the fold stands there at the end.
+        let last_written: std::cell::Cell<Option<(u64, u64)>> = std::cell::Cell::new(None);
         // Passes are written by a second thread while this one classifies the next pass.
         // At most one pass is in flight, and passes are written in order: a pass's
         // commit is on disk before the next pass's begin is written.
@@ -818,6 +892,7 @@ impl Store {
                 }
             });
             let mut in_flight = false;
+            let last_written = &last_written;
             let collect = |in_flight: &mut bool, report: &mut SynthReport| -> Result<()> {
                 if std::mem::take(in_flight) {
                     let done = outbox
@@ -825,6 +900,7 @@ impl Store {
                         .map_err(|_| Error::invalid("synth", "the writer thread stopped"))??;
                     report.records_written += done.records_written;
                     report.shared_copies += done.shared_copies;
+                    last_written.set(Some((done.begin_seq, done.commit_seq)));
                 }
                 Ok(())
             };
@@ -899,6 +975,11 @@ impl Store {
             report.llm_fallbacks = j.fallbacks;
         }
         report.facts_total = fold.facts.len() as u64;
+        if let Some((begin, commit)) = last_written.get() {
+            // Every pass is written: the fold stands at the last commit.
+            fold.stand_at(begin, commit);
+            self.write_snapshot(&fold);
+        }
         report.elapsed_ms = started.elapsed().as_millis() as u64;
         let secs = started.elapsed().as_secs_f64();
         if secs > 0.0 {
@@ -1035,12 +1116,15 @@ impl Store {
             let size = 256 + approx_json_len(&content);
             if batch.len() >= FRAME_EVENTS_MAX || bytes + size > FRAME_BYTES_MAX {
                 let n = batch.len() as u64;
-                self.append_checked(
+                let stored = self.append_checked(
                     FACTS_RUN,
                     std::mem::take(&mut batch),
                     None,
                     Durability::None,
                 )?;
+                if done.begin_seq == 0 {
+                    done.begin_seq = stored.first().map_or(0, |e| e.seq);
+                }
                 done.records_written += n;
                 bytes = 0;
             }
@@ -1054,7 +1138,11 @@ impl Store {
             to_value(&job.commit)?,
         ));
         let n = batch.len() as u64;
-        self.append_checked(FACTS_RUN, batch, None, Durability::Sync)?;
+        let stored = self.append_checked(FACTS_RUN, batch, None, Durability::Sync)?;
+        if done.begin_seq == 0 {
+            done.begin_seq = stored.first().map_or(0, |e| e.seq);
+        }
+        done.commit_seq = stored.last().map_or(0, |e| e.seq);
         done.records_written += n;
         done.shared_copies += self.share_learnings(job.learned, opts)?;
         Ok(done)

@@ -158,7 +158,7 @@ pub struct Commit {
 }
 
 /// A fact as folded from the log.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Fact {
     /// `F<n>`.
     pub id: String,
@@ -212,7 +212,7 @@ impl Fact {
 }
 
 /// A contradiction as folded from the log.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Contradiction {
     /// `C<n>`.
     pub id: String,
@@ -256,12 +256,13 @@ pub fn parse_id(prefix: char, id: &str) -> Option<usize> {
 ///
 /// Memory grows with distinct facts, their kept wordings and agents, and contradictions;
 /// never with evidence links (only counted here; `swarm facts --explain` streams them).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct FactsFold {
     /// Facts, index = number - 1.
     pub facts: Vec<Fact>,
     /// Contradictions, index = number - 1 (`None`: not yet detected at the cutoff).
     pub contradictions: Vec<Option<Contradiction>>,
+    #[serde(with = "pairs_as_list")]
     pairs: HashSet<(usize, usize)>,
     /// Last seq synthesized, per source run.
     pub watermarks: BTreeMap<String, u64>,
@@ -271,6 +272,7 @@ pub struct FactsFold {
     pub last_learned: Vec<String>,
     /// Seqs of the last committed pass's `synth_begin` and `synth_commit`.
     pub last_pass: Option<(u64, u64)>,
+    #[serde(default)]
     begin_seq: u64,
     /// Patterns and mistakes learned (private copy).
     pub book: PatternBook,
@@ -280,11 +282,16 @@ pub struct FactsFold {
     pub head_seq: u64,
     /// Source events read by all committed passes.
     pub source_events: u64,
+    /// Records of a pass begun and not committed yet (never in a snapshot: snapshots
+    /// are taken at commits).
+    #[serde(skip)]
     pending: Option<Vec<Record>>,
+    #[serde(skip)]
     cutoff: Option<Ts>,
     /// Agent and run names, interned: a fact found by many agents in many runs costs a
     /// few bytes per agent, not a string.
     names: Vec<String>,
+    #[serde(skip)]
     name_ids: HashMap<String, u32>,
 }
 
@@ -296,6 +303,16 @@ impl FactsFold {
             cutoff,
             ..FactsFold::default()
         }
+    }
+
+    /// Rebuilds what a snapshot does not store (the name index).
+    pub(crate) fn after_load(&mut self) {
+        self.name_ids = self
+            .names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), i as u32))
+            .collect();
     }
 
     /// The agent or run name behind an interned id.
@@ -317,6 +334,13 @@ impl FactsFold {
     /// itself, record by record, instead of reading it back).
     pub fn set_head(&mut self, seq: u64) {
         self.head_seq = self.head_seq.max(seq);
+    }
+
+    /// Records that the fold stands at the pass written at `begin..=commit` (the driver,
+    /// once the writer has written every pass it applied itself).
+    pub(crate) fn stand_at(&mut self, begin: u64, commit: u64) {
+        self.last_pass = Some((begin, commit));
+        self.head_seq = self.head_seq.max(commit);
     }
 
     /// Applies a pass's commit (the driver, after applying the pass's records itself).
@@ -505,5 +529,25 @@ impl FactsFold {
             let c = self.contradictions.get(n)?.as_ref()?;
             (c.loser() == Some(i)).then_some(c)
         })
+    }
+}
+
+/// The known contradiction pairs, stored sorted (a snapshot's bytes do not depend on
+/// hash order).
+mod pairs_as_list {
+    use std::collections::HashSet;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(p: &HashSet<(usize, usize)>, s: S) -> Result<S::Ok, S::Error> {
+        let mut v: Vec<_> = p.iter().copied().collect();
+        v.sort_unstable();
+        v.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<HashSet<(usize, usize)>, D::Error> {
+        Ok(Vec::<(usize, usize)>::deserialize(d)?.into_iter().collect())
     }
 }

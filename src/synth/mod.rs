@@ -12,6 +12,7 @@
 //! - [`metrics`]: swarm metrics of one run (seed 004).
 //! - [`facts`]: the facts log's records (passes, commits) and their fold.
 //! - `driver`: `Store::synth` and the queries over its results.
+//! - [`snapshot`]: snapshots of the facts fold at a commit (incremental work stays small).
 
 pub mod dedup;
 mod driver;
@@ -20,6 +21,7 @@ pub mod metrics;
 pub mod patterns;
 pub mod quality;
 pub mod sanitize;
+pub mod snapshot;
 pub mod text;
 pub mod views;
 
