@@ -17,14 +17,21 @@
 //! out, OOMKilled/OOM killed, p99/99th percentile, ...), *values* (numbers with units
 //! normalized to a base unit: `45s` = `45 seconds` = `45 s`, `12%` = `12 percent`,
 //! `3,214` = `3214`), *identifiers* kept whole (`gke-prod-pool-1-a3f`, `2026.11.22-3`,
-//! `orders-db.internal`) and exclusive qualifiers (cpu/memory/disk, p50/p99), plus polarity.
+//! `orders-db.internal`, URL paths such as `/api/cart`) and exclusive qualifiers
+//! (cpu/memory/disk/address, p50/p99, states such as pending/ready/unacked/evicted), plus
+//! polarity.
 //! Two wordings are scored by a weighted Dice coefficient over those tokens (identifiers
 //! weigh more, the subject's own name less). Dice rather than MinHash/SimHash: findings are
 //! ~10 tokens, so exact set overlap is cheap, deterministic and has no sampling noise, and
 //! it needs no corpus statistics (IDF would change as facts arrive and break replay).
 //! Values are a hard check, not a score: if each side states a value or identifier the
-//! other lacks (45s vs 2s, node a3f vs b7c), or names a different exclusive qualifier,
-//! they are not the same fact, whatever the words say; a polarity flip halves the score.
+//! other lacks (45s vs 2s, node a3f vs b7c), names a different hyphenated entity
+//! (`billing-writer` vs `audit-writer`), a different exclusive qualifier, or only one names
+//! a bound (a limit is not a usage), they are not the same fact, whatever the words say.
+//! Nor are two wordings that agree on at most one value but each name a measured thing
+//! sharing no measured-thing word with the other (content words other than the subject
+//! and trend words: "purge takes 90s to propagate" vs "ttl of 90 seconds"). A polarity
+//! flip halves the score.
 //! A *contradiction* is the reverse: same topic (Dice over words and identifiers, trend
 //! words such as rose/steady/normal ignored), same entities, but incompatible values in
 //! one dimension (same unit kind, same counted noun), or only the polarity differs with a
@@ -170,13 +177,33 @@ struct Cmp {
     bound_diff: bool,
     /// Each side names a thing (`fraud-check`, `order_items`) the other does not.
     name_conflict: bool,
+    /// Each side names a hyphenated entity (`billing-writer`, `email-jobs`) the other does
+    /// not (snake_case names are often metric names: two wordings may cite different ones).
+    entity_conflict: bool,
+    /// Dice over the *measured-thing* words (content words other than the subject's name
+    /// and trend words), with whether each side has such words the other lacks. Two
+    /// wordings that each name a measured thing and share none of those words
+    /// (`purge takes 90s to propagate` / `caches with a ttl of 90 seconds`) are not the same
+    /// fact on the strength of one shared value, subject and identifier.
+    topic: f64,
+    /// Each side has measured-thing words the other lacks.
+    topic_swap: bool,
+    /// Weight of the values both state.
+    values_shared: f64,
 }
 
 impl Cmp {
-    /// Same-fact score: 0 when the values, identifiers or classes disagree; halved when the
-    /// polarity differs.
+    /// Same-fact score: 0 when the values, identifiers, entities, classes or bounds
+    /// disagree, or when the measured things share no word and at most one value backs
+    /// the match; halved when the polarity differs.
     fn same_score(&self) -> f64 {
-        if self.value_conflict || self.id_conflict || self.class_conflict {
+        if self.value_conflict
+            || self.id_conflict
+            || self.class_conflict
+            || self.entity_conflict
+            || self.bound_diff
+            || (self.topic_swap && self.topic <= 0.0 && self.values_shared < 2.0 * W_VALUE)
+        {
             0.0
         } else if self.neg_diff {
             self.sim * 0.5
@@ -218,6 +245,14 @@ fn slot_w(w: &str, scope: &str) -> f64 {
 fn word_w(w: &str, scope: &str) -> f64 {
     if w == scope {
         W_SCOPE
+    } else {
+        W_WORD
+    }
+}
+
+fn topic_w(w: &str, scope: &str) -> f64 {
+    if w == scope || text::TREND_WORDS.contains(&w) {
+        0.0
     } else {
         W_WORD
     }
@@ -276,6 +311,16 @@ fn compare(a: &Signature, b: &Signature, scope: &str) -> Cmp {
         b.names.iter().filter(|n| *n != scope),
         |_| 1.0,
     );
+    let (_, _, _, ea_only, eb_only) = overlap(
+        a.names
+            .iter()
+            .filter(|n| *n != scope && n.contains('-') && !n.contains('_')),
+        b.names
+            .iter()
+            .filter(|n| *n != scope && n.contains('-') && !n.contains('_')),
+        |_| 1.0,
+    );
+    let (tw, ta, tb, _, _) = overlap(&a.words, &b.words, |w| topic_w(w, scope));
     let (cw, ca, cb, _, _) = overlap(&a.class_members, &b.class_members, |_| W_WORD);
     let (iw, ia, ib, ia_only, ib_only) = overlap(&a.ids, &b.ids, |w| id_w(w, scope));
     // Values match on their canonical key (a bare 95 matches 95%).
@@ -302,7 +347,11 @@ fn compare(a: &Signature, b: &Signature, scope: &str) -> Cmp {
     };
     let dim_conflict = one_way(a, b) && one_way(b, a);
     let mut class_conflict = false;
-    for c in [text::Class::Resource, text::Class::Percentile] {
+    for c in [
+        text::Class::Resource,
+        text::Class::Percentile,
+        text::Class::State,
+    ] {
         let mut ca = a.classes.iter().filter(|x| x.0 == c).map(|x| x.1.as_str());
         let cb = || b.classes.iter().filter(|x| x.0 == c).map(|x| x.1.as_str());
         let (a_any, b_any) = (ca.clone().next().is_some(), cb().next().is_some());
@@ -320,6 +369,10 @@ fn compare(a: &Signature, b: &Signature, scope: &str) -> Cmp {
         neg_diff: a.negated != b.negated,
         bound_diff: a.bound != b.bound,
         name_conflict: na_only && nb_only,
+        entity_conflict: ea_only && eb_only,
+        topic: dice(tw, ta, tb),
+        topic_swap: ta > tw && tb > tw,
+        values_shared: vw,
     }
 }
 
@@ -677,6 +730,65 @@ mod tests {
             "tls",
             "api still accepts TLS 1.0 connections",
             "api does not accept TLS 1.0 connections"
+        ));
+        // Same measure, different entity (hyphenated name, host name, URL path).
+        assert!(!same(
+            "mq",
+            "queue a-jobs has 40k ready messages",
+            "queue b-jobs has 40k ready messages"
+        ));
+        assert!(!same(
+            "dns",
+            "api.example.org TTL is 300 seconds",
+            "www.example.org TTL is 300 seconds"
+        ));
+        assert!(!same(
+            "edge",
+            "ingress p95 latency for /api/a is 800ms",
+            "ingress p95 latency for /api/b is 800ms"
+        ));
+        // Same numbers, different measured thing: state, bound, resource, wording.
+        assert!(!same(
+            "mq",
+            "queue q has 40k ready messages",
+            "queue q has 40k unacked messages"
+        ));
+        assert!(!same(
+            "db",
+            "db max_connections is 500",
+            "db has 500 open connections"
+        ));
+        assert!(!same(
+            "quota",
+            "region-1 vCPU quota is 80% used",
+            "region-1 elastic IP quota is 80% used"
+        ));
+        assert!(!same(
+            "cdn",
+            "cdn purge of /static/* takes 90s to propagate",
+            "cdn caches /static/* with a ttl of 90 seconds"
+        ));
+        assert!(!same(
+            "web",
+            "web p99 latency is 2.4s",
+            "web timeout is 2.4s"
+        ));
+        assert!(!same(
+            "web",
+            "web cache hit ratio is 40%",
+            "web error rate is 40%"
+        ));
+        assert!(!same("k8s", "3 pods restarted", "3 nodes NotReady"));
+        // ... while paraphrases of one measure still merge.
+        assert!(same(
+            "cdn",
+            "cdn purge of /static/* takes 90s to propagate",
+            "purge of /static/* on the cdn needs 90 seconds to reach all edges"
+        ));
+        assert!(same(
+            "gw",
+            "gw rate limit is 1000 requests per minute per client",
+            "per-client rate limit on gw: 1000 req/min"
         ));
         // Scopes never mix.
         let mut d = Deduper::new(DedupConfig::default());

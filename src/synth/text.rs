@@ -89,10 +89,13 @@ pub struct Value {
 /// about different things (CPU vs memory, p50 vs p99).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Class {
-    /// cpu, memory, disk, network.
+    /// cpu, memory, disk, network, address (cloud quotas: vCPUs vs IP addresses).
     Resource,
     /// p50, p90, p95, p99, p999.
     Percentile,
+    /// States a thing is counted in: pending, ready, unacked, unassigned, relocating,
+    /// terminating, idle, busy, ... ("3 pods pending" is not "3 pods evicted").
+    State,
 }
 
 /// The comparison signature of a finding: what [`crate::synth::dedup`] scores.
@@ -118,7 +121,7 @@ pub struct Signature {
     pub bound: bool,
     /// The values' canonical keys, sorted, deduplicated (precomputed: compared often).
     pub value_keys: Vec<String>,
-    /// The members of `classes`, in `classes` order (precomputed: compared often).
+    /// The members of `classes`, sorted, deduplicated (precomputed: compared often).
     pub class_members: Vec<String>,
 }
 
@@ -261,11 +264,17 @@ pub fn signature(text: &str) -> Signature {
                         sig.bound = true;
                     }
                     let c = canon(w);
-                    if matches!(c.as_str(), "limit" | "max" | "cap" | "quota" | "min") {
+                    // `min` alone is as often a minute (`req/min`) as a minimum.
+                    if matches!(c.as_str(), "limit" | "max" | "cap" | "quota")
+                        || (c == "min" && w != "min")
+                    {
                         sig.bound = true;
                     }
                     if let Some(r) = resource(&c) {
                         sig.classes.push((Class::Resource, r.to_string()));
+                    }
+                    if is_state(&c) {
+                        sig.classes.push((Class::State, c.clone()));
                     }
                     if c == "median" {
                         sig.classes.push((Class::Percentile, "p50".to_string()));
@@ -292,6 +301,9 @@ pub fn signature(text: &str) -> Signature {
     sig.value_keys.sort();
     sig.value_keys.dedup();
     sig.class_members = sig.classes.iter().map(|(_, m)| m.clone()).collect();
+    // Sorted: compared by a merge walk.
+    sig.class_members.sort();
+    sig.class_members.dedup();
     sig
 }
 
@@ -311,16 +323,30 @@ enum Tok {
 /// `orders-db.internal`, `2026.11.22-3`) and numbers with units (`512Mi`, `3,214`) whole.
 fn raw_tokens(text: &str) -> Vec<Tok> {
     let mut out = Vec::new();
-    let cleaned: String = text
-        .chars()
-        .map(|c| {
+    let mut cleaned = String::with_capacity(text.len());
+    for word in text.split_whitespace() {
+        // A URL path (`/api/cart`, `/static/*`) names one endpoint: keep it whole.
+        let path = word
+            .trim_start_matches(|c: char| "(\"'`[".contains(c))
+            .trim_end_matches(|c: char| !c.is_alphanumeric());
+        if path.len() > 1
+            && path.starts_with('/')
+            && path
+                .chars()
+                .all(|c| c.is_alphanumeric() || "/-_.".contains(c))
+        {
+            out.push(Tok::Id(path.to_lowercase()));
+            continue;
+        }
+        cleaned.extend(word.chars().map(|c| {
             if c.is_alphanumeric() || "-._:,%'".contains(c) {
                 c
             } else {
                 ' '
             }
-        })
-        .collect();
+        }));
+        cleaned.push(' ');
+    }
     for chunk in cleaned.split(' ') {
         // Split on ',' and ':' unless between digits (thousands, clock times).
         let cs: Vec<char> = chunk.chars().collect();
@@ -366,9 +392,11 @@ fn push_piece(out: &mut Vec<Tok>, piece: &str) {
         out.push(Tok::Clock(unsep));
         return;
     }
-    // `java.lang.NullPointerException`: a package path stands for its class name.
+    // `java.lang.NullPointerException`: a package path stands for its class name (which
+    // starts with a capital; `shop.example.com` is a host name, kept whole).
     let segs: Vec<&str> = p.split('.').collect();
     if segs.len() >= 3
+        && segs[segs.len() - 1].starts_with(|c: char| c.is_ascii_uppercase())
         && segs[..segs.len() - 1]
             .iter()
             .all(|s| !s.is_empty() && s.chars().all(|c| c.is_ascii_lowercase()))
@@ -959,9 +987,29 @@ fn synonyms() -> &'static std::collections::HashMap<String, &'static str> {
     })
 }
 
+/// Canonical words naming the state counted things are in (exclusive: a count of pending
+/// pods is not a count of evicted ones).
+fn is_state(c: &str) -> bool {
+    matches!(
+        c,
+        "pend"
+            | "ready"
+            | "notready"
+            | "unack"
+            | "unassign"
+            | "relocat"
+            | "initializ"
+            | "terminat"
+            | "evict"
+            | "idle"
+            | "busy"
+    )
+}
+
 fn resource(c: &str) -> Option<&'static str> {
     Some(match c {
-        "cpu" => "cpu",
+        "cpu" | "vcpu" | "core" => "cpu",
+        "ip" | "address" => "address",
         "memory" => "memory",
         "disk" => "disk",
         "network" | "bandwidth" => "network",
@@ -1008,6 +1056,15 @@ mod tests {
         assert_eq!(
             signature("java.lang.NullPointerException").words,
             signature("NullPointerException").words
+        );
+        // Host names are not package paths; URL paths are kept whole.
+        assert_eq!(
+            signature("shop.example.com cert expires").ids,
+            vec!["shop.example.com".to_string()]
+        );
+        assert_eq!(
+            signature("ingress 502 on /api/cart, (/static/*)").ids,
+            vec!["/api/cart".to_string(), "/static".to_string()]
         );
         // `broker 2` names an entity.
         assert_eq!(
@@ -1056,6 +1113,10 @@ mod tests {
         assert!(!signature("accepts TLS 1.0").negated);
         assert!(!signature("3 nodes NotReady").negated);
         assert!(signature("memory limit of 512Mi").bound);
+        assert!(!signature("1000 req/min").bound);
+        assert!(signature("minimum of 2 replicas").bound);
+        assert_ne!(c("3 pods pending"), c("3 pods evicted"));
+        assert_eq!(c("40k ready messages"), c("40,000 messages ready"));
     }
 
     #[test]
