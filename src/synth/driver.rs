@@ -3,6 +3,7 @@
 //! resolutions and learnings to the user's facts log in atomic passes (see
 //! [`crate::synth::facts`]).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -287,11 +288,16 @@ impl Pass {
         &mut self,
         deduper: &mut Deduper,
         fold: &FactsFold,
-        e: &Event,
+        e: Event,
         judge: Option<&mut dyn Judge>,
         report: &mut SynthReport,
     ) {
-        self.watermarks.insert(e.run_id.clone(), e.seq);
+        match self.watermarks.get_mut(&e.run_id) {
+            Some(w) => *w = e.seq,
+            None => {
+                self.watermarks.insert(e.run_id.clone(), e.seq);
+            }
+        }
         self.source_events += 1;
         match e.kind {
             EventType::Evidence | EventType::Hypothesis => {}
@@ -318,11 +324,11 @@ impl Pass {
                     kind: e.kind.as_str().to_string(),
                     text: text.to_string(),
                 });
-                (i, "first".to_string())
+                (i, Cow::Borrowed("first"))
             }
             Match::Exact(f) => {
                 report.matched_exact += 1;
-                (f, "exact".to_string())
+                (f, Cow::Borrowed("exact"))
             }
             Match::Near { fact, score } | Match::Judged { fact, score } => {
                 let judged = matches!(c.matched, Match::Judged { .. });
@@ -339,7 +345,7 @@ impl Pass {
                         .push(text.to_string());
                 }
                 let tag = if judged { "judged" } else { "near" };
-                (fact, format!("{tag} {score:.2}"))
+                (fact, Cow::Owned(format!("{tag} {score:.2}")))
             }
         };
         self.deltas
@@ -349,8 +355,8 @@ impl Pass {
             .push(EvidenceLink(
                 e.run_id.clone(),
                 e.seq,
-                e.id.clone(),
-                e.agent_id.clone(),
+                e.id,
+                e.agent_id,
                 e.ts,
                 e.confidence,
                 how,
@@ -931,16 +937,17 @@ impl Store {
                 for e in it {
                     let e = e?;
                     let before = report.findings;
+                    let seq = e.seq;
                     pass.feed(
                         &mut deduper,
                         &fold,
-                        &e,
+                        e,
                         judge.as_mut().map(|j| j as &mut dyn Judge),
                         &mut report,
                     );
                     rs.findings += report.findings - before;
                     rs.events += 1;
-                    rs.to_seq = e.seq;
+                    rs.to_seq = seq;
                     report.events += 1;
                     prog.events += 1;
                     if prog.events % 4096 == 0 {

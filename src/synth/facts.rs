@@ -31,7 +31,7 @@ pub struct EvidenceLink(
     pub String,
     pub Ts,
     pub Option<f64>,
-    pub String,
+    pub std::borrow::Cow<'static, str>,
 );
 
 impl EvidenceLink {

@@ -7,15 +7,7 @@
 /// Text of a finding, lowercased, whitespace collapsed, a final `.` dropped.
 pub fn normalize(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
-    for w in text.split_whitespace() {
-        if !out.is_empty() {
-            out.push(' ');
-        }
-        out.extend(w.chars().flat_map(char::to_lowercase));
-    }
-    while out.ends_with('.') {
-        out.pop();
-    }
+    normalize_into(text, &mut out);
     out
 }
 
@@ -29,8 +21,36 @@ pub fn exact_key(scope: &str, text: &str) -> u64 {
     };
     scope.bytes().for_each(&mut eat);
     eat(0);
-    normalize(text).bytes().for_each(&mut eat);
+    // The normalized text, built in a reused buffer: this runs once per finding.
+    NORMALIZED.with(|buf| {
+        let mut out = buf.borrow_mut();
+        out.clear();
+        normalize_into(text, &mut out);
+        out.bytes().for_each(&mut eat);
+    });
     h
+}
+
+thread_local! {
+    static NORMALIZED: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// [`normalize`] into `out` (appended).
+fn normalize_into(text: &str, out: &mut String) {
+    let start = out.len();
+    for w in text.split_whitespace() {
+        if out.len() > start {
+            out.push(' ');
+        }
+        if w.is_ascii() {
+            out.extend(w.bytes().map(|b| char::from(b.to_ascii_lowercase())));
+        } else {
+            out.extend(w.chars().flat_map(char::to_lowercase));
+        }
+    }
+    while out.len() > start && out.ends_with('.') {
+        out.pop();
+    }
 }
 
 /// The text a finding's content stands for: a string as it is; for an object, its

@@ -356,7 +356,7 @@ impl Store {
                     run: l.run().to_string(),
                     seq: l.seq(),
                     id: l.id().to_string(),
-                    matched: l.6.clone(),
+                    matched: l.6.to_string(),
                     facts_log_seq: log_seq,
                     event,
                     error,
