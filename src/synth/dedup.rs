@@ -149,11 +149,11 @@ struct Fact {
 pub struct Deduper {
     cfg: DedupConfig,
     facts: Vec<Fact>,
-    scopes: HashMap<String, u32>,
+    scopes: FnvMap<String, u32>,
     scope_names: Vec<String>,
-    exact: HashMap<u64, FactIdx>,
+    exact: FnvMap<u64, FactIdx>,
     /// Per scope: token (`w:` word, `v:` value, `i:` identifier) -> facts, sorted by index.
-    index: Vec<HashMap<String, Vec<u32>>>,
+    index: Vec<ScopeIndex>,
 }
 
 /// How two signatures compare.
@@ -388,14 +388,49 @@ pub fn similarity(scope: &str, a: &str, b: &str) -> f64 {
 }
 
 /// Index tokens of a signature.
-fn index_tokens(sig: &Signature) -> Vec<String> {
-    let mut t: Vec<String> = Vec::with_capacity(sig.words.len() + sig.values.len() + sig.ids.len());
-    t.extend(sig.words.iter().map(|w| format!("w:{w}")));
-    t.extend(sig.values.iter().map(|v| format!("v:{}", v.key)));
-    t.extend(sig.ids.iter().map(|i| format!("i:{i}")));
-    t.sort();
-    t.dedup();
-    t
+fn index_tokens(sig: &Signature) -> impl Iterator<Item = (usize, &str)> {
+    // Identifiers, then values, then words, each sorted: the order the candidates'
+    // weights are summed in.
+    let ids = sig.ids.iter().map(|t| (TOK_ID, t.as_str()));
+    let values = sig.value_keys.iter().map(|t| (TOK_VALUE, t.as_str()));
+    let words = sig.words.iter().map(|t| (TOK_WORD, t.as_str()));
+    ids.chain(values).chain(words)
+}
+
+const TOK_ID: usize = 0;
+const TOK_VALUE: usize = 1;
+const TOK_WORD: usize = 2;
+
+/// FNV-1a for the deduper's maps: short keys, no need for SipHash's DoS resistance
+/// (the keys are the user's own findings, and a map is per user).
+#[derive(Clone, Copy)]
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for Fnv {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type FnvMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<Fnv>>;
+
+/// One scope's inverted index: per token kind (identifier, value, word), token -> facts,
+/// sorted by fact index.
+#[derive(Default)]
+struct ScopeIndex {
+    tokens: [FnvMap<String, Vec<u32>>; 3],
 }
 
 impl Deduper {
@@ -404,9 +439,9 @@ impl Deduper {
         Deduper {
             cfg,
             facts: Vec::new(),
-            scopes: HashMap::new(),
+            scopes: FnvMap::default(),
             scope_names: Vec::new(),
-            exact: HashMap::new(),
+            exact: FnvMap::default(),
             index: Vec::new(),
         }
     }
@@ -447,12 +482,15 @@ impl Deduper {
         let Some(idx) = self.index.get(sid as usize) else {
             return Vec::new();
         };
-        let mut acc: Vec<(u32, f64)> = Vec::new();
-        for tok in index_tokens(sig) {
-            let Some(post) = idx.get(&tok) else { continue };
-            let w = match tok.split_at(2) {
-                ("w:", x) => word_w(x, scope_lc),
-                ("i:", x) => id_w(x, scope_lc),
+        // Per fact, the shared tokens' weights, summed in token order.
+        let mut acc: FnvMap<u32, f64> = FnvMap::default();
+        for (kind, tok) in index_tokens(sig) {
+            let Some(post) = idx.tokens[kind].get(tok) else {
+                continue;
+            };
+            let w = match kind {
+                TOK_WORD => word_w(tok, scope_lc),
+                TOK_ID => id_w(tok, scope_lc),
                 _ => W_VALUE,
             };
             // Rare tokens (identifiers, unusual values) say more than common words: weigh a
@@ -460,16 +498,11 @@ impl Deduper {
             // ranks candidates (the score itself stays corpus-free).
             let w = w / post.len() as f64;
             let from = post.len().saturating_sub(self.cfg.postings_scan_max);
-            acc.extend(post[from..].iter().map(|&f| (f, w)));
-        }
-        acc.sort_by_key(|a| a.0);
-        let mut merged: Vec<(u32, f64)> = Vec::with_capacity(acc.len());
-        for (f, w) in acc {
-            match merged.last_mut() {
-                Some(last) if last.0 == f => last.1 += w,
-                _ => merged.push((f, w)),
+            for &f in &post[from..] {
+                *acc.entry(f).or_insert(0.0) += w;
             }
         }
+        let mut merged: Vec<(u32, f64)> = acc.into_iter().collect();
         merged.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         merged.truncate(self.cfg.candidates_max);
         merged.into_iter().map(|(f, _)| f).collect()
@@ -543,21 +576,19 @@ impl Deduper {
 
     fn index_variant(&mut self, f: FactIdx, sig: &Signature) {
         let sid = self.facts[f].scope as usize;
-        let known: Vec<String> = self.facts[f]
-            .variants
-            .iter()
-            .flat_map(|v| index_tokens(&v.sig))
-            .collect();
         let idx = &mut self.index[sid];
-        for tok in index_tokens(sig) {
-            if !known.contains(&tok) {
-                // Postings stay sorted by fact index whatever order wordings arrive in, so
-                // a deduper rebuilt from the facts log (facts in number order, each with
-                // its wordings) is identical to the one that wrote it.
-                let post = idx.entry(tok).or_default();
-                if let Err(at) = post.binary_search(&(f as u32)) {
-                    post.insert(at, f as u32);
-                }
+        for (kind, tok) in index_tokens(sig) {
+            // Postings stay sorted by fact index whatever order wordings arrive in, so a
+            // deduper rebuilt from the facts log (facts in number order, each with its
+            // wordings) is identical to the one that wrote it; a token another wording
+            // of the fact already indexed is found and not added twice.
+            let map = &mut idx.tokens[kind];
+            let post = match map.get_mut(tok) {
+                Some(p) => p,
+                None => map.entry(tok.to_string()).or_default(),
+            };
+            if let Err(at) = post.binary_search(&(f as u32)) {
+                post.insert(at, f as u32);
             }
         }
     }
@@ -570,7 +601,7 @@ impl Deduper {
                 let s = self.scope_names.len() as u32;
                 self.scopes.insert(scope.to_string(), s);
                 self.scope_names.push(scope.to_string());
-                self.index.push(HashMap::new());
+                self.index.push(ScopeIndex::default());
                 s
             }
         };

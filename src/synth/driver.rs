@@ -20,7 +20,8 @@ use crate::storage::OpenMode;
 use crate::store::Store;
 use crate::synth::dedup::{DedupConfig, Deduper, FactIdx, Judge, Match};
 use crate::synth::facts::{
-    parse_id, Commit, EvidenceLink, FactsFold, NewFact, Record, FACTS_RUN, FACT_TEXT_BYTES_MAX,
+    parse_id, Commit, Evidence, EvidenceLink, FactsFold, NewFact, Record, FACTS_RUN,
+    FACT_TEXT_BYTES_MAX,
 };
 use crate::synth::patterns::{self, InvestigationPattern, PatternBook, ToolMistake};
 use crate::synth::sanitize::{SanitizeContext, Sanitizer};
@@ -414,7 +415,7 @@ impl Pass {
                     fact: fact_id(i),
                     new: new.take(),
                     variants: std::mem::take(&mut variants),
-                    evidence,
+                    evidence: Evidence(evidence),
                 });
                 if rest.is_empty() {
                     break;

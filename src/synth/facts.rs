@@ -20,10 +20,10 @@ use crate::ts::Ts;
 /// reserved for the engine's own logs: clients cannot append to them.
 pub const FACTS_RUN: &str = "@facts";
 
-/// One link from a fact to a raw event: `[run, seq, event id, agent, ts, confidence,
-/// how]`, where `how` says how the event was matched to the fact (`first`, `exact`,
-/// `near 0.72`, `judged 0.51`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One link from a fact to a raw event: run, seq, event id, agent, ts, confidence, and
+/// how the event was matched to the fact (`first`, `exact`, `near 0.72`, `judged 0.51`).
+/// Stored compactly inside an [`Evidence`].
+#[derive(Clone, Debug, PartialEq)]
 pub struct EvidenceLink(
     pub String,
     pub u64,
@@ -61,6 +61,126 @@ impl EvidenceLink {
     }
 }
 
+/// The evidence links of one `fact` record, stored compactly: run and agent names once
+/// per record, each link as `[run index, seq, event id, agent index, ts (µs since the
+/// epoch), confidence or null]` plus, when it was not an exact repeat, how it was
+/// matched (`first`, `near 0.72`, `judged 0.51`):
+/// `{"runs": ["inc-42"], "agents": ["db", "net"], "links": [[0, 17, "db-3", 0, 1795…, 0.9, "first"], [0, 18, "swarm:…", 1, 1795…, null]]}`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Evidence(pub Vec<EvidenceLink>);
+
+impl Evidence {
+    /// No links.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl IntoIterator for Evidence {
+    type Item = EvidenceLink;
+    type IntoIter = std::vec::IntoIter<EvidenceLink>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a Evidence {
+    type Item = &'a EvidenceLink;
+    type IntoIter = std::slice::Iter<'a, EvidenceLink>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+fn index_of<'a>(names: &mut Vec<&'a str>, name: &'a str) -> usize {
+    match names.iter().rposition(|n| *n == name) {
+        Some(i) => i,
+        None => {
+            names.push(name);
+            names.len() - 1
+        }
+    }
+}
+
+impl Serialize for Evidence {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeSeq, SerializeStruct};
+        struct Link<'a>(usize, &'a EvidenceLink, usize);
+        impl Serialize for Link<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let l = self.1;
+                let exact = l.6 == "exact";
+                let mut q = s.serialize_seq(Some(if exact { 6 } else { 7 }))?;
+                q.serialize_element(&self.0)?;
+                q.serialize_element(&l.1)?;
+                q.serialize_element(&l.2)?;
+                q.serialize_element(&self.2)?;
+                q.serialize_element(&l.4 .0)?;
+                q.serialize_element(&l.5)?;
+                if !exact {
+                    q.serialize_element(&l.6)?;
+                }
+                q.end()
+            }
+        }
+        let (mut runs, mut agents) = (Vec::new(), Vec::new());
+        let links: Vec<Link<'_>> = self
+            .0
+            .iter()
+            .map(|l| Link(index_of(&mut runs, &l.0), l, index_of(&mut agents, &l.3)))
+            .collect();
+        let mut st = s.serialize_struct("Evidence", 3)?;
+        st.serialize_field("runs", &runs)?;
+        st.serialize_field("agents", &agents)?;
+        st.serialize_field("links", &links)?;
+        st.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Evidence {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Evidence, D::Error> {
+        use serde::de::Error as _;
+        #[derive(Deserialize)]
+        struct Link(
+            usize,
+            u64,
+            String,
+            usize,
+            u64,
+            Option<f64>,
+            #[serde(default)] Option<String>,
+        );
+        #[derive(Deserialize)]
+        struct Raw {
+            runs: Vec<String>,
+            agents: Vec<String>,
+            links: Vec<Link>,
+        }
+        let raw = Raw::deserialize(d)?;
+        let mut out = Vec::with_capacity(raw.links.len());
+        for l in raw.links {
+            let (Some(run), Some(agent)) = (raw.runs.get(l.0), raw.agents.get(l.3)) else {
+                return Err(D::Error::custom(
+                    "evidence link names a run or agent index out of range",
+                ));
+            };
+            out.push(EvidenceLink(
+                run.clone(),
+                l.1,
+                l.2,
+                agent.clone(),
+                Ts(l.4),
+                l.5,
+                match l.6 {
+                    Some(h) => std::borrow::Cow::Owned(h),
+                    None => std::borrow::Cow::Borrowed("exact"),
+                },
+            ));
+        }
+        Ok(Evidence(out))
+    }
+}
+
 /// The first finding of a new fact.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NewFact {
@@ -92,8 +212,8 @@ pub enum Record {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         variants: Vec<String>,
         /// Links to the raw events behind it.
-        #[serde(default, skip_serializing_if = "Vec::is_empty")]
-        evidence: Vec<EvidenceLink>,
+        #[serde(default, skip_serializing_if = "Evidence::is_empty")]
+        evidence: Evidence,
     },
     /// Two facts of one subject make incompatible claims.
     Contradiction {
