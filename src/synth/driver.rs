@@ -198,6 +198,10 @@ impl Judge for LlmJudge<'_> {
     }
 }
 
+/// Per run: the watermark and, when the pass that set it read the run to its end, that
+/// end's position.
+type Watermarks = BTreeMap<String, (u64, Option<(u64, u64)>)>;
+
 /// A pass ready to be written (by the writer thread).
 struct WriteJob {
     /// Each record with the subject its event carries.
@@ -212,9 +216,10 @@ struct WriteJob {
 struct WriteDone {
     records_written: u64,
     shared_copies: u64,
-    /// Seqs the pass's `synth_begin` and `synth_commit` got.
+    /// Seqs the pass's `synth_begin` and `synth_commit` got, and the commit's id.
     begin_seq: u64,
     commit_seq: u64,
+    commit_id: String,
 }
 
 /// The work of one pass, before it is written.
@@ -224,6 +229,7 @@ struct Pass {
     contradictions: Vec<Record>,
     pairs: BTreeSet<(usize, usize)>,
     contradiction_counts: BTreeMap<usize, usize>,
+    ends: BTreeMap<String, (u64, u64)>,
     watermarks: BTreeMap<String, u64>,
     closed: Vec<String>,
     learned: Vec<(String, patterns::RunLearnings, patterns::RunLearnings)>,
@@ -274,6 +280,7 @@ impl Pass {
             contradictions: Vec::new(),
             pairs: BTreeSet::new(),
             contradiction_counts: BTreeMap::new(),
+            ends: BTreeMap::new(),
             watermarks: BTreeMap::new(),
             closed: Vec::new(),
             learned: Vec::new(),
@@ -282,7 +289,7 @@ impl Pass {
     }
 
     fn is_empty(&self) -> bool {
-        self.watermarks.is_empty() && self.learned.is_empty()
+        self.watermarks.is_empty() && self.learned.is_empty() && self.ends.is_empty()
     }
 
     fn feed(
@@ -645,28 +652,23 @@ impl Store {
             return;
         };
         let r = (|| -> Result<bool> {
-            let mut it = self.read(
-                FACTS_RUN,
-                ReadOptions {
-                    from_seq: Some(commit),
-                    limit: Some(1),
-                    ..ReadOptions::default()
-                },
-            )?;
-            let Some(e) = it.next().transpose()? else {
-                return Ok(false);
-            };
-            if e.seq != commit || e.kind != EventType::SynthCommit || !it.at_frame_end() {
-                return Ok(false);
-            }
-            let info = CheckpointInfo {
-                seq: e.seq,
-                segment: it.position().seg,
-                frame_start: it.frame_start(),
-                frame_end: it.position().off,
-                ts: e.ts,
-            };
+            // This synth holds the lock and wrote the commit last, with `sync`: the commit's
+            // frame is the one that ends at the visible mark. Find where it starts by
+            // reading backwards to the previous line end (no index needed).
             let run_dir = self.run_dir(FACTS_RUN)?;
+            let marks = crate::read::read_marks(&**self.storage(), &run_dir)?;
+            let end = marks.visible;
+            let Some(start) = snapshot::frame_start_before(&**self.storage(), &run_dir, end)?
+            else {
+                return Ok(false);
+            };
+            let info = CheckpointInfo {
+                seq: commit,
+                segment: end.seg,
+                frame_start: start,
+                frame_end: end.off,
+                ts: Ts::now(),
+            };
             if !checkpoint::matches_log(&**self.storage(), &run_dir, &info)? {
                 return Ok(false);
             }
@@ -683,8 +685,8 @@ impl Store {
     /// The watermarks of the facts log, from its commits alone (through the index: fast
     /// when nothing is new).
     #[allow(clippy::type_complexity)]
-    fn synth_watermarks(&self) -> Result<(BTreeMap<String, u64>, Option<(u64, Commit)>)> {
-        let mut w = BTreeMap::new();
+    fn synth_watermarks(&self) -> Result<(Watermarks, Option<(u64, Commit)>)> {
+        let mut w = Watermarks::new();
         let mut last = None;
         let it = match self.read(
             FACTS_RUN,
@@ -700,14 +702,53 @@ impl Store {
         for e in it {
             let e = e?;
             if let Ok(c) = serde_json::from_value::<Commit>(e.content) {
+                // As `FactsFold::apply_commit`: a moved watermark forgets the end; an
+                // end recorded (in this pass or a later one) sets it.
                 for (run, &seq) in &c.watermarks {
-                    let x: &mut u64 = w.entry(run.clone()).or_default();
-                    *x = (*x).max(seq);
+                    let x = w.entry(run.clone()).or_default();
+                    *x = (x.0.max(seq), None);
+                }
+                for (run, &end) in &c.ends {
+                    w.entry(run.clone()).or_default().1 = Some(end);
                 }
                 last = Some((e.seq, c));
             }
         }
         Ok((w, last))
+    }
+
+    /// The watermarks of the newest valid facts snapshot, if the facts log has nothing
+    /// visible after the commit it stands at (then they are the log's).
+    #[allow(clippy::type_complexity)]
+    fn snapshot_watermarks(&self) -> Result<Option<(Watermarks, Option<(u64, Commit)>)>> {
+        let run_dir = self.run_dir(FACTS_RUN)?;
+        let Some((fold, info)) =
+            snapshot::load_checked(&**self.storage(), &self.checkpoint_dir(FACTS_RUN), &run_dir)?
+        else {
+            return Ok(None);
+        };
+        let marks = crate::read::read_marks(&**self.storage(), &run_dir)?;
+        if marks.visible != info.end() {
+            return Ok(None);
+        }
+        let w = fold
+            .watermarks
+            .iter()
+            .map(|(run, &seq)| (run.clone(), (seq, fold.ends.get(run).copied())))
+            .collect();
+        // What the fast path needs of the last commit: its learned runs (to re-send
+        // their shared copies) and the facts total.
+        let last = fold.last_pass.map(|(_, commit)| {
+            (
+                commit,
+                Commit {
+                    learned: fold.last_learned.clone(),
+                    facts_total: fold.facts.len() as u64,
+                    ..Commit::default()
+                },
+            )
+        });
+        Ok(Some((w, last)))
     }
 
     /// The learnings recorded by the pass that ends with the commit at `commit_seq` (and
@@ -770,16 +811,33 @@ impl Store {
         Ok(out)
     }
 
-    /// The visible head seq of a run, cheaply (its last event through the index).
-    fn head_seq_of(&self, run: &str) -> Result<u64> {
+    /// Whether a run has events after its watermark, cheaply: when the last pass read the
+    /// run to its end, the run's visible mark is compared with that end (one small file
+    /// read, no event read); otherwise the first event after the watermark is looked for.
+    fn run_has_new(&self, run: &str, mark: Option<(u64, Option<(u64, u64)>)>) -> Result<bool> {
+        let Some((seq, end)) = mark else {
+            let mut it = self.read(
+                run,
+                ReadOptions {
+                    limit: Some(1),
+                    ..ReadOptions::default()
+                },
+            )?;
+            return Ok(it.next().transpose()?.is_some());
+        };
+        if let (Some((seg, off)), None) = (end, self.archived(run)?) {
+            let marks = crate::read::read_marks(&**self.storage(), &self.run_dir(run)?)?;
+            return Ok((marks.visible.seg, marks.visible.off) != (seg, off));
+        }
         let mut it = self.read(
             run,
             ReadOptions {
-                last: Some(1),
+                from_seq: Some(seq + 1),
+                limit: Some(1),
                 ..ReadOptions::default()
             },
         )?;
-        Ok(it.next().transpose()?.map_or(0, |e| e.seq))
+        Ok(it.next().transpose()?.is_some())
     }
 
     /// Runs the batch synthesizer over the user's runs: incremental from each run's
@@ -840,15 +898,32 @@ impl Store {
             )));
         }
 
-        // Fast path: nothing new since the last commit.
-        let (marks, last_commit) = self.synth_watermarks()?;
+        // Fast path: nothing new since the last commit. The watermarks come from the
+        // facts fold's snapshot when nothing was written after it, else from the
+        // commits (through the index).
+        let (marks, last_commit) = match self.snapshot_watermarks()? {
+            Some(w) => w,
+            None => {
+                tracing::debug!("synth: watermarks from the commits (no current snapshot)");
+                self.synth_watermarks()?
+            }
+        };
+        tracing::debug!(
+            ms = started.elapsed().as_millis() as u64,
+            "synth: watermarks read"
+        );
         let mut any_new = false;
         for r in &runs {
-            if self.head_seq_of(r)? > marks.get(r).copied().unwrap_or(0) {
+            if self.run_has_new(r, marks.get(r).copied())? {
                 any_new = true;
                 break;
             }
         }
+        tracing::debug!(
+            ms = started.elapsed().as_millis() as u64,
+            any_new,
+            "synth: runs checked"
+        );
         // Re-send the last pass's shared copies (idempotent ids): a crash may have come
         // between its commit and them.
         if let Some((seq, c)) = &last_commit {
@@ -882,7 +957,8 @@ impl Store {
         let mut pass = Pass::new();
         let mut prog = SynthProgress::default();
         // The seqs of the last pass written (begin, commit): the fold stands there at the end.
-        let last_written: std::cell::Cell<Option<(u64, u64)>> = std::cell::Cell::new(None);
+        let last_written: std::cell::RefCell<Option<(u64, u64, String)>> =
+            std::cell::RefCell::new(None);
         // Passes are written by a second thread while this one classifies the next pass.
         // At most one pass is in flight, and passes are written in order: a pass's
         // commit is on disk before the next pass's begin is written.
@@ -907,7 +983,8 @@ impl Store {
                         .map_err(|_| Error::invalid("synth", "the writer thread stopped"))??;
                     report.records_written += done.records_written;
                     report.shared_copies += done.shared_copies;
-                    last_written.set(Some((done.begin_seq, done.commit_seq)));
+                    *last_written.borrow_mut() =
+                        Some((done.begin_seq, done.commit_seq, done.commit_id));
                 }
                 Ok(())
             };
@@ -928,14 +1005,16 @@ impl Store {
                     ..RunSynth::default()
                 };
                 prog.run = run.clone();
-                let it = self.read(
+                // From the start: a plain scan (a filtered read would first build the
+                // run's index); from a watermark: the index seeks to it.
+                let mut it = self.read(
                     run,
                     ReadOptions {
-                        from_seq: Some(from),
+                        from_seq: (from > 1).then_some(from),
                         ..ReadOptions::default()
                     },
                 )?;
-                for e in it {
+                for e in it.by_ref() {
                     let e = e?;
                     let before = report.findings;
                     let seq = e.seq;
@@ -962,7 +1041,11 @@ impl Store {
                         pass = Pass::new();
                     }
                 }
+                // Read to its visible end: where the next synth's fast path looks. Only
+                // for a run that had new events (its watermark moves in this pass).
                 if rs.events > 0 {
+                    let end = it.position();
+                    pass.ends.insert(run.clone(), (end.seg, end.off));
                     report.runs.push(rs);
                 }
             }
@@ -983,9 +1066,9 @@ impl Store {
             report.llm_fallbacks = j.fallbacks;
         }
         report.facts_total = fold.facts.len() as u64;
-        if let Some((begin, commit)) = last_written.get() {
+        if let Some((begin, commit, id)) = last_written.into_inner() {
             // Every pass is written: the fold stands at the last commit.
-            fold.stand_at(begin, commit);
+            fold.stand_at(begin, commit, &id);
             self.write_snapshot(&fold);
         }
         report.elapsed_ms = started.elapsed().as_millis() as u64;
@@ -1078,6 +1161,7 @@ impl Store {
             learned: learned.clone(),
             source_events: pass.source_events,
             facts_total: fold.facts.len() as u64,
+            ends: std::mem::take(&mut pass.ends),
         };
         // Subjects now, while the fold is at hand; the writer thread gets plain data.
         let records: Vec<(Option<String>, Record)> = records
@@ -1151,6 +1235,7 @@ impl Store {
             done.begin_seq = stored.first().map_or(0, |e| e.seq);
         }
         done.commit_seq = stored.last().map_or(0, |e| e.seq);
+        done.commit_id = stored.last().map(|e| e.id.clone()).unwrap_or_default();
         done.records_written += n;
         done.shared_copies += self.share_learnings(job.learned, opts)?;
         Ok(done)

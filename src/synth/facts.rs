@@ -275,6 +275,11 @@ pub struct Commit {
     /// Facts in the log once this pass is applied.
     #[serde(default)]
     pub facts_total: u64,
+    /// For each run read to its visible end in this pass: that end (segment base, byte
+    /// offset). A later synth compares it with the run's visible mark to see, without
+    /// reading the run, that nothing was appended since.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ends: BTreeMap<String, (u64, u64)>,
 }
 
 /// A fact as folded from the log.
@@ -386,12 +391,20 @@ pub struct FactsFold {
     pairs: HashSet<(usize, usize)>,
     /// Last seq synthesized, per source run.
     pub watermarks: BTreeMap<String, u64>,
+    /// Per run, the visible end its last reading reached, when the pass that set its
+    /// watermark read it to the end (see [`Commit::ends`]).
+    #[serde(default)]
+    pub ends: BTreeMap<String, (u64, u64)>,
     /// Closed runs already learned from.
     pub learned: BTreeSet<String>,
     /// Runs learned in the last committed pass (their shared copies are re-sent, idempotently).
     pub last_learned: Vec<String>,
     /// Seqs of the last committed pass's `synth_begin` and `synth_commit`.
     pub last_pass: Option<(u64, u64)>,
+    /// Event id of that `synth_commit` (a snapshot is only used with the log that holds
+    /// this very commit).
+    #[serde(default)]
+    pub last_commit_id: String,
     #[serde(default)]
     begin_seq: u64,
     /// Patterns and mistakes learned (private copy).
@@ -458,8 +471,9 @@ impl FactsFold {
 
     /// Records that the fold stands at the pass written at `begin..=commit` (the driver,
     /// once the writer has written every pass it applied itself).
-    pub(crate) fn stand_at(&mut self, begin: u64, commit: u64) {
+    pub(crate) fn stand_at(&mut self, begin: u64, commit: u64, commit_id: &str) {
         self.last_pass = Some((begin, commit));
+        self.last_commit_id = commit_id.to_string();
         self.head_seq = self.head_seq.max(commit);
     }
 
@@ -468,6 +482,12 @@ impl FactsFold {
         for (run, seq) in &c.watermarks {
             let w = self.watermarks.entry(run.clone()).or_default();
             *w = (*w).max(*seq);
+            // The watermark moved: the end is unknown until a pass records it (this one
+            // or a later one, when the pass ended right at the run's last event).
+            self.ends.remove(run);
+        }
+        for (run, &end) in &c.ends {
+            self.ends.insert(run.clone(), end);
         }
         self.learned.extend(c.learned.iter().cloned());
         self.last_learned.clone_from(&c.learned);
@@ -521,6 +541,7 @@ impl FactsFold {
                 }
                 self.apply_commit(&c);
                 self.last_pass = Some((self.begin_seq, e.seq));
+                self.last_commit_id.clone_from(&e.id);
             }
             _ => {}
         }

@@ -1,14 +1,15 @@
 //! Snapshots of the facts fold: what makes an incremental synth, `swarm facts` and
 //! `--explain` cost the new part of the facts log, not all of it.
 //!
-//! A snapshot is the [`FactsFold`] at a pass's commit, as zstd-compressed JSON behind a
+//! A snapshot is the [`FactsFold`] at a pass's commit, as zstd-compressed (level 1) JSON behind a
 //! 72-byte header laid out like a checkpoint's (`src/checkpoint.rs`), magic `SWFF`:
 //! magic, version (u32), commit seq, segment base of the commit's frame, frame start,
-//! frame end, commit ts (µs), body length, uncompressed length (u64 each), CRC-32 of the
+//! frame end, time of writing (µs), body length, uncompressed length (u64 each), CRC-32 of the
 //! body, CRC-32 of bytes 0..68. Written to a temp file, fsynced, renamed, directory
 //! fsynced, under `<checkpoint dir>/<user>/@facts/fold-<seq:020>.swff`; the newest 2 are
 //! kept. On load every field is checked, the frame it names is read back from the log
-//! (same bounds, same last seq), and the fold must stand at that commit; a snapshot that
+//! (same bounds, same last seq, and that last event is the very commit the fold stands
+//! at: same event id, so a log of the same shape written later does not match); a snapshot that
 //! fails is skipped with a warning (an older one, else a fold from the start). Like a
 //! checkpoint it is derived, never needed: deleting it costs time, not facts.
 
@@ -63,7 +64,7 @@ fn bad(path: &Path, reason: impl Into<String>) -> Error {
 pub fn encode(fold: &FactsFold, info: &CheckpointInfo) -> Result<Vec<u8>> {
     let json =
         serde_json::to_vec(fold).map_err(|e| Error::invalid("facts snapshot", e.to_string()))?;
-    let body = zstd::bulk::compress(&json, 3).map_err(|e| Error::Io {
+    let body = zstd::bulk::compress(&json, 1).map_err(|e| Error::Io {
         op: "compress",
         path: PathBuf::new(),
         source: e,
@@ -156,7 +157,9 @@ pub fn load_checked(
         let path = dir.join(name(seq));
         match load(storage, &path) {
             Ok((fold, info)) => {
-                if checkpoint::matches_log(storage, run_dir, &info)? {
+                if commit_in_log(storage, run_dir, &info)?.as_deref()
+                    == Some(fold.last_commit_id.as_str())
+                {
                     return Ok(Some((fold, info)));
                 }
                 tracing::warn!(snapshot = %path.display(), "facts snapshot does not match the log; skipped");
@@ -167,6 +170,69 @@ pub fn load_checked(
         }
     }
     Ok(None)
+}
+
+/// The id of the last event of the frame `info` names, if the log holds a whole frame
+/// there ending with seq `info.seq`: the snapshot is used only with the log that holds
+/// its very commit, not one of the same shape (a data directory wiped and refilled).
+fn commit_in_log(
+    storage: &dyn Storage,
+    run_dir: &Path,
+    info: &CheckpointInfo,
+) -> Result<Option<String>> {
+    if !checkpoint::matches_log(storage, run_dir, info)? {
+        return Ok(None);
+    }
+    let path = crate::segment::segment_path(run_dir, info.segment);
+    let f = storage.open(&path, OpenMode::Read).ctx("open", &path)?;
+    let mut buf = vec![0u8; (info.frame_end - info.frame_start) as usize];
+    f.read_exact_at(&mut buf, info.frame_start)
+        .ctx("read", &path)?;
+    let crate::frame::Decoded::Frame { payload, .. } = crate::frame::decode(&buf) else {
+        return Ok(None);
+    };
+    #[derive(serde::Deserialize)]
+    struct Head {
+        seq: u64,
+        id: String,
+    }
+    let heads: Vec<Head> = match serde_json::from_slice(payload) {
+        Ok(v) => v,
+        Err(_) => return Ok(None),
+    };
+    Ok(heads
+        .into_iter()
+        .last()
+        .filter(|h| h.seq == info.seq)
+        .map(|h| h.id))
+}
+
+/// Where the frame that ends at `end` starts: right after the previous line end (or at
+/// the segment's start), looked for backwards in 64 KiB steps, at most one frame's size.
+pub fn frame_start_before(
+    storage: &dyn Storage,
+    run_dir: &Path,
+    end: crate::watermark::Pos,
+) -> Result<Option<u64>> {
+    const STEP: u64 = 64 * 1024;
+    if end.off == 0 {
+        return Ok(None);
+    }
+    let path = crate::segment::segment_path(run_dir, end.seg);
+    let f = storage.open(&path, OpenMode::Read).ctx("open", &path)?;
+    // The frame's own final newline is at end - 1; look before it.
+    let mut hi = end.off - 1;
+    let limit = crate::frame::frame_len(crate::frame::PAYLOAD_BYTES_MAX) as u64;
+    while hi > 0 && end.off - hi <= limit {
+        let lo = hi.saturating_sub(STEP);
+        let mut buf = vec![0u8; (hi - lo) as usize];
+        f.read_exact_at(&mut buf, lo).ctx("read", &path)?;
+        if let Some(i) = buf.iter().rposition(|&b| b == b'\n') {
+            return Ok(Some(lo + i as u64 + 1));
+        }
+        hi = lo;
+    }
+    Ok((hi == 0).then_some(0))
 }
 
 /// Writes a snapshot atomically (temp, fsync, rename, directory fsync) and keeps the
