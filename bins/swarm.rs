@@ -304,7 +304,9 @@ enum Cmd {
     /// Run the demo: agent processes work an SRE incident together in a new run.
     ///
     /// Four agent processes append hypotheses, evidence, decisions and actions
-    /// concurrently; the demo then reads the run back, verifies it and summarises it.
+    /// concurrently; the demo then reads the run back, verifies it, closes and archives
+    /// it, and ends with the nightly synthesis: the facts, one explained back to its raw
+    /// events, a contradiction's resolution, the patterns learned, and the run's metrics.
     Demo {
         /// Run id to use (default: demo-<time>).
         #[arg(long)]
