@@ -181,8 +181,14 @@ fn scratchpad_bloat_is_pruned_and_context_stays_bounded() {
         assert!(c.wait().unwrap().success());
     }
     // Whatever the background pruners of the writers did, explicit prunes finish the job.
+    // A prune that loses the range's compare-and-swap to another pruner exits 4
+    // (documented); it is simply run again.
     for _ in 0..20 {
-        let out = env.swarm(&["prune", "--run", "r"]).ok();
+        let out = env.swarm(&["prune", "--run", "r"]);
+        if out.code == 4 {
+            continue;
+        }
+        let out = out.ok();
         if out.stdout.contains("\"pruned\":false") {
             break;
         }
@@ -230,10 +236,22 @@ fn scratchpad_bloat_is_pruned_and_context_stays_bounded() {
             text.len()
         );
         assert_eq!(v["used_bytes"], text.len());
-        if budget >= 400 {
+        // The pinned decision comes right after the summaries (DESIGN: summaries, then
+        // pinned entries, then recent ones); how many summaries there are depends on how
+        // the writers' background pruners raced, so: it is there whenever it fits after
+        // the summaries, and always at the largest budget.
+        let summary_bytes: usize = v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["role"] == "summary")
+            .map(|i| i["text"].as_str().unwrap().len() + 1)
+            .sum();
+        let decision_line = "#1 decision lead [plan]: investigate orders-db first".len();
+        if summary_bytes + decision_line <= budget || budget >= 4000 {
             assert!(
                 text.contains("investigate orders-db first"),
-                "pinned decision missing at budget {budget}"
+                "pinned decision missing at budget {budget} (summaries take {summary_bytes} bytes)"
             );
         }
     }
