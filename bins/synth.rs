@@ -54,9 +54,9 @@ pub struct SynthArgs {
 }
 
 pub fn synth(store: &Store, a: SynthArgs) -> anyhow::Result<ExitCode> {
-    let _ = a.all;
     let opts = SynthOptions {
-        runs: (!a.runs.is_empty()).then_some(a.runs),
+        // --all, or no --run at all: every run of the user.
+        runs: (!a.all && !a.runs.is_empty()).then_some(a.runs),
         dedup: DedupConfig::default(),
         llm: a.llm_cmd.map(|cmd| LlmOptions {
             cmd,

@@ -98,36 +98,172 @@ pub fn list(storage: &dyn Storage, dir: &Path) -> Result<Vec<u64>> {
     Ok(v)
 }
 
-/// Encodes a checkpoint file.
-pub fn encode(state: &State, info: &CheckpointInfo) -> Result<Vec<u8>> {
-    let json = state.to_bytes();
-    let body = zstd::bulk::compress(&json, 3).map_err(|e| Error::Io {
-        op: "compress",
-        path: PathBuf::new(),
-        source: e,
-    })?;
-    let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&CHECKPOINT_VERSION.to_le_bytes());
-    for v in [
-        info.seq,
-        info.segment,
-        info.frame_start,
-        info.frame_end,
-        info.ts.0,
-        body.len() as u64,
-        json.len() as u64,
-    ] {
-        out.extend_from_slice(&v.to_le_bytes());
-    }
-    out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
-    let hcrc = crc32fast::hash(&out[..68]);
-    out.extend_from_slice(&hcrc.to_le_bytes());
-    out.extend_from_slice(&body);
-    Ok(out)
+/// The file layout checkpoints and facts-fold snapshots share: the 72-byte header above
+/// (with its own magic and version), then a zstd body of JSON.
+pub(crate) struct Container {
+    /// Magic bytes.
+    pub magic: &'static [u8; 4],
+    /// Format version.
+    pub version: u32,
+    /// What the file is, for error messages.
+    pub what: &'static str,
+    /// zstd level of the body.
+    pub level: i32,
+    /// Largest uncompressed body accepted.
+    pub raw_max: u64,
 }
 
-fn bad(path: &Path, reason: impl Into<String>) -> Error {
+const CHECKPOINT: Container = Container {
+    magic: MAGIC,
+    version: CHECKPOINT_VERSION,
+    what: "checkpoint",
+    level: 3,
+    raw_max: STATE_BYTES_MAX,
+};
+
+impl Container {
+    /// Header and compressed body for `json`, standing at `info`.
+    pub(crate) fn encode(&self, json: &[u8], info: &CheckpointInfo) -> Result<Vec<u8>> {
+        let body = zstd::bulk::compress(json, self.level).map_err(|e| Error::Io {
+            op: "compress",
+            path: PathBuf::new(),
+            source: e,
+        })?;
+        let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
+        out.extend_from_slice(self.magic);
+        out.extend_from_slice(&self.version.to_le_bytes());
+        for v in [
+            info.seq,
+            info.segment,
+            info.frame_start,
+            info.frame_end,
+            info.ts.0,
+            body.len() as u64,
+            json.len() as u64,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+        let hcrc = crc32fast::hash(&out[..68]);
+        out.extend_from_slice(&hcrc.to_le_bytes());
+        out.extend_from_slice(&body);
+        Ok(out)
+    }
+
+    /// Reads and checks a file: every header field, both checksums, the sizes; returns
+    /// the uncompressed JSON and where it stands. Never allocates more than the file
+    /// holds (plus the declared, bounded, uncompressed size).
+    pub(crate) fn load(
+        &self,
+        storage: &dyn Storage,
+        path: &Path,
+    ) -> Result<(Vec<u8>, CheckpointInfo)> {
+        let f = storage.open(path, OpenMode::Read).ctx("open", path)?;
+        let len = f.len().ctx("stat", path)?;
+        if len < HEADER_BYTES as u64 {
+            return Err(bad(path, format!("shorter than a {} header", self.what)));
+        }
+        let mut h = [0u8; HEADER_BYTES];
+        f.read_exact_at(&mut h, 0).ctx("read", path)?;
+        if &h[0..4] != self.magic {
+            return Err(bad(path, format!("not a {} (bad magic)", self.what)));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+        let u64_at = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&h[i..i + 8]);
+            u64::from_le_bytes(b)
+        };
+        if crc32fast::hash(&h[..68]) != u32_at(68) {
+            return Err(bad(path, "header checksum mismatch"));
+        }
+        let version = u32_at(4);
+        if version != self.version {
+            return Err(bad(
+                path,
+                format!(
+                    "format version {version}, this build reads {}",
+                    self.version
+                ),
+            ));
+        }
+        let info = CheckpointInfo {
+            seq: u64_at(8),
+            segment: u64_at(16),
+            frame_start: u64_at(24),
+            frame_end: u64_at(32),
+            ts: Ts(u64_at(40)),
+        };
+        let body_len = u64_at(48);
+        let raw_len = u64_at(56);
+        if body_len != len - HEADER_BYTES as u64 {
+            return Err(bad(
+                path,
+                format!(
+                    "body is {} bytes, header says {body_len}",
+                    len - HEADER_BYTES as u64
+                ),
+            ));
+        }
+        if raw_len > self.raw_max {
+            return Err(bad(
+                path,
+                format!("uncompressed size {raw_len} over the limit"),
+            ));
+        }
+        let mut body = vec![0u8; body_len as usize];
+        f.read_exact_at(&mut body, HEADER_BYTES as u64)
+            .ctx("read", path)?;
+        if crc32fast::hash(&body) != u32_at(64) {
+            return Err(bad(path, "body checksum mismatch"));
+        }
+        let json = zstd::bulk::decompress(&body, raw_len as usize)
+            .map_err(|e| bad(path, format!("zstd: {e}")))?;
+        if json.len() as u64 != raw_len {
+            return Err(bad(path, "uncompressed size differs from the header"));
+        }
+        Ok((json, info))
+    }
+}
+
+/// Writes `bytes` as `dir/name` atomically: a temp file, fsynced, renamed into place, the
+/// directory fsynced; a failure removes the temp file and leaves any older file alone.
+pub(crate) fn write_atomic(
+    storage: &Arc<dyn Storage>,
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+) -> Result<PathBuf> {
+    storage.create_dir_all(dir).ctx("create", dir)?;
+    let path = dir.join(name);
+    let tmp = dir.join(format!(
+        ".{name}.{}.{}.tmp",
+        std::process::id(),
+        Ts::now().0
+    ));
+    let f = storage
+        .open(&tmp, OpenMode::CreateNew)
+        .ctx("create", &tmp)?;
+    let r = (|| {
+        f.write_all_at(bytes, 0).ctx("write", &tmp)?;
+        f.sync_data().ctx("fsync", &tmp)?;
+        storage.rename(&tmp, &path).ctx("rename", &tmp)?;
+        storage.sync_dir(dir).ctx("fsync dir", dir)
+    })();
+    if r.is_err() {
+        let _ = storage.remove_file(&tmp);
+    }
+    r?;
+    Ok(path)
+}
+
+/// Encodes a checkpoint file.
+pub fn encode(state: &State, info: &CheckpointInfo) -> Result<Vec<u8>> {
+    CHECKPOINT.encode(&state.to_bytes(), info)
+}
+
+/// A damaged derived file (checkpoint, snapshot) at `path`.
+pub(crate) fn bad(path: &Path, reason: impl Into<String>) -> Error {
     Error::Corrupt {
         path: path.to_path_buf(),
         offset: 0,
@@ -139,67 +275,7 @@ fn bad(path: &Path, reason: impl Into<String>) -> Error {
 /// Reads and checks a checkpoint file; never allocates more than the file holds (plus
 /// the declared, bounded, uncompressed size).
 pub fn load(storage: &dyn Storage, path: &Path) -> Result<(State, CheckpointInfo)> {
-    let f = storage.open(path, OpenMode::Read).ctx("open", path)?;
-    let len = f.len().ctx("stat", path)?;
-    if len < HEADER_BYTES as u64 {
-        return Err(bad(path, "shorter than a checkpoint header"));
-    }
-    let mut h = [0u8; HEADER_BYTES];
-    f.read_exact_at(&mut h, 0).ctx("read", path)?;
-    if &h[0..4] != MAGIC {
-        return Err(bad(path, "not a checkpoint (bad magic)"));
-    }
-    let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
-    let u64_at = |i: usize| {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&h[i..i + 8]);
-        u64::from_le_bytes(b)
-    };
-    if crc32fast::hash(&h[..68]) != u32_at(68) {
-        return Err(bad(path, "header checksum mismatch"));
-    }
-    let version = u32_at(4);
-    if version != CHECKPOINT_VERSION {
-        return Err(bad(
-            path,
-            format!("format version {version}, this build reads {CHECKPOINT_VERSION}"),
-        ));
-    }
-    let info = CheckpointInfo {
-        seq: u64_at(8),
-        segment: u64_at(16),
-        frame_start: u64_at(24),
-        frame_end: u64_at(32),
-        ts: Ts(u64_at(40)),
-    };
-    let body_len = u64_at(48);
-    let raw_len = u64_at(56);
-    if body_len != len - HEADER_BYTES as u64 {
-        return Err(bad(
-            path,
-            format!(
-                "body is {} bytes, header says {body_len}",
-                len - HEADER_BYTES as u64
-            ),
-        ));
-    }
-    if raw_len > STATE_BYTES_MAX {
-        return Err(bad(
-            path,
-            format!("uncompressed size {raw_len} over the limit"),
-        ));
-    }
-    let mut body = vec![0u8; body_len as usize];
-    f.read_exact_at(&mut body, HEADER_BYTES as u64)
-        .ctx("read", path)?;
-    if crc32fast::hash(&body) != u32_at(64) {
-        return Err(bad(path, "body checksum mismatch"));
-    }
-    let json = zstd::bulk::decompress(&body, raw_len as usize)
-        .map_err(|e| bad(path, format!("zstd: {e}")))?;
-    if json.len() as u64 != raw_len {
-        return Err(bad(path, "uncompressed size differs from the header"));
-    }
+    let (json, info) = CHECKPOINT.load(storage, path)?;
     let state: State =
         serde_json::from_slice(&json).map_err(|e| bad(path, format!("state JSON: {e}")))?;
     if state.head_seq != info.seq {
@@ -217,36 +293,47 @@ pub fn load(storage: &dyn Storage, path: &Path) -> Result<(State, CheckpointInfo
 /// Checks that the log still holds, at the checkpoint's position, the frame it names:
 /// a whole frame from `frame_start` to `frame_end` whose last event is `seq`.
 pub fn matches_log(storage: &dyn Storage, run_dir: &Path, info: &CheckpointInfo) -> Result<bool> {
+    Ok(last_event_of_frame(storage, run_dir, info)?.is_some_and(|(seq, _)| seq == info.seq))
+}
+
+/// The seq and id of the last event of the whole frame the log holds exactly at
+/// `info`'s bounds, if it holds one there.
+pub(crate) fn last_event_of_frame(
+    storage: &dyn Storage,
+    run_dir: &Path,
+    info: &CheckpointInfo,
+) -> Result<Option<(u64, String)>> {
     let path = segment::segment_path(run_dir, info.segment);
     let Ok(f) = storage.open(&path, OpenMode::Read) else {
-        return Ok(false);
+        return Ok(None);
     };
     let len = f.len().ctx("stat", &path)?;
     if info.frame_end > len || info.frame_start >= info.frame_end {
-        return Ok(false);
+        return Ok(None);
     }
     let n = info.frame_end - info.frame_start;
     if n > frame::frame_len(frame::PAYLOAD_BYTES_MAX) as u64 {
-        return Ok(false);
+        return Ok(None);
     }
     let mut buf = vec![0u8; n as usize];
     f.read_exact_at(&mut buf, info.frame_start)
         .ctx("read", &path)?;
     let Decoded::Frame { payload, len } = frame::decode(&buf) else {
-        return Ok(false);
+        return Ok(None);
     };
     if len as u64 != n {
-        return Ok(false);
+        return Ok(None);
     }
     #[derive(serde::Deserialize)]
-    struct Seq {
+    struct Head {
         seq: u64,
+        id: String,
     }
-    let seqs: Vec<Seq> = match serde_json::from_slice(payload) {
+    let heads: Vec<Head> = match serde_json::from_slice(payload) {
         Ok(v) => v,
-        Err(_) => return Ok(false),
+        Err(_) => return Ok(None),
     };
-    Ok(seqs.last().is_some_and(|s| s.seq == info.seq))
+    Ok(heads.into_iter().last().map(|h| (h.seq, h.id)))
 }
 
 /// Writes a checkpoint atomically and applies the retention policy.
@@ -256,28 +343,12 @@ pub fn write(
     state: &State,
     info: &CheckpointInfo,
 ) -> Result<PathBuf> {
-    storage.create_dir_all(dir).ctx("create", dir)?;
-    let bytes = encode(state, info)?;
-    let path = dir.join(checkpoint_name(info.seq));
-    let tmp = dir.join(format!(
-        ".{}.{}.{}.tmp",
-        checkpoint_name(info.seq),
-        std::process::id(),
-        Ts::now().0
-    ));
-    let f = storage
-        .open(&tmp, OpenMode::CreateNew)
-        .ctx("create", &tmp)?;
-    let r = (|| {
-        f.write_all_at(&bytes, 0).ctx("write", &tmp)?;
-        f.sync_data().ctx("fsync", &tmp)?;
-        storage.rename(&tmp, &path).ctx("rename", &tmp)?;
-        storage.sync_dir(dir).ctx("fsync dir", dir)
-    })();
-    if r.is_err() {
-        let _ = storage.remove_file(&tmp);
-    }
-    r?;
+    let path = write_atomic(
+        storage,
+        dir,
+        &checkpoint_name(info.seq),
+        &encode(state, info)?,
+    )?;
     for old in list(&**storage, dir)?.into_iter().skip(CHECKPOINTS_KEPT) {
         let p = dir.join(checkpoint_name(old));
         if let Err(e) = storage.remove_file(&p) {

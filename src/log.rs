@@ -574,6 +574,30 @@ impl RunLog {
                 )?;
             }
         }
+        // A request refused by the rules was judged on everything the catch-up found,
+        // including whole frames a writer that died before its fsync left beyond the
+        // visible mark. Make those durable and visible now, so the caller's next read
+        // sees what it was refused on (else a retry reads the same stale view and is
+        // refused again, forever). Only on refusals: the append path is unchanged.
+        let refused = plans.iter().any(|p| {
+            matches!(
+                p,
+                Err(Error::Conflict(_)
+                    | Error::SeqConflict { .. }
+                    | Error::Forbidden(_)
+                    | Error::Escalated { .. })
+            )
+        });
+        if refused && start > 0 {
+            let seg = w.seg.clone();
+            self.wait_durable(
+                Pos {
+                    seg: w.seg_base,
+                    off: start,
+                },
+                &seg,
+            )?;
+        }
         let seg_file = w.seg.clone();
         let seg_base = w.seg_base;
         w.buf = buf;

@@ -438,14 +438,47 @@ impl FactsFold {
         }
     }
 
-    /// Rebuilds what a snapshot does not store (the name index).
-    pub(crate) fn after_load(&mut self) {
+    /// Rebuilds what a snapshot does not store (the name index) and checks that every
+    /// index in it points inside the fold, so a snapshot that passed its checksums but
+    /// does not hold together is refused instead of making a view panic.
+    pub(crate) fn after_load(&mut self) -> Result<(), String> {
+        let (nf, nc, nn) = (
+            self.facts.len(),
+            self.contradictions.len(),
+            self.names.len(),
+        );
+        for (i, f) in self.facts.iter().enumerate() {
+            if parse_id('F', &f.id) != Some(i) {
+                return Err(format!("fact {} stored at index {i}", f.id));
+            }
+            if f.contradictions.iter().any(|&n| n >= nc) {
+                return Err(format!("fact {} names a contradiction out of range", f.id));
+            }
+            if f.agents
+                .keys()
+                .chain(f.runs.keys())
+                .any(|&a| a as usize >= nn)
+            {
+                return Err(format!("fact {} names an agent or run out of range", f.id));
+            }
+        }
+        for c in self.contradictions.iter().flatten() {
+            let sides_ok = c.a < nf && c.b < nf;
+            let winner_ok = c.winner.is_none_or(|w| w == c.a || w == c.b);
+            if !sides_ok || !winner_ok {
+                return Err(format!("contradiction {} names facts out of range", c.id));
+            }
+        }
+        if self.pairs.iter().any(|&(a, b)| a >= nf || b >= nf) {
+            return Err("a contradiction pair names facts out of range".into());
+        }
         self.name_ids = self
             .names
             .iter()
             .enumerate()
             .map(|(i, n)| (n.clone(), i as u32))
             .collect();
+        Ok(())
     }
 
     /// The agent or run name behind an interned id.
@@ -461,12 +494,6 @@ impl FactsFold {
         self.names.push(s.to_string());
         self.name_ids.insert(s.to_string(), i);
         i
-    }
-
-    /// Sets the seq of the last event folded (after the driver applied a pass it wrote
-    /// itself, record by record, instead of reading it back).
-    pub fn set_head(&mut self, seq: u64) {
-        self.head_seq = self.head_seq.max(seq);
     }
 
     /// Records that the fold stands at the pass written at `begin..=commit` (the driver,
