@@ -749,6 +749,27 @@ fn patterns_and_mistakes_are_learned_and_shared_sanitized() {
     }
     // Findings never leave their user: no fact text in the shared scope.
     assert!(!text.contains("p99 2.4s"));
+
+    // A crash between the private commit and the shared copies loses them: the next
+    // synth, even with nothing new, sends the last pass's copies again, idempotently.
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(bob.advise("query_metrics").unwrap().is_empty());
+    let again = alice.synth(&opts, |_| {}).unwrap();
+    assert!(again.nothing_new, "{again:?}");
+    assert_eq!(again.shared_copies, 2);
+    assert_eq!(bob.advise("query_metrics").unwrap().len(), 1);
+    let once_more = alice.synth(&opts, |_| {}).unwrap();
+    assert_eq!(
+        once_more.shared_copies, 2,
+        "re-sent, and deduplicated by id"
+    );
+    assert_eq!(
+        bob.patterns("high_latency_checkout").unwrap()[0]
+            .item
+            .occurrence_count,
+        2,
+        "a re-sent copy is not counted twice"
+    );
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
