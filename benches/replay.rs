@@ -70,7 +70,7 @@ fn main() {
         std::fs::remove_file(
             store
                 .checkpoint_dir("big")
-                .join(swarm_memory::checkpoint::checkpoint_name(seq)),
+                .join(swarm_memory::fold::checkpoint::checkpoint_name(seq)),
         )
         .unwrap();
     }

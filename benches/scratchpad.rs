@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use swarm_memory::rules::{Perms, Policy};
+use swarm_memory::fold::rules::{Perms, Policy};
 use swarm_memory::{Durability, EventType, NewEvent, Store};
 
 fn env_u64(name: &str, default: u64) -> u64 {

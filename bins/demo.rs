@@ -533,7 +533,7 @@ pub fn run(
     store.set_policy(
         &run,
         "lead",
-        &swarm_memory::rules::Policy {
+        &swarm_memory::fold::rules::Policy {
             permissions: None,
             prune_max_entries: Some(8),
         },
@@ -556,12 +556,7 @@ pub fn run(
         agent_process(&exe, data_dir, user, &run, chatter)?,
     )?;
     let mut summary = None;
-    while let Some(s) = store.prune(
-        &run,
-        "pruner",
-        &swarm_memory::prune::Summarizer::Builtin,
-        false,
-    )? {
+    while let Some(s) = store.prune(&run, "pruner", &swarm_memory::fold::summary::Builtin, false)? {
         summary = Some(s);
     }
     let state = store.state_at(&run, Target::Head, |_| {})?.state;

@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use swarm_memory::prune::Summarizer;
+use swarm_memory::fold::summary::{Builtin, Summarizer};
+use swarm_memory::scratchpad::prune::CommandSummarizer;
 use swarm_memory::Store;
 
 /// Arguments of `swarm prune`.
@@ -47,16 +48,16 @@ pub struct ContextArgs {
 }
 
 pub fn prune(store: &Store, a: PruneArgs) -> anyhow::Result<ExitCode> {
-    let s = match a.summarizer_cmd {
-        Some(cmd) => Summarizer::Command {
+    let s: Box<dyn Summarizer> = match a.summarizer_cmd {
+        Some(cmd) => Box::new(CommandSummarizer {
             cmd,
             timeout: Duration::from_secs(a.timeout_secs.max(1)),
-        },
-        None => Summarizer::Builtin,
+        }),
+        None => Box::new(Builtin),
     };
     let out = io::stdout();
     let mut out = out.lock();
-    match store.prune(&a.run, &a.agent, &s, a.force)? {
+    match store.prune(&a.run, &a.agent, &*s, a.force)? {
         Some(e) => serde_json::to_writer(&mut out, &e)?,
         None => serde_json::to_writer(
             &mut out,

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use serde::Serialize;
 use serde_json::Value;
-use swarm_memory::rules::{ChannelDecl, ChannelKind, ConflictPolicy, Policy};
+use swarm_memory::fold::rules::{ChannelDecl, ChannelKind, ConflictPolicy, Policy};
 use swarm_memory::{Error, ReadOptions, Store};
 
 pub(crate) fn invalid(field: &str, reason: impl Into<String>) -> anyhow::Error {

@@ -989,7 +989,7 @@ fn replay(store: &Store, a: ReplayArgs) -> anyhow::Result<ExitCode> {
         );
         let sa = store.state_at(&a.run, from, |_| {})?;
         let sb = store.state_at(&a.run, to, |_| {})?;
-        let diff = swarm_memory::replay::diff(&sa.state, &sb.state, store, &a.run)?;
+        let diff = store.diff(&a.run, &sa.state, &sb.state)?;
         serde_json::to_writer(&mut out, &diff)?;
         out.write_all(b"\n")?;
         out.flush()?;
@@ -1022,7 +1022,7 @@ fn replay(store: &Store, a: ReplayArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(agent) = &a.agent {
-        let view = swarm_memory::replay::agent_view(&r.state, agent, store, &a.run)?;
+        let view = store.agent_view(&a.run, &r.state, agent)?;
         serde_json::to_writer(&mut out, &view)?;
         out.write_all(b"\n")?;
         out.flush()?;

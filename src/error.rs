@@ -91,6 +91,16 @@ impl Error {
         }
     }
 
+    /// Damage at `offset` of `path`, where the record with `seq` should be.
+    pub(crate) fn corrupt(path: &std::path::Path, offset: u64, seq: u64, reason: String) -> Error {
+        Error::Corrupt {
+            path: path.to_path_buf(),
+            offset,
+            seq,
+            reason,
+        }
+    }
+
     pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Error {
         Error::Invalid {
             field: field.into(),

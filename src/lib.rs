@@ -35,37 +35,28 @@
 
 #![warn(missing_docs)]
 
-pub mod archive;
-pub mod checkpoint;
-pub mod context;
+pub mod commit;
 pub mod error;
 pub mod event;
-pub mod frame;
-pub mod index;
-mod log;
-pub mod prune;
-mod read;
-pub mod replay;
-pub mod rules;
+pub mod fold;
+pub mod log;
+pub mod query;
 pub mod scratchpad;
-pub mod segment;
-pub mod state;
-pub mod storage;
 pub mod store;
 pub mod synth;
 pub mod tail;
-pub mod ts;
-pub mod watermark;
 
 pub use error::{Error, Result};
+pub use event::ts::Ts;
 pub use event::{Event, EventType, NewEvent};
-pub use index::IndexStats;
-pub use log::{Durability, LogOptions, RunMeta, SEGMENT_BYTES_DEFAULT};
-pub use read::{EventIter, ReadOptions, RepairedTail, Skipped, TornTail, VerifyReport, Visibility};
-pub use replay::{ReplayStats, Replayed, Target};
-pub use scratchpad::{BoardEntry, EscalationView, PickOutcome};
-pub use state::State;
-pub use storage::{FsStorage, MemStorage, Storage};
+pub use fold::replay::{ReplayStats, Replayed, Target};
+pub use fold::state::State;
+pub use log::meta::{Durability, LogOptions, RunMeta, SEGMENT_BYTES_DEFAULT};
+pub use log::storage::{FsStorage, MemStorage, Storage};
+pub use query::index::IndexStats;
+pub use query::options::{ReadOptions, Visibility};
+pub use query::read::{EventIter, Skipped, TornTail};
+pub use query::verify::{RepairedTail, VerifyReport};
+pub use scratchpad::board::{BoardEntry, EscalationView, PickOutcome};
 pub use store::{RunInfo, Store};
 pub use tail::{Cursor, Tail, TailOptions, TailPosition, TailStream};
-pub use ts::Ts;

@@ -1,26 +1,33 @@
 //! [`Store`]: the public handle over a data directory of runs.
 
+pub mod archive;
+pub mod travel;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
-use crate::checkpoint::{self, CheckpointInfo, CHECKPOINT_EVERY_DEFAULT};
+use crate::commit::{Request, RunLog};
 use crate::error::{Error, Result};
+use crate::event::ts::Ts;
 use crate::event::{
     check_path_id, check_run_id, Checked, Event, EventType, NewEvent, ANONYMOUS, BATCH_EVENTS_MAX,
     ENGINE_AGENT,
 };
-use crate::index::{self, IndexCell, IndexSnapshot, IndexStats};
-use crate::log::{self, Durability, LogOptions, Request, RunLog, RunMeta};
-use crate::read::{self, EventIter, ReadOptions, VerifyReport, Visibility};
-use crate::replay::{self, ReplayStats, Replayed, RunPaths, Target};
-use crate::segment;
-use crate::state::State;
-use crate::storage::{FsStorage, OpenMode, Storage};
-use crate::ts::Ts;
-use crate::watermark::Marks;
+use crate::fold::checkpoint::{self, CheckpointInfo, CHECKPOINT_EVERY_DEFAULT};
+use crate::fold::replay::{self, ReplayStats, Replayed, RunPaths, Target};
+use crate::fold::state::State;
+use crate::log::meta::{self, Durability, LogOptions, RunMeta};
+use crate::log::segment;
+use crate::log::storage::{file_len, FsStorage, Storage};
+use crate::log::watermark::read_marks;
+use crate::log::watermark::Marks;
+use crate::query::index::{self, IndexCell, IndexSnapshot, IndexStats};
+use crate::query::options::{ReadOptions, Visibility};
+use crate::query::read::EventIter;
+use crate::query::verify::{self, VerifyReport};
 
 /// A data directory holding one sub-directory per run.
 ///
@@ -38,7 +45,7 @@ pub struct Store {
     archive_root: PathBuf,
     /// The last head state of each run, at a frame boundary (see [`Store::head_state`]).
     heads: Mutex<HashMap<String, (Arc<State>, CheckpointInfo)>>,
-    /// Each run's index as this process has caught it up (see [`crate::index`]).
+    /// Each run's index as this process has caught it up (see [`crate::query::index`]).
     indexes: Mutex<HashMap<String, Arc<IndexCell>>>,
 }
 
@@ -109,7 +116,7 @@ impl Store {
                 "anonymous access is disabled; give a user".to_string(),
             ));
         }
-        if user == crate::synth::SHARED_USER {
+        if user == crate::event::SHARED_USER {
             return Err(Error::Forbidden(format!(
                 "{user:?} is the shared patterns scope; only the synthesizer writes it"
             )));
@@ -198,7 +205,7 @@ impl Store {
             .cloned();
         let r = match cached {
             Some(c) if checkpoint::matches_log(&*self.storage, &p.run_dir, &c.1)? => {
-                let visible = read::read_marks(&*self.storage, &p.run_dir)?.visible;
+                let visible = read_marks(&*self.storage, &p.run_dir)?.visible;
                 if c.1.end() == visible {
                     return Ok(HeadState {
                         state: c.0.clone(),
@@ -427,7 +434,7 @@ impl Store {
             let spawned = std::thread::Builder::new()
                 .name("swarm-prune".into())
                 .spawn(move || {
-                    let r = store.prune(&run_id, ENGINE_AGENT, &crate::prune::Summarizer::Builtin, false);
+                    let r = store.prune(&run_id, ENGINE_AGENT, &crate::fold::summary::Builtin, false);
                     match r {
                         // Another process's pruner summarised the range first: expected.
                         Err(Error::Conflict(e)) => tracing::debug!(run = %run_id, error = %e, "automatic prune lost the race"),
@@ -484,7 +491,7 @@ impl Store {
         if cached
             || self
                 .storage
-                .exists(&self.run_dir(run)?.join(log::META_FILE))
+                .exists(&self.run_dir(run)?.join(meta::META_FILE))
         {
             return Ok(());
         }
@@ -510,7 +517,7 @@ impl Store {
     /// Reads a run's events in seq order.
     ///
     /// A read with a key filter (agent, type, subject, user), `last`, `from_seq` or `since`
-    /// goes through the run's index (caught up first, see [`crate::index`]) and fetches
+    /// goes through the run's index (caught up first, see [`crate::query::index`]) and fetches
     /// only the frames that can match; every frame read is still checked, and an index
     /// that disagrees with the log is dropped and the read goes on by scanning.
     pub fn read(&self, run: &str, opts: ReadOptions) -> Result<EventIter> {
@@ -522,14 +529,15 @@ impl Store {
             Some(_) => Some(self.head_state(run)?.state.rules.clone()),
             None => None,
         };
+        let opts_reader = opts.reader.clone();
         let (mut marks, snap) = match index::useful_for(&opts) {
             true => self.index_snapshot(run, &dir)?,
-            false => (read::read_marks(&*self.storage, &dir)?, None),
+            false => (read_marks(&*self.storage, &dir)?, None),
         };
         if let Some((covered, _, _)) = snap.as_ref().and_then(|s| s.covered()) {
             if covered > marks.visible {
                 // Loaded from a file written by a process that saw a later watermark.
-                marks = read::read_marks(&*self.storage, &dir)?;
+                marks = read_marks(&*self.storage, &dir)?;
             }
         }
         let snap = snap.filter(|s| s.covered().is_none_or(|(c, _, _)| c <= marks.visible));
@@ -538,9 +546,11 @@ impl Store {
             Visibility::Written => None,
         };
         let it = EventIter::with_index(self.storage.clone(), dir, run, opts, limit, snap)?;
-        Ok(match rules {
-            Some(r) => it.with_rules(r),
-            None => it,
+        Ok(match (rules, opts_reader) {
+            (Some(r), Some(agent)) => {
+                it.with_permission(Box::new(move |e: &Event| r.may_read_event(&agent, e)))
+            }
+            _ => it,
         })
     }
 
@@ -558,13 +568,13 @@ impl Store {
             Ok((marks, snap)) => Ok((marks, Some(snap))),
             Err(e) => {
                 tracing::warn!(run, error = %e, "index unavailable; scanning the log");
-                Ok((read::read_marks(&*self.storage, dir)?, None))
+                Ok((read_marks(&*self.storage, dir)?, None))
             }
         }
     }
 
     /// Catches up a run's index (loading, checking and extending it, writing it when the
-    /// policy of [`crate::index`] says so) and reports on it.
+    /// policy of [`crate::query::index`] says so) and reports on it.
     pub fn index_stats(&self, run: &str) -> Result<IndexStats> {
         self.index_op(run, false, false, &mut |_, _| {})
     }
@@ -593,24 +603,12 @@ impl Store {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<IndexStats> {
         let dir = self.existing_run(run)?;
-        let marks = read::read_marks(&*self.storage, &dir)?;
+        let marks = read_marks(&*self.storage, &dir)?;
         let mut total = 0;
         for b in segment::list_segments(&*self.storage, &dir)? {
             if b < marks.visible.seg {
                 let p = segment::segment_path(&dir, b);
-                let f = self
-                    .storage
-                    .open(&p, OpenMode::Read)
-                    .map_err(|source| Error::Io {
-                        op: "open",
-                        path: p.clone(),
-                        source,
-                    })?;
-                total += f.len().map_err(|source| Error::Io {
-                    op: "stat",
-                    path: p,
-                    source,
-                })?;
+                total += file_len(&*self.storage, &p)?;
             } else if b == marks.visible.seg {
                 total += marks.visible.off;
             }
@@ -636,12 +634,12 @@ impl Store {
         if let Some(a) = self.archived_store(run)? {
             return a.verify(run, progress);
         }
-        read::verify(self.storage.clone(), dir, run, progress)
+        verify::verify(self.storage.clone(), dir, run, progress)
     }
 
     fn existing_run(&self, run: &str) -> Result<PathBuf> {
         let dir = self.run_dir(run)?;
-        if !self.storage.exists(&dir.join(log::META_FILE)) {
+        if !self.storage.exists(&dir.join(meta::META_FILE)) {
             return Err(Error::RunNotFound(run.to_string()));
         }
         Ok(dir)
@@ -650,7 +648,7 @@ impl Store {
     /// The run's settings.
     pub fn run_meta(&self, run: &str) -> Result<RunMeta> {
         let dir = self.existing_run(run)?;
-        log::read_meta(&*self.storage, &dir)
+        meta::read_meta(&*self.storage, &dir)
     }
 
     /// Ids of every run in the store, sorted.
@@ -669,7 +667,7 @@ impl Store {
             })?
             .into_iter()
             .filter(|n| {
-                check_run_id(n).is_ok() && self.storage.exists(&root.join(n).join(log::META_FILE))
+                check_run_id(n).is_ok() && self.storage.exists(&root.join(n).join(meta::META_FILE))
             })
             .collect();
         ids.sort();
@@ -682,24 +680,12 @@ impl Store {
         if let Some(a) = self.archived_store(run)? {
             return a.run_info(run);
         }
-        let meta = log::read_meta(&*self.storage, &dir)?;
+        let meta = meta::read_meta(&*self.storage, &dir)?;
         let bases = segment::list_segments(&*self.storage, &dir)?;
         let mut bytes = 0;
         for &b in &bases {
             let p = segment::segment_path(&dir, b);
-            let f = self
-                .storage
-                .open(&p, OpenMode::Read)
-                .map_err(|source| Error::Io {
-                    op: "open",
-                    path: p.clone(),
-                    source,
-                })?;
-            bytes += f.len().map_err(|source| Error::Io {
-                op: "stat",
-                path: p,
-                source,
-            })?;
+            bytes += file_len(&*self.storage, &p)?;
         }
         let first = self
             .read(

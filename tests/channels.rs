@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use serde_json::{json, Value};
-use swarm_memory::rules::{ChannelDecl, ChannelKind, ConflictPolicy};
+use swarm_memory::fold::rules::{ChannelDecl, ChannelKind, ConflictPolicy};
 use swarm_memory::{Error, MemStorage, ReadOptions, Storage, Store};
 
 fn patch(t: &mut Value, p: &Value) {

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use swarm_memory::storage::OpenMode;
+use swarm_memory::log::storage::OpenMode;
 use swarm_memory::{
     Durability, Error, LogOptions, MemStorage, ReadOptions, Storage, Store, Visibility,
 };

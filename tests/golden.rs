@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use swarm_memory::frame::{self, Decoded};
+use swarm_memory::log::frame::{self, Decoded};
 use swarm_memory::{Event, ReadOptions, Store};
 
 fn copy_dir(from: &Path, to: &Path) {

@@ -6,9 +6,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use swarm_memory::frame::{self, Decoded, HEADER_LEN};
-use swarm_memory::segment::{FrameReader, Step};
-use swarm_memory::storage::{OpenMode, Storage};
+use swarm_memory::log::frame::{self, Decoded, HEADER_LEN};
+use swarm_memory::log::segment::{FrameReader, Step};
+use swarm_memory::log::storage::{OpenMode, Storage};
 use swarm_memory::MemStorage;
 
 use crate::util::Rng;

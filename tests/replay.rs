@@ -103,8 +103,8 @@ proptest! {
     ) {
         let mem = MemStorage::new();
         let store = mem_store(&mem);
-        store.declare_channel("r", "lead", &swarm_memory::rules::ChannelDecl { channel: "notes".into(), kind: swarm_memory::rules::ChannelKind::Append, on_conflict: Default::default(), max_size_kb: 1024 }).unwrap();
-        store.declare_channel("r", "lead", &swarm_memory::rules::ChannelDecl { channel: "state".into(), kind: swarm_memory::rules::ChannelKind::Merge, on_conflict: Default::default(), max_size_kb: 1024 }).unwrap();
+        store.declare_channel("r", "lead", &swarm_memory::fold::rules::ChannelDecl { channel: "notes".into(), kind: swarm_memory::fold::rules::ChannelKind::Append, on_conflict: Default::default(), max_size_kb: 1024 }).unwrap();
+        store.declare_channel("r", "lead", &swarm_memory::fold::rules::ChannelDecl { channel: "state".into(), kind: swarm_memory::fold::rules::ChannelKind::Merge, on_conflict: Default::default(), max_size_kb: 1024 }).unwrap();
         let mut n = 0u32;
         let mut head = 0;
         for (batch, agent, kind, subject, ck) in ops {
@@ -150,7 +150,7 @@ fn damaged_or_deleted_checkpoints_fall_back_to_the_same_state() {
     // Damage the newest checkpoint: the older one is used, with a skip counted.
     let newest = store
         .checkpoint_dir("r")
-        .join(swarm_memory::checkpoint::checkpoint_name(200));
+        .join(swarm_memory::fold::checkpoint::checkpoint_name(200));
     let mut bytes = mem.contents(&newest).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0xff;
@@ -165,7 +165,7 @@ fn damaged_or_deleted_checkpoints_fall_back_to_the_same_state() {
         mem.remove_file(
             &store
                 .checkpoint_dir("r")
-                .join(swarm_memory::checkpoint::checkpoint_name(seq)),
+                .join(swarm_memory::fold::checkpoint::checkpoint_name(seq)),
         )
         .unwrap();
     }
@@ -184,11 +184,11 @@ fn damaged_or_deleted_checkpoints_fall_back_to_the_same_state() {
     }
     let ck = store
         .checkpoint_dir("r")
-        .join(swarm_memory::checkpoint::checkpoint_name(300));
+        .join(swarm_memory::fold::checkpoint::checkpoint_name(300));
     let bytes = mem.contents(&ck).unwrap();
     other.create_dir_all(&store.checkpoint_dir("r")).unwrap();
     other
-        .open(&ck, swarm_memory::storage::OpenMode::CreateNew)
+        .open(&ck, swarm_memory::log::storage::OpenMode::CreateNew)
         .unwrap();
     other.set_contents(&ck, bytes);
     let r = store2.state_at("r", Target::Head, |_| {}).unwrap();

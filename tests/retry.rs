@@ -7,7 +7,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use swarm_memory::storage::{OpenMode, StorageFile};
+use swarm_memory::log::storage::{OpenMode, StorageFile};
 use swarm_memory::{Durability, LogOptions, MemStorage, Storage, Store};
 
 use crate::util::{ev, ev_id, lib_append, lib_read, new_ev, Env};

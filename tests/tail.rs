@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use swarm_memory::{
-    frame, segment, watermark, Durability, Event, EventType, FsStorage, LogOptions, NewEvent,
-    Store, Tail, TailOptions, Visibility,
+    log::{frame, segment, watermark},
+    Durability, Event, EventType, FsStorage, LogOptions, NewEvent, Store, Tail, TailOptions,
+    Visibility,
 };
 
 /// Every wait in these tests ends by this deadline (they finish in seconds).

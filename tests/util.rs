@@ -8,7 +8,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use swarm_memory::frame::{self, Decoded};
+use swarm_memory::log::frame::{self, Decoded};
 use swarm_memory::{Durability, Event, EventType, LogOptions, NewEvent, ReadOptions, Store};
 
 /// The `swarm` binary built by cargo for this test run.
@@ -145,7 +145,7 @@ impl Env {
             .filter(|p| {
                 p.file_name()
                     .and_then(|n| n.to_str())
-                    .and_then(swarm_memory::segment::parse_segment_name)
+                    .and_then(swarm_memory::log::segment::parse_segment_name)
                     .is_some()
             })
             .collect();

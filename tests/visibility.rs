@@ -6,8 +6,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use swarm_memory::frame;
-use swarm_memory::storage::{OpenMode, StorageFile};
+use swarm_memory::log::frame;
+use swarm_memory::log::storage::{OpenMode, StorageFile};
 use swarm_memory::{
     Durability, Event, LogOptions, MemStorage, ReadOptions, Storage, Store, Visibility,
 };

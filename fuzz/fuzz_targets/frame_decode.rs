@@ -8,9 +8,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
-use swarm_memory::frame::{self, Decoded};
-use swarm_memory::segment::{FrameReader, Step};
-use swarm_memory::storage::{OpenMode, Storage};
+use swarm_memory::log::frame::{self, Decoded};
+use swarm_memory::log::segment::{FrameReader, Step};
+use swarm_memory::log::storage::{OpenMode, Storage};
 use swarm_memory::MemStorage;
 
 /// Asserts that a frame the decoder accepted at the start of `buf` is canonical.

@@ -6,32 +6,32 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::checkpoint::{self, CheckpointInfo};
 use crate::error::{Error, IoContext, Result};
+use crate::event::ts::Ts;
+use crate::event::SHARED_USER;
 use crate::event::{Checked, Event, EventType, ENGINE_AGENT};
-use crate::log::Durability;
-use crate::read::{EventIter, ReadOptions, Visibility};
-use crate::storage::OpenMode;
+use crate::fold::checkpoint::{self, CheckpointInfo};
+use crate::log::meta::Durability;
+use crate::log::storage::OpenMode;
+use crate::query::options::{ReadOptions, Visibility};
+use crate::query::read::EventIter;
 use crate::store::Store;
 use crate::synth::dedup::{DedupConfig, Deduper, FactIdx, Judge, Match};
 use crate::synth::facts::{
     parse_id, Commit, Evidence, EvidenceLink, FactsFold, NewFact, Record, FACTS_RUN,
     FACT_TEXT_BYTES_MAX,
 };
-use crate::synth::patterns::{self, InvestigationPattern, PatternBook, ToolMistake};
-use crate::synth::sanitize::{SanitizeContext, Sanitizer};
+use crate::synth::judge::{LlmJudge, LlmOptions};
+use crate::synth::patterns::{self};
+use crate::synth::sanitize::Sanitizer;
 use crate::synth::snapshot;
 use crate::synth::text::content_text;
-use crate::ts::Ts;
 
-/// The user id of the global scope that sanitized patterns and mistakes are copied to
-/// (seed 002). Clients cannot act as it.
-pub const SHARED_USER: &str = "system_shared_patterns";
 /// The shared scope's log of sanitized learnings.
 pub const SHARED_RUN: &str = "@patterns";
 /// The subject the `learned` records carry, so that the pattern book is read through
@@ -50,18 +50,6 @@ pub const CONTRADICTIONS_PER_FACT_MAX: usize = 16;
 const FRAME_BYTES_MAX: usize = 4 << 20;
 /// Events per frame the synthesizer writes.
 const FRAME_EVENTS_MAX: usize = 1000;
-
-/// The optional LLM step: borderline pairs go to an external command.
-#[derive(Clone, Debug)]
-pub struct LlmOptions {
-    /// Run with `sh -c`; gets `{"scope","a","b","score","question"}` as JSON on stdin and
-    /// must print `{"same": true|false}`.
-    pub cmd: String,
-    /// Longest one call may take; past it the deterministic answer stands.
-    pub timeout: Duration,
-    /// Most calls per synth run; past it the deterministic answer stands.
-    pub calls_max: u64,
-}
 
 /// What `swarm synth` does.
 #[derive(Clone, Debug)]
@@ -162,40 +150,6 @@ pub struct SynthProgress {
     pub events: u64,
     /// Passes committed so far.
     pub passes: u64,
-}
-
-struct LlmJudge<'a> {
-    opts: &'a LlmOptions,
-    calls: u64,
-    fallbacks: u64,
-}
-
-impl Judge for LlmJudge<'_> {
-    fn same(&mut self, scope: &str, a: &str, b: &str, score: f64) -> Option<bool> {
-        if self.calls >= self.opts.calls_max {
-            return None;
-        }
-        self.calls += 1;
-        let input = serde_json::json!({
-            "question": "Do a and b state the same fact about the subject? Answer {\"same\": true} or {\"same\": false}.",
-            "scope": scope, "a": a, "b": b, "score": score,
-        });
-        let answer = crate::prune::run_filter(
-            &self.opts.cmd,
-            self.opts.timeout,
-            input.to_string().into_bytes(),
-            4096,
-        );
-        let same = answer.ok().and_then(|out| {
-            let v: Value = serde_json::from_str(out.trim()).ok()?;
-            v.get("same")?.as_bool()
-        });
-        if same.is_none() {
-            self.fallbacks += 1;
-            tracing::debug!("llm step: no usable answer; the deterministic result stands");
-        }
-        same
-    }
 }
 
 /// Per run: the watermark and, when the pass that set it read the run to its end, that
@@ -493,7 +447,12 @@ fn resolve(fold: &mut FactsFold, touched: &BTreeSet<usize>) -> Vec<Record> {
     out
 }
 
-fn engine_event(user: &str, kind: EventType, subject: Option<String>, content: Value) -> Checked {
+pub(crate) fn engine_event(
+    user: &str,
+    kind: EventType,
+    subject: Option<String>,
+    content: Value,
+) -> Checked {
     Checked::engine(ENGINE_AGENT, user, kind, content, subject, Vec::new())
 }
 
@@ -513,25 +472,17 @@ fn approx_json_len(v: &Value) -> usize {
     }
 }
 
-fn to_value(v: &impl Serialize) -> Result<Value> {
+pub(crate) fn to_value(v: &impl Serialize) -> Result<Value> {
     serde_json::to_value(v).map_err(|e| Error::invalid("synth record", e.to_string()))
-}
-
-fn fnv(parts: &[&str]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for b in p.bytes().chain([0]) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    h
 }
 
 /// The shared copy of a run's learnings: every text field through the sanitizer, and
 /// the fingerprints recomputed from the sanitized fields, so the same lesson learned by
 /// two users merges in the shared scope.
-fn sanitize_learnings(s: &Sanitizer, mut l: patterns::RunLearnings) -> patterns::RunLearnings {
+pub(crate) fn sanitize_learnings(
+    s: &Sanitizer,
+    mut l: patterns::RunLearnings,
+) -> patterns::RunLearnings {
     if let Some(p) = &mut l.pattern {
         p.symptom_type = s.text(&p.symptom_type);
         p.root_cause_category = s.text(&p.root_cause_category);
@@ -570,22 +521,7 @@ fn sanitize_event(s: &Sanitizer, mut e: Event) -> Event {
     e
 }
 
-/// A pattern or mistake with the scope it comes from.
-#[derive(Clone, Debug, Serialize)]
-pub struct Scoped<T> {
-    /// `private` (the user's own runs) or `shared` (sanitized, from every user).
-    pub scope: &'static str,
-    /// The pattern or mistake.
-    #[serde(flatten)]
-    pub item: T,
-}
-
 impl Store {
-    /// A store acting for the shared patterns scope (internal: clients cannot be it).
-    fn shared_store(&self) -> Store {
-        self.same_config_as(SHARED_USER)
-    }
-
     fn synth_lock_path(&self) -> Result<PathBuf> {
         Ok(self.root().join(self.user()).join("@facts.synth-lock"))
     }
@@ -656,7 +592,7 @@ impl Store {
             // frame is the one that ends at the visible mark. Find where it starts by
             // reading backwards to the previous line end (no index needed).
             let run_dir = self.run_dir(FACTS_RUN)?;
-            let marks = crate::read::read_marks(&**self.storage(), &run_dir)?;
+            let marks = crate::log::watermark::read_marks(&**self.storage(), &run_dir)?;
             let end = marks.visible;
             let Some(start) = snapshot::frame_start_before(&**self.storage(), &run_dir, end)?
             else {
@@ -727,7 +663,7 @@ impl Store {
         else {
             return Ok(None);
         };
-        let marks = crate::read::read_marks(&**self.storage(), &run_dir)?;
+        let marks = crate::log::watermark::read_marks(&**self.storage(), &run_dir)?;
         if marks.visible != info.end() {
             return Ok(None);
         }
@@ -826,7 +762,7 @@ impl Store {
             return Ok(it.next().transpose()?.is_some());
         };
         if let (Some((seg, off)), None) = (end, self.archived(run)?) {
-            let marks = crate::read::read_marks(&**self.storage(), &self.run_dir(run)?)?;
+            let marks = crate::log::watermark::read_marks(&**self.storage(), &self.run_dir(run)?)?;
             return Ok((marks.visible.seg, marks.visible.off) != (seg, off));
         }
         let mut it = self.read(
@@ -1240,120 +1176,4 @@ impl Store {
         done.shared_copies += self.share_learnings(job.learned, opts)?;
         Ok(done)
     }
-
-    /// Copies the learnings of `runs` (from the private fold) to the shared scope,
-    /// sanitized. Idempotent: each copy has an id derived from the user and the run.
-    fn share_learnings(
-        &self,
-        items: Vec<(String, patterns::RunLearnings)>,
-        opts: &SynthOptions,
-    ) -> Result<u64> {
-        let shared = self.shared_store();
-        let mut n = 0;
-        for (run, l) in items {
-            let s = Sanitizer::new(self.sanitize_context(&run, opts)?);
-            let mut clean = sanitize_learnings(&s, l);
-            let h = fnv(&[self.user(), &run]);
-            // The run id stays with its user: the shared copy names an opaque hash.
-            clean.run_id = format!("r{h:016x}");
-            let rec = Record::Learned {
-                run: format!("r{h:016x}"),
-                learnings: Box::new(clean),
-                shared: None,
-            };
-            let mut ev = engine_event(
-                SHARED_USER,
-                EventType::Synth,
-                Some(LEARNED_SUBJECT.to_string()),
-                to_value(&rec)?,
-            );
-            ev.id = Some(format!("shared-{h:016x}"));
-            shared.append_checked(SHARED_RUN, vec![ev], None, Durability::Sync)?;
-            n += 1;
-        }
-        Ok(n)
-    }
-
-    /// What the sanitizer must redact for a run of this user: the user id and the run id
-    /// (agent ids are not: they are role names such as `metrics` that also occur in tool
-    /// names), the project ids and environment names given.
-    fn sanitize_context(&self, run: &str, opts: &SynthOptions) -> Result<SanitizeContext> {
-        Ok(SanitizeContext {
-            user_id: self.user().to_string(),
-            identifiers: vec![run.to_string()],
-            project_ids: opts.project_ids.clone(),
-            env_names: opts.env_names.clone(),
-        })
-    }
-
-    /// The shared scope's pattern book (sanitized learnings of every user).
-    pub fn shared_book(&self) -> Result<PatternBook> {
-        let shared = self.shared_store();
-        let mut fold = FactsFold::new(None);
-        match shared.read(SHARED_RUN, ReadOptions::default()) {
-            Ok(it) => {
-                for e in it {
-                    fold.apply(&e?);
-                }
-            }
-            Err(Error::RunNotFound(_)) => {}
-            Err(e) => return Err(e),
-        }
-        Ok(fold.book)
-    }
-
-    /// The user's own pattern book: the `learned` records of committed passes, found
-    /// through the subject index (they carry the subject [`LEARNED_SUBJECT`]).
-    pub fn own_book(&self) -> Result<PatternBook> {
-        let mut book = PatternBook::default();
-        let committed = match self.committed_passes() {
-            Ok(c) => c,
-            Err(Error::RunNotFound(_)) => return Ok(book),
-            Err(e) => return Err(e),
-        };
-        for e in self.read(
-            FACTS_RUN,
-            ReadOptions {
-                subject: Some(LEARNED_SUBJECT.to_string()),
-                ..ReadOptions::default()
-            },
-        )? {
-            let e = e?;
-            if !committed.contains(e.seq) {
-                continue;
-            }
-            if let Ok(Record::Learned { learnings, .. }) = serde_json::from_value(e.content) {
-                book.merge_run(&learnings);
-            }
-        }
-        Ok(book)
-    }
-
-    /// Proven investigation patterns for a symptom: the user's own first, then the
-    /// shared scope's (seed 002's `get_recommended_investigation_strategy`).
-    pub fn patterns(&self, symptom: &str) -> Result<Vec<Scoped<InvestigationPattern>>> {
-        let (own, shared) = (self.own_book()?, self.shared_book()?);
-        Ok(scoped(own.recommend(symptom), shared.recommend(symptom)))
-    }
-
-    /// Known mistakes of a tool, before calling it: the user's own, then the shared
-    /// scope's (seed 002's `MistakeAdvisor`).
-    pub fn advise(&self, tool: &str) -> Result<Vec<Scoped<ToolMistake>>> {
-        let (own, shared) = (self.own_book()?, self.shared_book()?);
-        Ok(scoped(own.advise(tool), shared.advise(tool)))
-    }
-}
-
-/// The user's own items, then the shared scope's.
-fn scoped<T: Clone>(own: Vec<&T>, shared: Vec<&T>) -> Vec<Scoped<T>> {
-    let tag = |scope: &'static str| {
-        move |item: &T| Scoped {
-            scope,
-            item: item.clone(),
-        }
-    };
-    own.into_iter()
-        .map(tag("private"))
-        .chain(shared.into_iter().map(tag("shared")))
-        .collect()
 }

@@ -12,9 +12,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::event::ts::Ts;
 use crate::event::{Event, EventType};
 use crate::synth::patterns::{PatternBook, RunLearnings};
-use crate::ts::Ts;
 
 /// The facts log's run id (in each user's partition). Run ids starting with `@` are
 /// reserved for the engine's own logs: clients cannot append to them.

@@ -30,10 +30,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::event::ts::Ts;
 use crate::event::{Event, EventType};
 use crate::synth::dedup::{DedupConfig, Deduper};
 use crate::synth::text;
-use crate::ts::Ts;
 
 /// Seqs kept to resolve refs (16 bytes each: 16 MiB at most).
 pub const SEQ_WINDOW: usize = 1 << 20;

@@ -17,17 +17,22 @@
 pub mod dedup;
 mod driver;
 pub mod facts;
+pub mod judge;
 pub mod metrics;
 pub mod patterns;
 pub mod quality;
 pub mod sanitize;
+pub mod share;
 pub mod snapshot;
 pub mod text;
 pub mod views;
 
+pub use crate::event::SHARED_USER;
 pub use driver::{
-    LlmOptions, RunSynth, Scoped, SynthOptions, SynthProgress, SynthReport, LEARNED_SUBJECT,
-    PASS_EVENTS_MAX_DEFAULT, SHARED_RUN, SHARED_USER,
+    RunSynth, SynthOptions, SynthProgress, SynthReport, LEARNED_SUBJECT, PASS_EVENTS_MAX_DEFAULT,
+    SHARED_RUN,
 };
 pub use facts::FACTS_RUN;
+pub use judge::LlmOptions;
+pub use share::Scoped;
 pub use views::{Explanation, FactView, FactsAnswer, FactsQuery};

@@ -40,9 +40,9 @@ use std::collections::{BTreeMap, VecDeque};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::event::ts::Ts;
 use crate::event::Event;
 use crate::synth::text;
-use crate::ts::Ts;
 
 /// Tools that say nothing about the investigation; dropped from sequences.
 pub const NOISY_TOOLS: [&str; 3] = ["get_current_time", "preload_memory", "load_memory"];

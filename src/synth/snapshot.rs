@@ -15,9 +15,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::checkpoint::{self, bad, CheckpointInfo, Container};
 use crate::error::{Error, IoContext, Result};
-use crate::storage::{OpenMode, Storage};
+use crate::fold::checkpoint::{self, bad, CheckpointInfo, Container};
+use crate::log::storage::{OpenMode, Storage};
 use crate::synth::facts::FactsFold;
 
 /// Snapshots kept per user.
@@ -106,17 +106,17 @@ pub fn load_checked(
 pub fn frame_start_before(
     storage: &dyn Storage,
     run_dir: &Path,
-    end: crate::watermark::Pos,
+    end: crate::log::watermark::Pos,
 ) -> Result<Option<u64>> {
     const STEP: u64 = 64 * 1024;
     if end.off == 0 {
         return Ok(None);
     }
-    let path = crate::segment::segment_path(run_dir, end.seg);
+    let path = crate::log::segment::segment_path(run_dir, end.seg);
     let f = storage.open(&path, OpenMode::Read).ctx("open", &path)?;
     // The frame's own final newline is at end - 1; look before it.
     let mut hi = end.off - 1;
-    let limit = crate::frame::frame_len(crate::frame::PAYLOAD_BYTES_MAX) as u64;
+    let limit = crate::log::frame::frame_len(crate::log::frame::PAYLOAD_BYTES_MAX) as u64;
     while hi > 0 && end.off - hi <= limit {
         let lo = hi.saturating_sub(STEP);
         let mut buf = vec![0u8; (hi - lo) as usize];

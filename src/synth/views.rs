@@ -5,13 +5,13 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::event::ts::Ts;
 use crate::event::{Event, EventType};
-use crate::read::ReadOptions;
+use crate::query::options::ReadOptions;
 use crate::store::Store;
 use crate::synth::dedup::DedupConfig;
 use crate::synth::facts::{parse_id, EvidenceLink, FactsFold, Record, FACTS_RUN};
 use crate::synth::metrics::{self, RunMetrics};
-use crate::ts::Ts;
 
 /// A fact as `swarm facts` prints it.
 #[derive(Clone, Debug, Serialize)]

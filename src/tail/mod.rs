@@ -60,24 +60,26 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::{Error, IoContext, Result};
+use crate::event::ts::Ts;
 use crate::event::{check_run_id, Event, EventType};
-use crate::log::{META_FILE, SYNCED_FILE};
-use crate::read::Visibility;
-use crate::segment::{self, FrameReader, Step};
-use crate::storage::{OpenMode, Storage, StorageFile};
+use crate::log::meta::{META_FILE, SYNCED_FILE};
+use crate::log::segment::{self, FrameReader, Step};
+use crate::log::storage::{OpenMode, Storage, StorageFile};
+use crate::log::watermark::{self, Marks, Pos};
+use crate::query::options::Visibility;
+use crate::query::read::check_frame;
 use crate::store::Store;
-use crate::ts::Ts;
-use crate::watermark::{self, Marks, Pos};
 
-mod wake;
+pub mod cursor;
+mod stream;
+pub(crate) mod wake;
+
+pub use cursor::Cursor;
+pub use stream::TailStream;
 use wake::{Waiter, Wake};
 
 /// Default interval of the polling safety net.
@@ -127,101 +129,6 @@ impl Default for TailOptions {
             notify: true,
             visibility: Visibility::Visible,
         }
-    }
-}
-
-/// A saved tail position: the last event delivered and where its frame starts.
-///
-/// Stored as one JSON line: `{"format":1,"run":"R","seq":S,"segment":B,"offset":O}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Cursor {
-    /// Cursor format version ([`CURSOR_FORMAT`]).
-    pub format: u32,
-    /// The run.
-    pub run: String,
-    /// Seq of the last event delivered.
-    pub seq: u64,
-    /// Base seq of the segment holding its frame.
-    pub segment: u64,
-    /// Byte offset of its frame in that segment.
-    pub offset: u64,
-}
-
-impl Cursor {
-    /// Position of the frame holding the cursor's event.
-    pub fn pos(&self) -> Pos {
-        Pos {
-            seg: self.segment,
-            off: self.offset,
-        }
-    }
-
-    /// Reads a cursor file; `None` when it does not exist.
-    pub fn load(storage: &dyn Storage, path: &Path) -> Result<Option<Cursor>> {
-        let f = match storage.open(path, OpenMode::Read) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e).ctx("open", path),
-        };
-        let len = f.len().ctx("stat", path)?;
-        let field = || format!("cursor file {}", path.display());
-        if len > CURSOR_BYTES_MAX {
-            return Err(Error::invalid(
-                field(),
-                format!("{len} bytes, limit {CURSOR_BYTES_MAX}"),
-            ));
-        }
-        let mut b = vec![0u8; len as usize];
-        f.read_exact_at(&mut b, 0).ctx("read", path)?;
-        let c: Cursor = serde_json::from_slice(&b).map_err(|e| {
-            Error::invalid(
-                field(),
-                format!("not a cursor ({e}); delete it to start from --from-seq"),
-            )
-        })?;
-        if c.format != CURSOR_FORMAT {
-            return Err(Error::invalid(
-                field(),
-                format!("format {} (this build reads {CURSOR_FORMAT})", c.format),
-            ));
-        }
-        Ok(Some(c))
-    }
-
-    /// Writes the cursor atomically: a temporary file beside `path`, renamed over it.
-    /// With `fsync`, the file and then its directory are synced as well.
-    pub fn save(&self, storage: &dyn Storage, path: &Path, fsync: bool) -> Result<()> {
-        let mut name = path
-            .file_name()
-            .ok_or_else(|| Error::invalid("cursor file", "the path has no file name"))?
-            .to_os_string();
-        name.push(".tmp");
-        let tmp = path.with_file_name(name);
-        let mut bytes = serde_json::to_vec(self).map_err(|e| Error::Io {
-            op: "encode",
-            path: tmp.clone(),
-            source: std::io::Error::other(e),
-        })?;
-        bytes.push(b'\n');
-        let f = storage
-            .open(&tmp, OpenMode::ReadWriteCreate)
-            .ctx("create", &tmp)?;
-        f.set_len(0).ctx("truncate", &tmp)?;
-        f.write_all_at(&bytes, 0).ctx("write", &tmp)?;
-        if fsync {
-            f.sync_data().ctx("fsync", &tmp)?;
-        }
-        drop(f);
-        storage.rename(&tmp, path).ctx("rename", &tmp)?;
-        if fsync {
-            let dir = match path.parent() {
-                Some(p) if !p.as_os_str().is_empty() => p,
-                _ => Path::new("."),
-            };
-            storage.sync_dir(dir).ctx("fsync dir", dir)?;
-        }
-        Ok(())
     }
 }
 
@@ -587,16 +494,13 @@ impl Tail {
         let Step::Frame { offset, len } = r.step()? else {
             return Ok(false);
         };
-        let Ok(events) = serde_json::from_slice::<Vec<Event>>(r.payload()) else {
+        let Ok(events) = check_frame(r.payload(), None, Ts(0), &self.run) else {
             return Ok(false);
         };
         let (Some(first), Some(last)) = (events.first(), events.last()) else {
             return Ok(false);
         };
-        if !(first.seq..=last.seq).contains(&c.seq)
-            || events.iter().any(|e| e.run_id != self.run)
-            || check_events(&events).is_err()
-        {
+        if !(first.seq..=last.seq).contains(&c.seq) {
             return Ok(false);
         }
         self.seg = c.segment;
@@ -672,7 +576,7 @@ impl Tail {
                     Step::End { incomplete, .. } => break incomplete,
                     Step::Corrupt { offset, reason } => {
                         if let Some(next) = r.skip_to_next_frame()? {
-                            return Err(corrupt(
+                            return Err(Error::corrupt(
                                 &path,
                                 offset,
                                 self.head_seen + 1,
@@ -695,7 +599,7 @@ impl Tail {
                 continue;
             }
             if tail_incomplete {
-                return Err(corrupt(
+                return Err(Error::corrupt(
                     &path,
                     self.off,
                     self.head_seen + 1,
@@ -704,7 +608,7 @@ impl Tail {
             }
             let next = self.head_seen + 1;
             if !self.storage.exists(&segment::segment_path(&self.dir, next)) {
-                return Err(corrupt(
+                return Err(Error::corrupt(
                     &path,
                     self.off,
                     next,
@@ -717,39 +621,15 @@ impl Tail {
         }
     }
 
-    /// Parses and checks a frame, and queues its events from `next_seq` on.
+    /// Parses and checks a frame (the reader's checks: seqs follow on, ts never goes
+    /// back, the run is this one), and queues its events from `next_seq` on.
     fn take_frame(&mut self, payload: &[u8], path: &Path, offset: u64) -> Result<()> {
         let want = self.head_seen + 1;
-        let events: Vec<Event> = serde_json::from_slice(payload)
-            .map_err(|e| corrupt(path, offset, want, format!("bad event JSON: {e}")))?;
-        check_events(&events).map_err(|reason| corrupt(path, offset, want, reason))?;
-        let (Some(first), Some(last)) = (events.first(), events.last()) else {
-            return Err(corrupt(path, offset, want, "empty frame".into()));
+        let events = check_frame(payload, Some(want), self.last_ts, &self.run)
+            .map_err(|(seq, reason)| Error::corrupt(path, offset, seq.unwrap_or(want), reason))?;
+        let Some(last) = events.last() else {
+            return Err(Error::corrupt(path, offset, want, "empty frame".into()));
         };
-        if first.seq != want {
-            return Err(corrupt(
-                path,
-                offset,
-                want,
-                format!("frame starts at seq {}, expected {want}", first.seq),
-            ));
-        }
-        if first.ts < self.last_ts {
-            return Err(corrupt(
-                path,
-                offset,
-                want,
-                format!("ts {} before the previous {}", first.ts, self.last_ts),
-            ));
-        }
-        if let Some(e) = events.iter().find(|e| e.run_id != self.run) {
-            return Err(corrupt(
-                path,
-                offset,
-                e.seq,
-                format!("belongs to run {:?}", e.run_id),
-            ));
-        }
         self.head_seen = last.seq;
         self.last_ts = last.ts;
         self.pending_frame = Pos {
@@ -760,31 +640,6 @@ impl Tail {
         self.pending
             .extend(events.into_iter().filter(|e| e.seq >= from));
         Ok(())
-    }
-}
-
-/// Checks that a frame's events have consecutive seqs and non-decreasing timestamps.
-fn check_events(events: &[Event]) -> std::result::Result<(), String> {
-    if events.is_empty() {
-        return Err("empty frame".into());
-    }
-    for w in events.windows(2) {
-        if w[1].seq != w[0].seq + 1 {
-            return Err(format!("holds seq {} after {}", w[1].seq, w[0].seq));
-        }
-        if w[1].ts < w[0].ts {
-            return Err(format!("ts {} before the previous {}", w[1].ts, w[0].ts));
-        }
-    }
-    Ok(())
-}
-
-fn corrupt(path: &Path, offset: u64, seq: u64, reason: String) -> Error {
-    Error::Corrupt {
-        path: path.to_path_buf(),
-        offset,
-        seq,
-        reason,
     }
 }
 
@@ -811,65 +666,6 @@ impl Iterator for Tail {
     }
 }
 
-/// An async stream of a tail's events, from [`Tail::into_stream`].
-///
-/// It ends when not following and everything visible at open was delivered, or after
-/// yielding an error.
-pub struct TailStream {
-    rx: tokio::sync::mpsc::Receiver<Result<(Event, Cursor)>>,
-    wake: Arc<Wake>,
-    storage: Arc<dyn Storage>,
-    cursor_file: Option<PathBuf>,
-    cursor_fsync: bool,
-    last: Option<Cursor>,
-    committed: Option<Cursor>,
-}
-
-impl TailStream {
-    /// The cursor of the last event this stream yielded.
-    pub fn cursor(&self) -> Option<&Cursor> {
-        self.last.as_ref()
-    }
-
-    /// Saves the cursor of the last event yielded to the cursor file (see
-    /// [`Tail::commit`]). It does blocking file I/O of about 100 bytes.
-    pub fn commit(&mut self) -> Result<()> {
-        let (Some(path), Some(c)) = (&self.cursor_file, &self.last) else {
-            return Ok(());
-        };
-        if self.committed.as_ref() == Some(c) {
-            return Ok(());
-        }
-        c.save(&*self.storage, path, self.cursor_fsync)?;
-        self.committed = Some(c.clone());
-        Ok(())
-    }
-}
-
-impl futures_core::Stream for TailStream {
-    type Item = Result<Event>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Event>>> {
-        let this = self.get_mut();
-        match this.rx.poll_recv(cx) {
-            Poll::Ready(Some(Ok((e, c)))) => {
-                this.last = Some(c);
-                Poll::Ready(Some(Ok(e)))
-            }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
-
-impl Drop for TailStream {
-    fn drop(&mut self) {
-        // Wakes the tail thread out of its wait so that it notices and exits.
-        self.wake.close();
-    }
-}
-
 impl Store {
     /// Opens a live tail of `run`: see [`Tail::open`].
     pub fn tail(&self, run: &str, opts: TailOptions) -> Result<Tail> {
@@ -880,9 +676,9 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frame;
-    use crate::log::{Durability, LogOptions};
-    use crate::storage::MemStorage;
+    use crate::log::frame;
+    use crate::log::meta::{Durability, LogOptions};
+    use crate::log::storage::MemStorage;
     use crate::NewEvent;
 
     const RUN: &str = "r";

@@ -15,8 +15,8 @@ use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::log::SYNCED_FILE;
-use crate::storage::Storage;
+use crate::log::meta::SYNCED_FILE;
+use crate::log::storage::Storage;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())

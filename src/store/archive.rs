@@ -25,10 +25,10 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint;
 use crate::error::{Error, IoContext, Result};
 use crate::event::EventType;
-use crate::storage::{MemStorage, OpenMode, Storage};
+use crate::fold::checkpoint;
+use crate::log::storage::{MemStorage, OpenMode, Storage};
 use crate::store::Store;
 
 /// Name of the tombstone left in an archived run's directory.
@@ -192,9 +192,13 @@ impl Store {
     fn store_over(&self, run: &str, files: &[(String, Vec<u8>)]) -> Result<Store> {
         let mem = MemStorage::new();
         let root = Path::new("/archived");
-        let s = Store::open_with(Arc::new(mem.clone()), root, crate::LogOptions::default())?
-            .with_checkpoints("/archived-ck", 0)
-            .with_user(self.user(), true)?;
+        let s = Store::open_with(
+            Arc::new(mem.clone()),
+            root,
+            crate::log::meta::LogOptions::default(),
+        )?
+        .with_checkpoints("/archived-ck", 0)
+        .with_user(self.user(), true)?;
         let run_dir = s.run_dir(run)?;
         for (name, data) in files {
             let p = match name.strip_prefix("checkpoints/") {
@@ -325,7 +329,7 @@ impl Store {
         let tomb = serde_json::json!({"archive": path, "head_seq": head});
         write_atomic(st, &dir.join(TOMBSTONE), tomb.to_string().as_bytes())?;
         for (name, p) in &files {
-            if name == crate::log::META_FILE {
+            if name == crate::log::meta::META_FILE {
                 continue;
             }
             if let Err(e) = st.remove_file(p) {

@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::event::ts::Ts;
 use crate::event::{Event, EventType};
-use crate::rules::{RuleEvent, Rules};
-use crate::ts::Ts;
+use crate::fold::rules::{RuleEvent, Rules};
 
 /// Counts of entries per type.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

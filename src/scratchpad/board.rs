@@ -1,18 +1,18 @@
 //! The scratchpad operations over a run: policy, channels, the board, the orchestrator's
 //! pick, escalations and their resolution. Each write is an event checked by the
-//! [`crate::rules`] under the append lock; each read is a view of the fold.
+//! [`crate::fold::rules`] under the append lock; each read is a view of the fold.
 
 use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
 use crate::event::{Checked, Event, EventType, ENGINE_AGENT};
-use crate::log::Durability;
-use crate::rules::{
+use crate::fold::rules::{
     ChannelDecl, ChannelState, ChannelWrite, EscalationRecord, EscalationState, Policy,
     ResolutionRecord,
 };
-use crate::state::State;
+use crate::fold::state::State;
+use crate::log::meta::Durability;
 use crate::store::Store;
 
 /// One subject on the board: its authoritative value and how it got there.
@@ -109,7 +109,7 @@ impl Store {
     }
 
     /// Writes to a channel. `base_version` is the channel version the writer read
-    /// (required by `reject` channels; a stale one is a conflict, see [`crate::rules`]).
+    /// (required by `reject` channels; a stale one is a conflict, see [`crate::fold::rules`]).
     pub fn write_channel(
         &self,
         run: &str,

@@ -1,11 +1,13 @@
 //! The event schema: what an agent sends ([`NewEvent`]), what the log stores ([`Event`]),
 //! and the limits every field is checked against before anything is written.
 
+pub mod ts;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
-use crate::ts::Ts;
+use crate::event::ts::Ts;
 
 /// Longest id (`id`, `agent_id`, `user_id`, `session_id`, `run_id`), in bytes.
 pub const ID_BYTES_MAX: usize = 128;
@@ -233,6 +235,10 @@ impl NewEvent {
         }
     }
 }
+
+/// The user id of the global scope that sanitized patterns and mistakes are copied to
+/// (seed 002). Clients cannot act as it.
+pub const SHARED_USER: &str = "system_shared_patterns";
 
 /// The agent id of events the engine writes itself (escalations, conflicts).
 pub const ENGINE_AGENT: &str = "swarm-engine";

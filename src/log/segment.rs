@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{IoContext, Result};
-use crate::frame::{self, Decoded};
-use crate::storage::{OpenMode, Storage, StorageFile};
+use crate::log::frame::{self, Decoded};
+use crate::log::storage::{OpenMode, Storage, StorageFile};
 
 /// File name of the segment whose first event has seq `base`.
 pub fn segment_name(base: u64) -> String {
@@ -252,7 +252,7 @@ impl FrameReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::MemStorage;
+    use crate::log::storage::MemStorage;
 
     #[test]
     fn names_sort_and_parse() {

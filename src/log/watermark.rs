@@ -13,7 +13,7 @@
 use std::path::Path;
 
 use crate::error::{IoContext, Result};
-use crate::storage::StorageFile;
+use crate::log::storage::{OpenMode, Storage, StorageFile};
 
 /// A position in a run's log: a segment and a byte offset in it. Ordered as the log is.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -94,6 +94,26 @@ pub fn read(file: &dyn StorageFile, path: &Path) -> Result<Marks> {
 pub fn write(file: &dyn StorageFile, path: &Path, m: Marks) -> Result<()> {
     debug_assert!(m.visible >= m.durable);
     file.write_all_at(&encode(m), 0).ctx("write", path)
+}
+
+/// Reads a run's marks from its `SYNCED` file (no file: nothing is visible yet).
+pub(crate) fn read_marks(storage: &dyn Storage, dir: &Path) -> Result<Marks> {
+    let path = dir.join(crate::log::meta::SYNCED_FILE);
+    match storage.open(&path, OpenMode::Read) {
+        Ok(f) => read(&*f, &path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Marks::default()),
+        Err(e) => Err(e).ctx("open", &path),
+    }
+}
+
+impl serde::Serialize for Pos {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("Pos", 2)?;
+        st.serialize_field("segment", &self.seg)?;
+        st.serialize_field("offset", &self.off)?;
+        st.end()
+    }
 }
 
 #[cfg(test)]

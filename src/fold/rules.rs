@@ -354,6 +354,22 @@ impl Rules {
         self.policy.as_ref().and_then(|p| p.perms(agent))
     }
 
+    /// Whether `agent` may see the stored event `e`: client types by the policy's
+    /// `read_types`, channel events by the channel's readers; engine events otherwise.
+    pub fn may_read_event(&self, agent: &str, e: &crate::event::Event) -> bool {
+        if !self.may_read_type(agent, e.kind) && e.kind.is_client() {
+            return false;
+        }
+        match e.kind {
+            EventType::ChannelDeclare | EventType::ChannelWrite | EventType::Conflict => e
+                .content
+                .get("channel")
+                .and_then(|c| c.as_str())
+                .is_some_and(|c| self.may_read_channel(agent, c)),
+            _ => true,
+        }
+    }
+
     /// Whether `agent` is shown entries of this type.
     pub fn may_read_type(&self, agent: &str, kind: EventType) -> bool {
         match self.perms(agent) {

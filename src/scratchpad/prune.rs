@@ -6,128 +6,31 @@ use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
 use crate::error::{Error, Result};
 use crate::event::{Event, EventType};
-use crate::read::ReadOptions;
-use crate::rules::SummaryRecord;
+use crate::fold::rules::SummaryRecord;
+use crate::fold::summary::{summarize, Summarizer, SUMMARY_BYTES_MAX};
+use crate::query::options::ReadOptions;
 use crate::store::Store;
 
-/// Largest summary text accepted, in bytes.
-pub const SUMMARY_BYTES_MAX: usize = 16 * 1024;
-
-/// Who writes the summary.
+/// An external command (run with `sh -c`): the events as a JSON array on stdin, the
+/// summary text on stdout (e.g. an LLM command line).
 #[derive(Clone, Debug)]
-pub enum Summarizer {
-    /// Built in, deterministic, extractive: per subject, the highest-confidence and the
-    /// latest entries, first sentence of each.
-    Builtin,
-    /// An external command (run with `sh -c`): the events as a JSON array on stdin, the
-    /// summary text on stdout (e.g. an LLM command line).
-    Command {
-        /// The command line.
-        cmd: String,
-        /// Longest it may run.
-        timeout: Duration,
-    },
+pub struct CommandSummarizer {
+    /// The command line.
+    pub cmd: String,
+    /// Longest it may run.
+    pub timeout: Duration,
 }
 
-impl Summarizer {
+impl Summarizer for CommandSummarizer {
     fn name(&self) -> String {
-        match self {
-            Summarizer::Builtin => "builtin-extractive".into(),
-            Summarizer::Command { cmd, .. } => {
-                format!("cmd:{}", cmd.chars().take(64).collect::<String>())
-            }
-        }
+        format!("cmd:{}", self.cmd.chars().take(64).collect::<String>())
     }
 
-    fn summarize(&self, events: &[Event]) -> Result<String> {
-        let text = match self {
-            Summarizer::Builtin => builtin(events),
-            Summarizer::Command { cmd, timeout } => run_command(cmd, *timeout, events)?,
-        };
-        let text = text.trim().to_string();
-        if text.is_empty() {
-            return Err(Error::invalid(
-                "summarizer",
-                "produced an empty summary; the run is unchanged",
-            ));
-        }
-        if text.len() > SUMMARY_BYTES_MAX {
-            return Err(Error::invalid(
-                "summarizer",
-                format!(
-                    "produced {} bytes, limit {SUMMARY_BYTES_MAX}; the run is unchanged",
-                    text.len()
-                ),
-            ));
-        }
-        Ok(text)
+    fn write(&self, events: &[Event]) -> Result<String> {
+        run_command(&self.cmd, self.timeout, events)
     }
-}
-
-fn first_sentence(v: &Value) -> String {
-    let s = v.as_str().map_or_else(|| v.to_string(), str::to_string);
-    let end = s.find(". ").map_or(s.len(), |i| i + 1);
-    let t: String = s[..end].chars().take(160).collect();
-    t.replace('\n', " ")
-}
-
-fn builtin(events: &[Event]) -> String {
-    use std::collections::BTreeMap;
-    let mut by_subject: BTreeMap<&str, Vec<&Event>> = BTreeMap::new();
-    for e in events {
-        by_subject
-            .entry(e.subject.as_deref().unwrap_or("(no subject)"))
-            .or_default()
-            .push(e);
-    }
-    let mut agents: Vec<&str> = events.iter().map(|e| e.agent_id.as_str()).collect();
-    agents.sort_unstable();
-    agents.dedup();
-    let (first, last) = (
-        events.first().map_or(0, |e| e.seq),
-        events.last().map_or(0, |e| e.seq),
-    );
-    let mut out = format!(
-        "Summary of {} entries, seqs {first}..{last}, by {}.\n",
-        events.len(),
-        agents.join(", ")
-    );
-    for (subject, evs) in by_subject {
-        let mut best: Vec<&&Event> = evs.iter().collect();
-        best.sort_by(|a, b| {
-            b.confidence
-                .unwrap_or(0.0)
-                .total_cmp(&a.confidence.unwrap_or(0.0))
-                .then(b.seq.cmp(&a.seq))
-        });
-        let mut picked: Vec<&Event> = best.into_iter().take(2).copied().collect();
-        if let Some(latest) = evs.last() {
-            if !picked.iter().any(|p| p.seq == latest.seq) {
-                picked.push(latest);
-            }
-        }
-        picked.sort_by_key(|e| e.seq);
-        out.push_str(&format!("- {subject} ({} entries):", evs.len()));
-        for e in picked {
-            out.push_str(&format!(
-                " [#{} {} {}] {}",
-                e.seq,
-                e.agent_id,
-                e.kind.as_str(),
-                first_sentence(&e.content)
-            ));
-        }
-        out.push('\n');
-        if out.len() > SUMMARY_BYTES_MAX - 512 {
-            out.push_str("- (more subjects omitted)\n");
-            break;
-        }
-    }
-    out
 }
 
 fn run_command(cmd: &str, timeout: Duration, events: &[Event]) -> Result<String> {
@@ -203,11 +106,11 @@ impl Store {
         &self,
         run: &str,
         agent: &str,
-        summarizer: &Summarizer,
+        summarizer: &dyn Summarizer,
         force: bool,
     ) -> Result<Option<Event>> {
         let state = self
-            .state_at(run, crate::replay::Target::Head, |_| {})?
+            .state_at(run, crate::fold::replay::Target::Head, |_| {})?
             .state;
         if !force && !state.rules.wants_prune() {
             return Ok(None);
@@ -232,7 +135,7 @@ impl Store {
         }
         let half: Vec<Event> = working[..working.len().div_ceil(2)].to_vec();
         let to = half.last().map_or(from, |e| e.seq);
-        let text = summarizer.summarize(&half)?;
+        let text = summarize(summarizer, &half)?;
         let rec = SummaryRecord {
             from_seq: from,
             to_seq: to,

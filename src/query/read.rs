@@ -1,70 +1,27 @@
 //! The reader side of a run's log: ordered, checked, filtered iteration, and `verify`.
 //!
 //! Readers take no lock. They read up to the visibility watermark (see
-//! [`crate::watermark`]), check every frame's CRC and every event's seq (gap-free) and ts
+//! [`crate::log::watermark`]), check every frame's CRC and every event's seq (gap-free) and ts
 //! (non-decreasing), and tell a torn tail (damage in the last segment with nothing valid
 //! after it: a write in progress or a writer that died, repaired by the next writer) from
 //! corruption (anything else), which is an error naming the file, offset and seq unless
 //! the caller asked to skip it, and then every skip is recorded.
 
 use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde::Serialize;
 
 use crate::error::{Error, IoContext, Result};
-use crate::event::{Event, EventType};
-use crate::frame::{self, Decoded};
-use crate::index::{Access, IndexCell, IndexSnapshot, Plan, ReadRun};
-use crate::log::SYNCED_FILE;
-use crate::segment::{self, FrameReader, Step};
-use crate::storage::{OpenMode, Storage};
-use crate::ts::Ts;
-use crate::watermark::{self, Marks, Pos};
-
-/// Which records a reader may see.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Visibility {
-    /// Records before the visibility watermark: in `sync` mode, only durable ones.
-    #[default]
-    Visible,
-    /// Every whole record in the files, durable or not (for `verify` and recovery).
-    Written,
-}
-
-/// What to read.
-#[derive(Clone, Debug, Default)]
-pub struct ReadOptions {
-    /// First seq to return.
-    pub from_seq: Option<u64>,
-    /// Last seq to return.
-    pub to_seq: Option<u64>,
-    /// Only this agent's events.
-    pub agent: Option<String>,
-    /// Only events of this type.
-    pub kind: Option<EventType>,
-    /// Only events about this subject.
-    pub subject: Option<String>,
-    /// Only events of this user.
-    pub user: Option<String>,
-    /// Only events at or after this time.
-    pub since: Option<Ts>,
-    /// Only events at or before this time.
-    pub until: Option<Ts>,
-    /// At most this many events (applied after `last`).
-    pub limit: Option<usize>,
-    /// Only the last this many matching events (still returned in seq order).
-    pub last: Option<usize>,
-    /// Never use the index: scan every frame (for comparisons and benchmarks).
-    pub full_scan: bool,
-    /// Skip corrupt records (each skip is recorded) instead of stopping with an error.
-    pub skip_corrupt: bool,
-    /// Durable-only (default) or everything written.
-    pub visibility: Visibility,
-    /// Read as this agent: only what the run's policy lets it see is returned.
-    pub reader: Option<String>,
-}
+use crate::event::ts::Ts;
+use crate::event::Event;
+use crate::log::frame::{self, Decoded};
+use crate::log::segment::{self, FrameReader, Step};
+use crate::log::storage::{file_len, Storage};
+use crate::log::watermark::{read_marks, Pos};
+use crate::query::index::{Access, IndexCell, IndexSnapshot, Plan, ReadRun};
+use crate::query::options::{ReadOptions, Visibility};
 
 /// A range of damaged bytes a reader skipped.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -92,6 +49,9 @@ pub struct TornTail {
     pub bytes: u64,
 }
 
+/// Which events a reader may see (see [`EventIter::with_permission`]).
+pub(crate) type Permission = dyn Fn(&Event) -> bool + Send + Sync;
+
 /// Iterates a run's events in seq order. Built by [`crate::Store::read`].
 pub struct EventIter {
     storage: Arc<dyn Storage>,
@@ -114,8 +74,9 @@ pub struct EventIter {
     bytes: u64,
     pos: Pos,
     frame_start: u64,
-    /// The reader's rules, when reading as an agent.
-    perm: Option<Box<crate::rules::Rules>>,
+    /// The reader's permission, when reading as an agent (the run's read rules, given by
+    /// the store: this layer sits below the fold and knows no rules).
+    perm: Option<Box<Permission>>,
     /// Where to start instead of a segment's first byte: a frame boundary and the seq of
     /// the frame there (from a checkpoint or the index).
     start: Option<(Pos, u64)>,
@@ -133,7 +94,7 @@ pub struct EventIter {
 }
 
 /// Parses a frame's events and checks seq continuity, ts order and run id.
-fn check_frame(
+pub(crate) fn check_frame(
     payload: &[u8],
     expect: Option<u64>,
     last_ts: Ts,
@@ -403,6 +364,11 @@ impl EventIter {
         self.torn_tail.as_ref()
     }
 
+    /// How many segment files the read covers.
+    pub fn segments(&self) -> usize {
+        self.bases.len()
+    }
+
     /// Whole frames read so far.
     pub fn frames(&self) -> u64 {
         self.frames
@@ -442,7 +408,7 @@ impl EventIter {
             Some(want) if want != base => {
                 let reason = format!("segment starts at seq {base}, expected {want}");
                 if !self.opts.skip_corrupt {
-                    return Err(corrupt(&path, 0, want, reason));
+                    return Err(Error::corrupt(&path, 0, want, reason));
                 }
                 self.skip(path, 0, 0, want, reason);
             }
@@ -498,7 +464,7 @@ impl EventIter {
                         Err((seq, reason)) => {
                             let seq = seq.or(self.expect_seq).unwrap_or(0);
                             if !self.opts.skip_corrupt {
-                                return Err(corrupt(&path, offset, seq, reason));
+                                return Err(Error::corrupt(&path, offset, seq, reason));
                             }
                             self.skip(path, offset, offset + len, seq, reason);
                         }
@@ -518,7 +484,7 @@ impl EventIter {
                     self.seek_from = None;
                     if incomplete && last_segment {
                         let path = r.path().to_path_buf();
-                        let len = self.file_len(&path)?;
+                        let len = file_len(&*self.storage, &path)?;
                         self.torn_tail = Some(TornTail {
                             segment: path,
                             offset,
@@ -540,7 +506,7 @@ impl EventIter {
                     match next {
                         None if last_segment => {
                             // Nothing valid follows: a torn tail, not corruption.
-                            let len = self.file_len(&path)?;
+                            let len = file_len(&*self.storage, &path)?;
                             self.torn_tail = Some(TornTail {
                                 segment: path,
                                 offset,
@@ -554,12 +520,17 @@ impl EventIter {
                                 Some(n) => format!("valid records follow at byte {n}"),
                                 None => "later segments follow".to_string(),
                             };
-                            return Err(corrupt(&path, offset, seq, format!("{reason}; {tail}")));
+                            return Err(Error::corrupt(
+                                &path,
+                                offset,
+                                seq,
+                                format!("{reason}; {tail}"),
+                            ));
                         }
                         _ => {
                             let resumed_at = match next {
                                 Some(n) => n,
-                                None => self.file_len(&path)?,
+                                None => file_len(&*self.storage, &path)?,
                             };
                             self.skip(path, offset, resumed_at, seq, reason.to_string());
                             if next.is_none() {
@@ -602,32 +573,14 @@ impl EventIter {
         self.pending.is_empty()
     }
 
-    fn file_len(&self, path: &Path) -> Result<u64> {
-        let f = self.storage.open(path, OpenMode::Read).ctx("open", path)?;
-        f.len().ctx("stat", path)
-    }
-
-    /// Applies the run's permissions for `opts.reader` (the rules of the run's head).
-    pub(crate) fn with_rules(mut self, rules: crate::rules::Rules) -> EventIter {
-        self.perm = Some(Box::new(rules));
+    /// Keeps only the events `perm` lets the reader see.
+    pub(crate) fn with_permission(mut self, perm: Box<Permission>) -> EventIter {
+        self.perm = Some(perm);
         self
     }
 
     fn permitted(&self, e: &Event) -> bool {
-        let (Some(rules), Some(agent)) = (&self.perm, &self.opts.reader) else {
-            return true;
-        };
-        if !rules.may_read_type(agent, e.kind) && e.kind.is_client() {
-            return false;
-        }
-        match e.kind {
-            EventType::ChannelDeclare | EventType::ChannelWrite | EventType::Conflict => e
-                .content
-                .get("channel")
-                .and_then(|c| c.as_str())
-                .is_some_and(|c| rules.may_read_channel(agent, c)),
-            _ => true,
-        }
+        self.perm.as_ref().is_none_or(|p| p(e))
     }
 
     fn matches(&self, e: &Event) -> bool {
@@ -723,153 +676,4 @@ impl EventIter {
             }
         }
     }
-}
-
-pub(crate) fn read_marks(storage: &dyn Storage, dir: &Path) -> Result<Marks> {
-    let path = dir.join(SYNCED_FILE);
-    match storage.open(&path, OpenMode::Read) {
-        Ok(f) => watermark::read(&*f, &path),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Marks::default()),
-        Err(e) => Err(e).ctx("open", &path),
-    }
-}
-
-fn corrupt(path: &Path, offset: u64, seq: u64, reason: String) -> Error {
-    Error::Corrupt {
-        path: path.to_path_buf(),
-        offset,
-        seq,
-        reason,
-    }
-}
-
-/// What `verify` found in one run.
-#[derive(Clone, Debug, Serialize)]
-pub struct VerifyReport {
-    /// The run.
-    pub run: String,
-    /// True when no corruption was found (a torn tail is not corruption).
-    pub ok: bool,
-    /// Segment files.
-    pub segments: usize,
-    /// Whole frames (atomic commits).
-    pub frames: u64,
-    /// Events in them.
-    pub records: u64,
-    /// Bytes of whole frames.
-    pub bytes: u64,
-    /// Last seq found.
-    pub head_seq: u64,
-    /// Events written but not yet visible to readers (not yet durable in sync mode).
-    pub unsynced_records: u64,
-    /// Durable and visible positions.
-    pub durable: Pos,
-    /// Visible position.
-    pub visible: Pos,
-    /// Bytes after the last whole record, to be cut by the next writer.
-    pub torn_tail: Option<TornTail>,
-    /// Tails cut earlier, kept in `.broken` files.
-    pub repaired_tails: Vec<RepairedTail>,
-    /// Damaged records (never dropped silently).
-    pub corrupt: Vec<Skipped>,
-}
-
-/// A torn tail a writer cut off earlier.
-#[derive(Clone, Debug, Serialize)]
-pub struct RepairedTail {
-    /// The `.broken` file holding the removed bytes.
-    pub file: PathBuf,
-    /// How many bytes.
-    pub bytes: u64,
-}
-
-impl serde::Serialize for Pos {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        use serde::ser::SerializeStruct;
-        let mut st = s.serialize_struct("Pos", 2)?;
-        st.serialize_field("segment", &self.seg)?;
-        st.serialize_field("offset", &self.off)?;
-        st.end()
-    }
-}
-
-pub(crate) fn verify(
-    storage: Arc<dyn Storage>,
-    dir: PathBuf,
-    run_id: &str,
-    mut progress: impl FnMut(u64),
-) -> Result<VerifyReport> {
-    let marks = read_marks(&*storage, &dir)?;
-    let opts = ReadOptions {
-        skip_corrupt: true,
-        visibility: Visibility::Written,
-        ..ReadOptions::default()
-    };
-    let mut it = EventIter::new(storage.clone(), dir.clone(), run_id, opts)?;
-    let mut records = 0u64;
-    let mut head_seq = 0u64;
-    let mut corrupt_err: Vec<Skipped> = Vec::new();
-    let mut unsynced = 0u64;
-    let mut visible_seq = 0u64;
-    while let Some(r) = it.next() {
-        match r {
-            Ok(e) => {
-                records += 1;
-                head_seq = e.seq;
-                if it.position() <= marks.visible {
-                    visible_seq = e.seq;
-                }
-                if records.is_multiple_of(65_536) {
-                    progress(records);
-                }
-            }
-            Err(Error::Corrupt {
-                path,
-                offset,
-                seq,
-                reason,
-            }) => {
-                corrupt_err.push(Skipped {
-                    segment: path,
-                    offset,
-                    resumed_at: offset,
-                    seq,
-                    reason,
-                });
-                break;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    if head_seq > visible_seq {
-        unsynced = head_seq - visible_seq;
-    }
-    let mut corrupt = it.skipped().to_vec();
-    corrupt.extend(corrupt_err);
-    let mut repaired = Vec::new();
-    let mut names = storage.list(&dir).ctx("list", &dir)?;
-    names.sort();
-    for n in names.iter().filter(|n| n.ends_with(".broken")) {
-        let p = dir.join(n);
-        let f = storage.open(&p, OpenMode::Read).ctx("open", &p)?;
-        repaired.push(RepairedTail {
-            bytes: f.len().ctx("stat", &p)?,
-            file: p,
-        });
-    }
-    Ok(VerifyReport {
-        run: run_id.to_string(),
-        ok: corrupt.is_empty(),
-        segments: it.bases.len(),
-        frames: it.frames(),
-        records,
-        bytes: it.bytes(),
-        head_seq,
-        unsynced_records: unsynced,
-        durable: marks.durable,
-        visible: marks.visible,
-        torn_tail: it.torn_tail().cloned(),
-        repaired_tails: repaired,
-        corrupt,
-    })
 }

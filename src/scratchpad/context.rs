@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::error::Result;
 use crate::event::Event;
-use crate::read::ReadOptions;
+use crate::query::options::ReadOptions;
 use crate::store::Store;
 
 /// Longest rendering of one item's content, in characters.

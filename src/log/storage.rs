@@ -436,6 +436,13 @@ impl Storage for MemStorage {
     }
 }
 
+/// The length of the file at `path` (opened for reading), with the path in any error.
+pub(crate) fn file_len(storage: &dyn Storage, path: &Path) -> crate::error::Result<u64> {
+    use crate::error::IoContext;
+    let f = storage.open(path, OpenMode::Read).ctx("open", path)?;
+    f.len().ctx("stat", path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

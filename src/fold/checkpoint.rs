@@ -26,12 +26,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{Error, IoContext, Result};
-use crate::frame::{self, Decoded};
-use crate::segment;
-use crate::state::State;
-use crate::storage::{OpenMode, Storage};
-use crate::ts::Ts;
-use crate::watermark::Pos;
+use crate::event::ts::Ts;
+use crate::fold::state::State;
+use crate::log::frame::{self, Decoded};
+use crate::log::segment;
+use crate::log::storage::{OpenMode, Storage};
+use crate::log::watermark::Pos;
 
 /// Checkpoint format version.
 pub const CHECKPOINT_VERSION: u32 = 1;
@@ -361,7 +361,7 @@ pub fn write(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::MemStorage;
+    use crate::log::storage::MemStorage;
 
     #[test]
     fn roundtrip_and_every_damage_detected() {

@@ -1,0 +1,363 @@
+//! The multi-process writer of a run's log: one [`RunLog`] per run and process.
+//!
+//! - `writer`: the append path: validation under the lock, rules check, seq and ts
+//!   assignment, one `pwrite` per group, rotation.
+//! - `group`: durability: the `fdatasync`s that make appends durable, shared by every
+//!   thread (and, opportunistically, process) waiting on them; the `SYNCED` marks.
+//! - `recovery`: catching up with other processes' frames, loading the rules from a
+//!   checkpoint, and repairing a torn tail (bytes after the last whole frame).
+//!
+//! # Protocol
+//! Appends from every process go through the run's `LOCK` file (`flock`, exclusive).
+//! Under it a writer catches up with what other processes appended since its last look
+//! (only the frames' CRCs are checked; the last frame is parsed for seq and ts), repairs a
+//! torn tail left by a writer that died mid-`write`, assigns seqs and timestamps, and
+//! writes every frame of its group in one `pwrite` at the end of the last segment.
+//!
+//! Durability is then reached *outside* the append lock, so that other writers can append
+//! while one waits for the disk. A waiting append first looks at the durable position in
+//! `SYNCED` (without a lock, as readers do); if it is not covered yet, it `fdatasync`s the
+//! segment and then, under the `SYNCED` file's lock, advances the durable position to the
+//! end of the last frame its process wrote. One fsync thus covers every frame its process
+//! wrote before it began; across processes the sharing is opportunistic: a process whose
+//! frame a published position already covers skips its fsync, and the kernel merges the
+//! concurrent fsyncs of one file. fsyncs are not serialized: a writer whose frame is not
+//! covered by an fsync already in flight starts its own at once instead of queueing behind
+//! it (a single leader at a time, with the others waiting on it, was measured slower on
+//! the 2-core VM this was tuned on; see `benches/README.md`). Inside a process, threads
+//! first combine their appends into one write (a leader writes for all waiting threads)
+//! and then wait for one fsync that covers them all.
+//!
+//! The published position is always the end of a whole frame this process wrote (all
+//! bytes before it were written before the fsync began: catch-up repaired any torn tail
+//! first), never the file's length, which may include a torn frame of a writer that died
+//! mid-`write`; so a tail repair never has to take back a durable position.
+//!
+//! Lock order, always: writer mutex, then `LOCK`, then the `sync_io` mutex, then `SYNCED`.
+//! The `sync` state mutex is innermost and never held across I/O.
+
+//!
+//! Invariant: every acknowledged `sync` append was covered by an `fdatasync` before it
+//! was acknowledged; after a failed fsync this run's writer refuses every append.
+//! Invariant: seqs are handed out under the `LOCK` file only, gap-free, and `ts` never
+//! decreases in seq order.
+//! Invariant: only bytes after the last whole frame are ever cut (kept in `.broken`).
+//! Never imports: `store`, `query`, `scratchpad`, `tail`, `synth` (this layer sits below
+//! the store and above `fold`, whose rules it checks every append against).
+
+mod group;
+mod recovery;
+mod writer;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::event::ts::Ts;
+use crate::event::{Checked, Event, EventType};
+use crate::fold::rules::{RuleEvent, Rules};
+use crate::log::meta::{Durability, RunMeta};
+use crate::log::storage::{Storage, StorageFile};
+use crate::log::watermark::Pos;
+
+/// One append request: an atomic batch.
+pub(crate) struct Request {
+    pub batch: Vec<Checked>,
+    pub expect_seq: Option<u64>,
+    pub durability: Durability,
+}
+
+struct Outcome {
+    events: Vec<Event>,
+    end: Pos,
+    /// The segment holding `end`, when it may still need an fsync.
+    seg: Option<Arc<dyn StorageFile>>,
+    /// Every event was already stored (an idempotent retry): nothing was written.
+    replayed: bool,
+}
+
+/// Where a prepared request's frame ends.
+enum PlanEnd {
+    /// New frame: its end as an offset in the group's write buffer.
+    InBuf(u64),
+    /// Idempotent retry: the end of the stored frame.
+    Stored(Pos),
+}
+
+struct Slot {
+    req: Mutex<Option<Request>>,
+    result: Mutex<Option<Result<Outcome>>>,
+    /// The appending thread, woken (unparked) when its result is set or when it is to
+    /// lead the next group: waking only the threads concerned, rather than every waiting
+    /// one, matters with dozens of threads on two cores.
+    thread: std::thread::Thread,
+}
+
+#[derive(Default)]
+struct Combine {
+    pending: Vec<Arc<Slot>>,
+    leader: bool,
+}
+
+struct Writer {
+    lock_file: Box<dyn StorageFile>,
+    /// The rule part of the fold, current with the log up to `end`.
+    rules: Rules,
+    /// The group being written holds an engine event recorded by a refused request.
+    recorded: bool,
+    /// Nothing below is valid until `loaded`.
+    loaded: bool,
+    seg_base: u64,
+    seg: Arc<dyn StorageFile>,
+    /// End of the last whole frame of `seg` known to this process.
+    end: u64,
+    head_seq: u64,
+    head_ts: Ts,
+    /// Client-given ids, with the seq and frame position of their event.
+    ids: HashMap<String, (u64, Pos)>,
+    /// `ids` covers every frame before this position.
+    ids_upto: Pos,
+    buf: Vec<u8>,
+}
+
+/// An fsync of a segment in flight in this process.
+struct InFlight {
+    id: u64,
+    /// The position it makes durable when it succeeds (`None`: rotation or repair).
+    covers: Option<Pos>,
+    /// Its `sync_data` returned successfully.
+    done: bool,
+}
+
+struct SyncLocal {
+    /// Largest durable position this process has seen.
+    durable: Pos,
+    /// End of the last frame this process wrote, and its segment.
+    written: Option<(Pos, Arc<dyn StorageFile>)>,
+    /// fsyncs in flight in this process.
+    inflight: Vec<InFlight>,
+    next_id: u64,
+    /// Threads parked until a frame ending at the position is durable, waiting for an
+    /// fsync in flight that covers it.
+    waiters: Vec<(Pos, std::thread::Thread)>,
+}
+
+/// The writer handle of one run, shared by the threads of a process.
+pub(crate) struct RunLog {
+    run_id: String,
+    dir: PathBuf,
+    /// Where checkpoints are, to start the rules from one.
+    ck_dir: Option<PathBuf>,
+    storage: Arc<dyn Storage>,
+    meta: RunMeta,
+    batch_interval_ms: u64,
+    combine: Mutex<Combine>,
+    writer: Mutex<Writer>,
+    sync: Mutex<SyncLocal>,
+    /// Signalled whenever an fsync of this process ends (for `end_fsync`'s wait on
+    /// overlapping fsyncs; appends waiting for durability are parked in `waiters`).
+    sync_cv: Condvar,
+    /// Held while this process uses the `SYNCED` file's lock: `flock` does not exclude
+    /// threads sharing one file description.
+    sync_io: Mutex<()>,
+    synced: Box<dyn StorageFile>,
+    synced_path: PathBuf,
+    poisoned: AtomicBool,
+    /// A background prune of this process is running.
+    prune_running: AtomicBool,
+    /// Position of the last `batch`-mode write not yet covered by a flush (seg, off).
+    batch_dirty: Mutex<Option<(Pos, Arc<dyn StorageFile>)>>,
+    flusher_started: AtomicBool,
+    id_nonce: u64,
+    id_counter: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn io_copy(e: &Error) -> Error {
+    match e {
+        Error::Io { op, path, source } => Error::Io {
+            op,
+            path: path.clone(),
+            source: std::io::Error::new(source.kind(), source.to_string()),
+        },
+        Error::Poisoned(r) => Error::Poisoned(r.clone()),
+        Error::Corrupt {
+            path,
+            offset,
+            seq,
+            reason,
+        } => Error::Corrupt {
+            path: path.clone(),
+            offset: *offset,
+            seq: *seq,
+            reason: reason.clone(),
+        },
+        other => Error::Io {
+            op: "append",
+            path: PathBuf::new(),
+            source: std::io::Error::other(other.to_string()),
+        },
+    }
+}
+
+impl Drop for RunLog {
+    fn drop(&mut self) {
+        self.flush_batch();
+    }
+}
+
+/// The fields of a stored event the writer folds into its rules; content stays raw
+/// unless the rules read it.
+#[derive(Deserialize)]
+struct LiteEvent<'a> {
+    seq: u64,
+    ts: Ts,
+    #[serde(borrow)]
+    agent_id: std::borrow::Cow<'a, str>,
+    #[serde(rename = "type")]
+    kind: EventType,
+    #[serde(borrow, default)]
+    subject: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    refs: Vec<u64>,
+    #[serde(borrow)]
+    content: &'a serde_json::value::RawValue,
+}
+
+fn rule_event(e: &Event) -> RuleEvent<'_> {
+    RuleEvent {
+        seq: e.seq,
+        agent: &e.agent_id,
+        kind: e.kind,
+        subject: e.subject.as_deref(),
+        refs: &e.refs,
+        content: &e.content,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use crate::event::{EventType, NewEvent};
+    use crate::log::storage::MemStorage;
+    use crate::query::options::{ReadOptions, Visibility};
+    use crate::store::Store;
+
+    use crate::log::meta::{Durability, LogOptions};
+
+    fn store(mem: &MemStorage, segment_bytes: u64) -> Store {
+        Store::open_with(
+            Arc::new(mem.clone()),
+            Path::new("/data"),
+            LogOptions {
+                segment_bytes,
+                ..LogOptions::default()
+            },
+        )
+        .unwrap()
+    }
+
+    fn seqs(s: &Store, run: &str, visibility: Visibility) -> Vec<u64> {
+        let opts = ReadOptions {
+            visibility,
+            ..ReadOptions::default()
+        };
+        s.read(run, opts).unwrap().map(|e| e.unwrap().seq).collect()
+    }
+
+    /// Many threads append in `sync` mode (their fsyncs overlap, across segment
+    /// rotations); after a power loss that keeps nothing unsynced, every acknowledged
+    /// event is there and readers see exactly the gap-free prefix.
+    #[test]
+    fn acknowledged_sync_appends_survive_a_power_loss() {
+        let mem = MemStorage::new();
+        let s = Arc::new(store(&mem, 4096));
+        let acked: Vec<u64> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..8)
+                .map(|t| {
+                    let s = s.clone();
+                    sc.spawn(move || {
+                        (0..40)
+                            .map(|i| {
+                                let ev = NewEvent::new(
+                                    &format!("a{t}"),
+                                    EventType::Evidence,
+                                    format!("finding {i}"),
+                                );
+                                s.append("r", ev, Durability::Sync).unwrap().seq
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        });
+        // Every acknowledged event is visible at once (visible == durable in sync mode).
+        assert_eq!(
+            seqs(&s, "r", Visibility::Visible),
+            (1..=320).collect::<Vec<_>>()
+        );
+        drop(s);
+        mem.crash(|_, _| 0);
+        let s = store(&mem, 4096);
+        // `SYNCED` itself is never fsynced, so what survives is read as written.
+        let after: HashSet<u64> = seqs(&s, "r", Visibility::Written).into_iter().collect();
+        for q in &acked {
+            assert!(after.contains(q), "acknowledged seq {q} lost");
+        }
+        let ev = NewEvent::new("a0", EventType::Decision, "go on");
+        assert_eq!(s.append("r", ev, Durability::Sync).unwrap().seq, 321);
+    }
+
+    /// An fsync fails while other threads' fsyncs may be in flight: no append is
+    /// acknowledged unless it survives a power loss, and the writer stays poisoned.
+    #[test]
+    fn a_failed_fsync_acknowledges_nothing_lost_and_poisons() {
+        let mem = MemStorage::new();
+        let s = Arc::new(store(&mem, 1 << 20));
+        let ev = |i: u32| NewEvent::new("a", EventType::Evidence, format!("e{i}"));
+        s.append("r", ev(0), Durability::Sync).unwrap();
+        mem.fail_syncs(1);
+        let results: Vec<Result<u64, String>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..6)
+                .map(|t| {
+                    let s = s.clone();
+                    sc.spawn(move || {
+                        (0..10)
+                            .map(|i| {
+                                s.append("r", ev(t * 100 + i), Durability::Sync)
+                                    .map(|e| e.seq)
+                                    .map_err(|e| e.to_string())
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        });
+        assert!(
+            results.iter().any(Result::is_err),
+            "the injected failure was seen"
+        );
+        let err = s.append("r", ev(999), Durability::Sync).unwrap_err();
+        assert!(err.to_string().contains("poison"), "{err}");
+        drop(s);
+        mem.crash(|_, _| 0);
+        let s = store(&mem, 1 << 20);
+        // `SYNCED` itself is never fsynced, so what survives is read as written.
+        let after: HashSet<u64> = seqs(&s, "r", Visibility::Written).into_iter().collect();
+        for q in results.iter().filter_map(|r| r.as_ref().ok()) {
+            assert!(after.contains(q), "acknowledged seq {q} lost");
+        }
+    }
+}

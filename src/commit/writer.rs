@@ -1,0 +1,689 @@
+//! The append path of [`RunLog`]: validation, the rules check under the `LOCK` file,
+//! seq and ts assignment, combining the appends of many threads into one `pwrite`, and
+//! segment rotation.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use crate::error::{Error, IoContext, Result};
+use crate::event::ts::Ts;
+use crate::event::{Event, EventType, ENGINE_AGENT, GENERATED_ID_PREFIX};
+use crate::fold::rules::Rules;
+use crate::log::frame::{self, PAYLOAD_BYTES_MAX};
+use crate::log::meta::{
+    read_meta, Durability, LogOptions, RunMeta, BATCH_BYTES_MAX, LOCK_FILE, META_FILE, SYNCED_FILE,
+};
+use crate::log::segment::{self, FrameReader, Step};
+use crate::log::storage::{OpenMode, Storage, StorageFile};
+use crate::log::watermark::Pos;
+
+use crate::commit::{
+    io_copy, lock, rule_event, Combine, Outcome, PlanEnd, Request, RunLog, Slot, SyncLocal, Writer,
+};
+
+impl RunLog {
+    /// Opens (creating when `create` is set) the run's directory and files. Does not read
+    /// the log yet: that happens under the lock at the first append.
+    pub(crate) fn open(
+        storage: Arc<dyn Storage>,
+        dir: PathBuf,
+        ck_dir: Option<PathBuf>,
+        run_id: &str,
+        user_id: &str,
+        opts: &LogOptions,
+    ) -> Result<RunLog> {
+        storage.create_dir_all(&dir).ctx("create", &dir)?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock_file = storage
+            .open(&lock_path, OpenMode::ReadWriteCreate)
+            .ctx("open", &lock_path)?;
+        lock_file.lock().ctx("lock", &lock_path)?;
+        let meta = Self::init_under_lock(&*storage, &dir, run_id, user_id, opts);
+        lock_file.unlock().ctx("unlock", &lock_path)?;
+        let meta = meta?;
+        let synced_path = dir.join(SYNCED_FILE);
+        let synced = storage
+            .open(&synced_path, OpenMode::ReadWriteCreate)
+            .ctx("open", &synced_path)?;
+        let placeholder: Arc<dyn StorageFile> = Arc::from(
+            storage
+                .open(&lock_path, OpenMode::Read)
+                .ctx("open", &lock_path)?,
+        );
+        let nonce = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        Ok(RunLog {
+            run_id: run_id.to_string(),
+            dir,
+            ck_dir,
+            storage,
+            meta,
+            batch_interval_ms: opts.batch_interval_ms.max(1),
+            combine: Mutex::new(Combine::default()),
+            writer: Mutex::new(Writer {
+                lock_file,
+                rules: Rules::default(),
+                recorded: false,
+                loaded: false,
+                seg_base: 0,
+                seg: placeholder,
+                end: 0,
+                head_seq: 0,
+                head_ts: Ts(0),
+                ids: HashMap::new(),
+                ids_upto: Pos::default(),
+                buf: Vec::new(),
+            }),
+            sync: Mutex::new(SyncLocal {
+                durable: Pos::default(),
+                written: None,
+                inflight: Vec::new(),
+                next_id: 0,
+                waiters: Vec::new(),
+            }),
+            sync_cv: Condvar::new(),
+            sync_io: Mutex::new(()),
+            synced,
+            synced_path,
+            poisoned: AtomicBool::new(false),
+            prune_running: AtomicBool::new(false),
+            batch_dirty: Mutex::new(None),
+            flusher_started: AtomicBool::new(false),
+            id_nonce: nonce,
+            id_counter: AtomicU64::new(0),
+        })
+    }
+
+    /// Creates `run.json` and the first segment if this is a new run.
+    pub(super) fn init_under_lock(
+        storage: &dyn Storage,
+        dir: &Path,
+        run_id: &str,
+        user_id: &str,
+        opts: &LogOptions,
+    ) -> Result<RunMeta> {
+        let meta_path = dir.join(META_FILE);
+        if storage.exists(&meta_path) {
+            return read_meta(storage, dir);
+        }
+        let meta = RunMeta {
+            format: frame::FORMAT_VERSION,
+            run_id: run_id.to_string(),
+            user_id: user_id.to_string(),
+            created: Ts::now(),
+            segment_bytes: opts.segment_bytes.max(4096),
+        };
+        let seg_path = segment::segment_path(dir, 1);
+        if !storage.exists(&seg_path) {
+            let f = storage
+                .open(&seg_path, OpenMode::ReadWriteCreate)
+                .ctx("create", &seg_path)?;
+            f.sync_data().ctx("fsync", &seg_path)?;
+        }
+        let tmp = dir.join("run.json.tmp");
+        let f = storage
+            .open(&tmp, OpenMode::ReadWriteCreate)
+            .ctx("create", &tmp)?;
+        let mut bytes = serde_json::to_vec_pretty(&meta).map_err(|e| Error::Io {
+            op: "encode",
+            path: tmp.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        bytes.push(b'\n');
+        f.set_len(0).ctx("truncate", &tmp)?;
+        f.write_all_at(&bytes, 0).ctx("write", &tmp)?;
+        f.sync_data().ctx("fsync", &tmp)?;
+        storage.rename(&tmp, &meta_path).ctx("rename", &tmp)?;
+        storage.sync_dir(dir).ctx("fsync dir", dir)?;
+        if let Some(parent) = dir.parent() {
+            storage.sync_dir(parent).ctx("fsync dir", parent)?;
+        }
+        Ok(meta)
+    }
+
+    pub(super) fn generated_id(&self) -> String {
+        let n = self.id_counter.fetch_add(1, Ordering::Relaxed);
+        format!("{GENERATED_ID_PREFIX}{:016x}.{n:x}", self.id_nonce)
+    }
+
+    /// Appends one atomic batch and waits for its durability. Returns the stored events.
+    pub(crate) fn append(self: &Arc<Self>, req: Request) -> Result<Vec<Event>> {
+        let durability = req.durability;
+        let slot = Arc::new(Slot {
+            req: Mutex::new(Some(req)),
+            result: Mutex::new(None),
+            thread: std::thread::current(),
+        });
+        let mut c = lock(&self.combine);
+        c.pending.push(slot.clone());
+        while lock(&slot.result).is_none() {
+            if c.leader {
+                // The leader unparks us with our result, or to lead the next group.
+                drop(c);
+                std::thread::park();
+                c = lock(&self.combine);
+                continue;
+            }
+            c.leader = true;
+            let group = std::mem::take(&mut c.pending);
+            drop(c);
+            self.write_group(&group);
+            for s in &group {
+                if !Arc::ptr_eq(s, &slot) {
+                    s.thread.unpark();
+                }
+            }
+            c = lock(&self.combine);
+            c.leader = false;
+            // Appends that arrived during the write: the first of them leads next.
+            if let Some(next) = c.pending.first() {
+                next.thread.unpark();
+            }
+        }
+        drop(c);
+        let taken = lock(&slot.result).take();
+        let Some(result) = taken else {
+            return Err(Error::Io {
+                op: "append",
+                path: self.dir.clone(),
+                source: std::io::Error::other("append result lost"),
+            });
+        };
+        let outcome = result?;
+        match (durability, outcome.replayed) {
+            // A retry is not acknowledged before the original is durable either. A stored
+            // frame in an older segment is durable already: rotation syncs the old one.
+            (Durability::Sync, _) => {
+                if let Some(seg) = &outcome.seg {
+                    self.wait_durable(outcome.end, seg)?
+                }
+            }
+            (Durability::Batch, false) => {
+                if let Some(seg) = &outcome.seg {
+                    self.note_batch_write(outcome.end, seg.clone())
+                }
+            }
+            _ => {}
+        }
+        Ok(outcome.events)
+    }
+
+    /// The leader's work: one lock, one catch-up, one write for a group of requests.
+    pub(super) fn write_group(&self, group: &[Arc<Slot>]) {
+        let mut w = lock(&self.writer);
+        let reqs: Vec<(Arc<Slot>, Request)> = group
+            .iter()
+            .filter_map(|s| lock(&s.req).take().map(|r| (s.clone(), r)))
+            .collect();
+        if self.poisoned.load(Ordering::Acquire) {
+            for (s, _) in &reqs {
+                *lock(&s.result) = Some(Err(Error::Poisoned(self.run_id.clone())));
+            }
+            return;
+        }
+        let lock_path = self.dir.join(LOCK_FILE);
+        if let Err(e) = w.lock_file.lock().ctx("lock", &lock_path) {
+            for (s, _) in &reqs {
+                *lock(&s.result) = Some(Err(io_copy(&e)));
+            }
+            return;
+        }
+        let results = self.write_group_locked(&mut w, reqs.iter().map(|(_, r)| r).collect());
+        if let Err(e) = w.lock_file.unlock().ctx("unlock", &lock_path) {
+            tracing::error!(error = %e, "cannot release the append lock");
+        }
+        match results {
+            Ok(list) => {
+                for ((s, _), r) in reqs.iter().zip(list) {
+                    *lock(&s.result) = Some(r);
+                }
+            }
+            Err(e) => {
+                for (s, _) in &reqs {
+                    *lock(&s.result) = Some(Err(io_copy(&e)));
+                }
+            }
+        }
+    }
+
+    pub(super) fn write_group_locked(
+        &self,
+        w: &mut Writer,
+        reqs: Vec<&Request>,
+    ) -> Result<Vec<Result<Outcome>>> {
+        self.catch_up(w)?;
+        if w.end >= self.meta.segment_bytes {
+            self.rotate(w)?;
+        }
+        if reqs.iter().any(|r| r.batch.iter().any(|e| e.id.is_some())) {
+            self.catch_up_ids(w)?;
+        }
+        let saved = (w.head_seq, w.head_ts);
+        let mut added_ids: Vec<String> = Vec::new();
+        let mut buf = std::mem::take(&mut w.buf);
+        buf.clear();
+        let now = Ts::now();
+        let mut plans: Vec<Result<(Vec<Event>, PlanEnd)>> = Vec::with_capacity(reqs.len());
+        let mut last_visible_end: Option<u64> = None;
+        for r in &reqs {
+            let plan = self.prepare(w, r, now, &mut buf, &mut added_ids);
+            if let Ok((_, PlanEnd::InBuf(end_in_buf))) = &plan {
+                if r.durability != Durability::Sync {
+                    last_visible_end = Some(*end_in_buf);
+                }
+            }
+            plans.push(plan);
+        }
+        let start = w.end;
+        if !buf.is_empty() {
+            let seg_path = segment::segment_path(&self.dir, w.seg_base);
+            if let Err(e) = w.seg.write_all_at(&buf, start).ctx("write", &seg_path) {
+                // Remove whatever part of the group reached the file, so that no
+                // unacknowledged bytes stay behind a later append.
+                if w.seg.set_len(start).is_err() {
+                    self.poisoned.store(true, Ordering::Release);
+                }
+                w.head_seq = saved.0;
+                w.head_ts = saved.1;
+                for id in added_ids {
+                    w.ids.remove(&id);
+                }
+                // The rules moved with the prepared events: fold the log again next time.
+                w.loaded = false;
+                w.recorded = false;
+                w.buf = buf;
+                return Err(e);
+            }
+            if w.ids_upto
+                == (Pos {
+                    seg: w.seg_base,
+                    off: start,
+                })
+            {
+                w.ids_upto.off = start + buf.len() as u64;
+            }
+            w.end = start + buf.len() as u64;
+            {
+                let mut s = lock(&self.sync);
+                let p = Pos {
+                    seg: w.seg_base,
+                    off: w.end,
+                };
+                if s.written.as_ref().is_none_or(|(q, _)| *q < p) {
+                    s.written = Some((p, w.seg.clone()));
+                }
+            }
+            if let Some(e) = last_visible_end {
+                self.advance_visible(Pos {
+                    seg: w.seg_base,
+                    off: start + e,
+                })?;
+            }
+            if std::mem::take(&mut w.recorded) {
+                // A refusal recorded an engine event (a channel conflict) and returns an
+                // error: nobody waits for that frame, so make it durable and visible now.
+                // Rare, so it is done under the lock rather than threaded through.
+                let seg = w.seg.clone();
+                self.wait_durable(
+                    Pos {
+                        seg: w.seg_base,
+                        off: w.end,
+                    },
+                    &seg,
+                )?;
+            }
+        }
+        // A request refused by the rules was judged on everything the catch-up found,
+        // including whole frames a writer that died before its fsync left beyond the
+        // visible mark. Make those durable and visible now, so the caller's next read
+        // sees what it was refused on (else a retry reads the same stale view and is
+        // refused again, forever). Only on refusals: the append path is unchanged.
+        let refused = plans.iter().any(|p| {
+            matches!(
+                p,
+                Err(Error::Conflict(_)
+                    | Error::SeqConflict { .. }
+                    | Error::Forbidden(_)
+                    | Error::Escalated { .. })
+            )
+        });
+        if refused && start > 0 {
+            let seg = w.seg.clone();
+            self.wait_durable(
+                Pos {
+                    seg: w.seg_base,
+                    off: start,
+                },
+                &seg,
+            )?;
+        }
+        let seg_file = w.seg.clone();
+        let seg_base = w.seg_base;
+        w.buf = buf;
+        Ok(plans
+            .into_iter()
+            .map(|p| {
+                p.map(|(events, end)| match end {
+                    PlanEnd::InBuf(e) => Outcome {
+                        end: Pos {
+                            seg: seg_base,
+                            off: start + e,
+                        },
+                        seg: Some(seg_file.clone()),
+                        events,
+                        replayed: false,
+                    },
+                    PlanEnd::Stored(pos) => Outcome {
+                        end: pos,
+                        seg: (pos.seg == seg_base).then(|| seg_file.clone()),
+                        events,
+                        replayed: true,
+                    },
+                })
+            })
+            .collect())
+    }
+
+    /// Validates one request against the run and encodes its frame into `buf`.
+    /// Returns the events and where their frame ends.
+    pub(super) fn prepare(
+        &self,
+        w: &mut Writer,
+        r: &Request,
+        now: Ts,
+        buf: &mut Vec<u8>,
+        added_ids: &mut Vec<String>,
+    ) -> Result<(Vec<Event>, PlanEnd)> {
+        if r.batch.is_empty() {
+            return Err(Error::invalid("batch", "no events"));
+        }
+        // Idempotent retry: every id already stored returns the stored events.
+        let known: Vec<Option<(u64, Pos)>> = r
+            .batch
+            .iter()
+            .map(|e| e.id.as_ref().and_then(|id| w.ids.get(id).copied()))
+            .collect();
+        if known.iter().all(Option::is_some) {
+            let mut events = Vec::with_capacity(known.len());
+            let mut end = Pos::default();
+            let mut end_in_buf: Option<u64> = None;
+            let unwritten = Pos {
+                seg: w.seg_base,
+                off: w.end,
+            };
+            for (seq, pos) in known.into_iter().flatten() {
+                if pos >= unwritten {
+                    // An earlier request of this same group stored it (a retry raced its
+                    // original): the frame is still in `buf`, not yet in the file.
+                    let (ev, rel_end) = self.read_buffered(buf, pos.off - w.end, seq)?;
+                    end_in_buf = end_in_buf.max(Some(rel_end));
+                    events.push(ev);
+                    continue;
+                }
+                let (ev, frame_end) = self.read_stored(seq, pos)?;
+                end = end.max(frame_end);
+                events.push(ev);
+            }
+            // A frame in `buf` ends after every frame in the file: its end covers them.
+            let end = end_in_buf.map_or(PlanEnd::Stored(end), PlanEnd::InBuf);
+            return Ok((events, end));
+        }
+        if let Some(i) = known.iter().position(Option::is_some) {
+            return Err(Error::invalid(
+                "id",
+                format!(
+                    "{:?} is already stored but other events of this batch are not; \
+                     a batch is retried whole or not at all",
+                    r.batch[i].id.as_deref().unwrap_or_default()
+                ),
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for e in &r.batch {
+            if let Some(id) = &e.id {
+                if !seen.insert(id.as_str()) {
+                    return Err(Error::invalid(
+                        "id",
+                        format!("{id:?} appears twice in the batch"),
+                    ));
+                }
+            }
+        }
+        if let Some(expected) = r.expect_seq {
+            if expected != w.head_seq {
+                return Err(Error::SeqConflict {
+                    run: self.run_id.clone(),
+                    expected,
+                    actual: w.head_seq,
+                });
+            }
+        }
+        let ts = now.max(w.head_ts);
+        let first = w.head_seq + 1;
+        let mut events = Vec::with_capacity(r.batch.len());
+        // Nothing is applied to the writer's rules before the whole request is accepted.
+        // Events whose checks do not depend on each other (entries without a board CAS
+        // and without a subject on a decision or action) are all checked against the
+        // rules as they are, then applied; other batches are checked and applied on a
+        // copy, which replaces the rules once the batch is accepted.
+        // The synthesizer's events never touch the rules: independent too.
+        let independent = r.batch.iter().all(|c| {
+            matches!(
+                c.kind,
+                EventType::SynthBegin | EventType::Synth | EventType::SynthCommit
+            ) || (c.kind.is_client()
+                && c.expect_subject_seq.is_none()
+                && !(c.kind.is_pinned() && c.subject.is_some()))
+        });
+        let mut scratch: Option<Rules> =
+            (r.batch.len() > 1 && !independent).then(|| w.rules.clone());
+        for c in &r.batch {
+            let seq = first + events.len() as u64;
+            if let Some(bad) = c.refs.iter().find(|&&x| x == 0 || x >= seq) {
+                return Err(Error::invalid(
+                    "refs",
+                    format!("seq {bad} does not name an earlier event (this one gets seq {seq})"),
+                ));
+            }
+            let id = c.id.clone().unwrap_or_else(|| self.generated_id());
+            let ev = c.clone().into_event(&self.run_id, seq, ts, id);
+            let on_copy = scratch.is_some();
+            let rules = scratch.as_mut().unwrap_or(&mut w.rules);
+            let fx = rules.check(&rule_event(&ev), c.expect_subject_seq)?;
+            if let Some(refusal) = fx.refuse {
+                // Refused, but what the refusal records (a channel conflict) is stored.
+                let mut recorded = Vec::new();
+                for (kind, content) in fx.after {
+                    let seq = w.head_seq + 1 + recorded.len() as u64;
+                    recorded.push(self.engine_event(seq, ts, kind, content, None));
+                }
+                if !recorded.is_empty() {
+                    for e in &recorded {
+                        w.rules.apply(&rule_event(e));
+                    }
+                    let payload = serde_json::to_vec(&recorded)
+                        .map_err(|e| Error::invalid("event", e.to_string()))?;
+                    frame::encode(&payload, buf);
+                    w.head_seq += recorded.len() as u64;
+                    w.head_ts = ts;
+                    w.recorded = true;
+                }
+                return Err(refusal);
+            }
+            if on_copy {
+                rules.apply(&rule_event(&ev));
+            }
+            let subject = ev.subject.clone();
+            events.push(ev);
+            for (kind, content) in fx.after {
+                let seq = first + events.len() as u64;
+                let e = self.engine_event(seq, ts, kind, content, subject.clone());
+                if on_copy {
+                    rules.apply(&rule_event(&e));
+                }
+                events.push(e);
+            }
+        }
+        let payload =
+            serde_json::to_vec(&events).map_err(|e| Error::invalid("event", e.to_string()))?;
+        if payload.len() > BATCH_BYTES_MAX.min(PAYLOAD_BYTES_MAX) {
+            return Err(Error::invalid(
+                "batch",
+                format!("{} bytes encoded, limit {BATCH_BYTES_MAX}", payload.len()),
+            ));
+        }
+        // Accepted: only now do the rules move.
+        match scratch {
+            Some(rules) => w.rules = rules,
+            None => {
+                for e in &events {
+                    w.rules.apply(&rule_event(e));
+                }
+            }
+        }
+        let frame_start = w.end + buf.len() as u64;
+        frame::encode(&payload, buf);
+        for e in &events {
+            if !e.id.starts_with(GENERATED_ID_PREFIX) {
+                w.ids.insert(
+                    e.id.clone(),
+                    (
+                        e.seq,
+                        Pos {
+                            seg: w.seg_base,
+                            off: frame_start,
+                        },
+                    ),
+                );
+                added_ids.push(e.id.clone());
+            }
+        }
+        w.head_seq = first + events.len() as u64 - 1;
+        w.head_ts = ts;
+        Ok((events, PlanEnd::InBuf(buf.len() as u64)))
+    }
+
+    pub(super) fn engine_event(
+        &self,
+        seq: u64,
+        ts: Ts,
+        kind: EventType,
+        content: serde_json::Value,
+        subject: Option<String>,
+    ) -> Event {
+        Event {
+            run_id: self.run_id.clone(),
+            seq,
+            ts,
+            id: self.generated_id(),
+            agent_id: ENGINE_AGENT.to_string(),
+            user_id: self.meta.user_id.clone(),
+            kind,
+            content,
+            confidence: None,
+            refs: Vec::new(),
+            subject,
+            session_id: None,
+            meta: None,
+        }
+    }
+
+    /// Reads an event back from a frame of the group being prepared, at `rel` in `buf`.
+    /// Returns it and the frame's end in `buf`.
+    pub(super) fn read_buffered(&self, buf: &[u8], rel: u64, seq: u64) -> Result<(Event, u64)> {
+        let bug = |reason: &str| Error::Io {
+            op: "append",
+            path: self.dir.clone(),
+            source: std::io::Error::other(format!(
+                "internal: no buffered frame for seq {seq}: {reason}"
+            )),
+        };
+        let at = usize::try_from(rel).map_err(|_| bug("offset"))?;
+        let Some(bytes) = buf.get(at..) else {
+            return Err(bug("offset past the buffer"));
+        };
+        match frame::decode(bytes) {
+            frame::Decoded::Frame { payload, len } => {
+                let events: Vec<Event> =
+                    serde_json::from_slice(payload).map_err(|e| bug(&e.to_string()))?;
+                let ev = events
+                    .into_iter()
+                    .find(|e| e.seq == seq)
+                    .ok_or_else(|| bug("seq not in the frame"))?;
+                Ok((ev, rel + len as u64))
+            }
+            _ => Err(bug("not a frame")),
+        }
+    }
+
+    /// Reads a stored event back (for idempotent retries). Returns it and its frame end.
+    pub(super) fn read_stored(&self, seq: u64, pos: Pos) -> Result<(Event, Pos)> {
+        let path = segment::segment_path(&self.dir, pos.seg);
+        let mut r = FrameReader::open(&*self.storage, &path, pos.off, None)?;
+        match r.step()? {
+            Step::Frame { offset, len } => {
+                let events: Vec<Event> = serde_json::from_slice(r.payload()).map_err(|e| {
+                    Error::corrupt(&path, offset, seq, format!("bad event JSON: {e}"))
+                })?;
+                let ev = events.into_iter().find(|e| e.seq == seq).ok_or_else(|| {
+                    Error::corrupt(
+                        &path,
+                        offset,
+                        seq,
+                        "frame does not hold the indexed seq".into(),
+                    )
+                })?;
+                Ok((
+                    ev,
+                    Pos {
+                        seg: pos.seg,
+                        off: offset + len,
+                    },
+                ))
+            }
+            _ => Err(Error::corrupt(
+                &path,
+                pos.off,
+                seq,
+                "no frame where the id index points".into(),
+            )),
+        }
+    }
+
+    /// Starts a new segment after a full one. The full one is synced first, so that a
+    /// durable position in a later segment implies every earlier segment is durable.
+    pub(super) fn rotate(&self, w: &mut Writer) -> Result<()> {
+        let old = segment::segment_path(&self.dir, w.seg_base);
+        self.fsync_segment(&*w.seg, &old)?;
+        let base = w.head_seq + 1;
+        let path = segment::segment_path(&self.dir, base);
+        let f = self
+            .storage
+            .open(&path, OpenMode::CreateNew)
+            .ctx("create", &path)?;
+        self.storage
+            .sync_dir(&self.dir)
+            .ctx("fsync dir", &self.dir)?;
+        w.seg = Arc::from(f);
+        w.seg_base = base;
+        w.end = 0;
+        Ok(())
+    }
+
+    /// Syncs what `batch`-mode appends left unsynced.
+    /// Whether the rules, as of this process's last look, want a prune, and no prune
+    /// started by this process is running. Claims the prune when it returns true.
+    pub(crate) fn claim_prune(&self) -> bool {
+        let wants = lock(&self.writer).rules.wants_prune();
+        wants && !self.prune_running.swap(true, Ordering::AcqRel)
+    }
+
+    /// Ends a prune claimed with `claim_prune`.
+    pub(crate) fn release_prune(&self) {
+        self.prune_running.store(false, Ordering::Release);
+    }
+}

@@ -1,0 +1,6 @@
+//! The pure fold.
+pub mod checkpoint;
+pub mod replay;
+pub mod rules;
+pub mod state;
+pub mod summary;

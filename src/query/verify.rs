@@ -1,0 +1,133 @@
+//! `verify`: every frame of a run checked, damage and torn tails reported, nothing changed.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::error::{Error, IoContext, Result};
+use crate::log::storage::{OpenMode, Storage};
+use crate::log::watermark::{read_marks, Pos};
+use crate::query::options::{ReadOptions, Visibility};
+use crate::query::read::{EventIter, Skipped, TornTail};
+
+/// What `verify` found in one run.
+#[derive(Clone, Debug, Serialize)]
+pub struct VerifyReport {
+    /// The run.
+    pub run: String,
+    /// True when no corruption was found (a torn tail is not corruption).
+    pub ok: bool,
+    /// Segment files.
+    pub segments: usize,
+    /// Whole frames (atomic commits).
+    pub frames: u64,
+    /// Events in them.
+    pub records: u64,
+    /// Bytes of whole frames.
+    pub bytes: u64,
+    /// Last seq found.
+    pub head_seq: u64,
+    /// Events written but not yet visible to readers (not yet durable in sync mode).
+    pub unsynced_records: u64,
+    /// Durable and visible positions.
+    pub durable: Pos,
+    /// Visible position.
+    pub visible: Pos,
+    /// Bytes after the last whole record, to be cut by the next writer.
+    pub torn_tail: Option<TornTail>,
+    /// Tails cut earlier, kept in `.broken` files.
+    pub repaired_tails: Vec<RepairedTail>,
+    /// Damaged records (never dropped silently).
+    pub corrupt: Vec<Skipped>,
+}
+
+/// A torn tail a writer cut off earlier.
+#[derive(Clone, Debug, Serialize)]
+pub struct RepairedTail {
+    /// The `.broken` file holding the removed bytes.
+    pub file: PathBuf,
+    /// How many bytes.
+    pub bytes: u64,
+}
+
+pub(crate) fn verify(
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    run_id: &str,
+    mut progress: impl FnMut(u64),
+) -> Result<VerifyReport> {
+    let marks = read_marks(&*storage, &dir)?;
+    let opts = ReadOptions {
+        skip_corrupt: true,
+        visibility: Visibility::Written,
+        ..ReadOptions::default()
+    };
+    let mut it = EventIter::new(storage.clone(), dir.clone(), run_id, opts)?;
+    let mut records = 0u64;
+    let mut head_seq = 0u64;
+    let mut corrupt_err: Vec<Skipped> = Vec::new();
+    let mut unsynced = 0u64;
+    let mut visible_seq = 0u64;
+    while let Some(r) = it.next() {
+        match r {
+            Ok(e) => {
+                records += 1;
+                head_seq = e.seq;
+                if it.position() <= marks.visible {
+                    visible_seq = e.seq;
+                }
+                if records.is_multiple_of(65_536) {
+                    progress(records);
+                }
+            }
+            Err(Error::Corrupt {
+                path,
+                offset,
+                seq,
+                reason,
+            }) => {
+                corrupt_err.push(Skipped {
+                    segment: path,
+                    offset,
+                    resumed_at: offset,
+                    seq,
+                    reason,
+                });
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if head_seq > visible_seq {
+        unsynced = head_seq - visible_seq;
+    }
+    let mut corrupt = it.skipped().to_vec();
+    corrupt.extend(corrupt_err);
+    let mut repaired = Vec::new();
+    let mut names = storage.list(&dir).ctx("list", &dir)?;
+    names.sort();
+    for n in names.iter().filter(|n| n.ends_with(".broken")) {
+        let p = dir.join(n);
+        let f = storage.open(&p, OpenMode::Read).ctx("open", &p)?;
+        repaired.push(RepairedTail {
+            bytes: f.len().ctx("stat", &p)?,
+            file: p,
+        });
+    }
+    Ok(VerifyReport {
+        run: run_id.to_string(),
+        ok: corrupt.is_empty(),
+        segments: it.segments(),
+        frames: it.frames(),
+        records,
+        bytes: it.bytes(),
+        head_seq,
+        unsynced_records: unsynced,
+        durable: marks.durable,
+        visible: marks.visible,
+        torn_tail: it.torn_tail().cloned(),
+        repaired_tails: repaired,
+        corrupt,
+    })
+}

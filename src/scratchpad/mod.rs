@@ -1,0 +1,4 @@
+//! The scratchpad.
+pub mod board;
+pub mod context;
+pub mod prune;

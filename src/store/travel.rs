@@ -1,0 +1,150 @@
+//! Time-travel views of a run over the store: what was learned between two points
+//! (`swarm replay --diff`) and what one agent could see at a point (`--agent`).
+
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::event::ts::Ts;
+use crate::event::Event;
+use crate::fold::state::State;
+use crate::query::options::ReadOptions;
+use crate::store::Store;
+
+/// What the swarm learned between two states of one run (`from` older than `to`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Diff {
+    /// Head seq of the older state.
+    pub from_seq: u64,
+    /// Head seq of the newer state.
+    pub to_seq: u64,
+    /// Head time of the older state.
+    pub from_ts: Option<Ts>,
+    /// Head time of the newer state.
+    pub to_ts: Option<Ts>,
+    /// Entries written in between, per agent.
+    pub by_agent: std::collections::BTreeMap<String, u64>,
+    /// Subjects first mentioned in between.
+    pub new_subjects: Vec<String>,
+    /// Subjects whose authoritative (latest) entry changed: (subject, before, after).
+    pub changed_subjects: Vec<SubjectChange>,
+    /// Decisions made in between.
+    pub decisions: Vec<Event>,
+    /// Actions taken in between.
+    pub actions: Vec<Event>,
+    /// Every entry written in between.
+    pub entries: Vec<Event>,
+}
+
+/// A subject whose latest entry changed.
+#[derive(Clone, Debug, Serialize)]
+pub struct SubjectChange {
+    /// The subject.
+    pub subject: String,
+    /// Its latest entry before.
+    pub before: Event,
+    /// Its latest entry after.
+    pub after: Event,
+}
+
+/// What one agent had been able to see at a state's head.
+#[derive(Clone, Debug, Serialize)]
+pub struct AgentView {
+    /// The agent.
+    pub agent: String,
+    /// The point (head seq of the state).
+    pub at_seq: u64,
+    /// Its time.
+    pub at_ts: Option<Ts>,
+    /// Entries visible to the agent at that point (every agent sees every entry).
+    pub visible_entries: u64,
+    /// The agent's own entries by then.
+    pub own_entries: u64,
+    /// Seq of its last own entry, if any.
+    pub last_own_seq: Option<u64>,
+    /// Entries by peers after its last own entry: what it may not have acted on yet.
+    pub unseen_since_last_write: Vec<Event>,
+    /// The authoritative entry per subject at that point.
+    pub subjects: std::collections::BTreeMap<String, Event>,
+}
+
+impl Store {
+    /// Computes what was learned between `a` and `b` (swapped if `a` is the newer).
+    pub fn diff(&self, run: &str, a: &State, b: &State) -> Result<Diff> {
+        let (a, b) = if a.head_seq <= b.head_seq {
+            (a, b)
+        } else {
+            (b, a)
+        };
+        let entries: Vec<Event> = self
+            .read(
+                run,
+                ReadOptions {
+                    from_seq: Some(a.head_seq + 1),
+                    to_seq: Some(b.head_seq),
+                    ..ReadOptions::default()
+                },
+            )?
+            .collect::<Result<_>>()?;
+        let mut by_agent = std::collections::BTreeMap::new();
+        for e in &entries {
+            *by_agent.entry(e.agent_id.clone()).or_default() += 1;
+        }
+        let mut new_subjects = Vec::new();
+        let mut changed_subjects = Vec::new();
+        for (k, sb) in &b.subjects {
+            match a.subjects.get(k) {
+                None => new_subjects.push(k.clone()),
+                Some(sa) if sa.latest.seq != sb.latest.seq => {
+                    changed_subjects.push(SubjectChange {
+                        subject: k.clone(),
+                        before: sa.latest.clone(),
+                        after: sb.latest.clone(),
+                    })
+                }
+                _ => {}
+            }
+        }
+        Ok(Diff {
+            from_seq: a.head_seq,
+            to_seq: b.head_seq,
+            from_ts: a.head_ts,
+            to_ts: b.head_ts,
+            by_agent,
+            new_subjects,
+            changed_subjects,
+            decisions: b.decisions[a.decisions.len().min(b.decisions.len())..].to_vec(),
+            actions: b.actions[a.actions.len().min(b.actions.len())..].to_vec(),
+            entries,
+        })
+    }
+    /// Builds an agent's view of a state.
+    pub fn agent_view(&self, run: &str, s: &State, agent: &str) -> Result<AgentView> {
+        let own = s.agents.get(agent);
+        let last_own = own.map(|a| a.last_seq);
+        let unseen: Vec<Event> = self
+            .read(
+                run,
+                ReadOptions {
+                    from_seq: Some(last_own.unwrap_or(0) + 1),
+                    to_seq: Some(s.head_seq),
+                    ..ReadOptions::default()
+                },
+            )?
+            .filter(|e| e.as_ref().map_or(true, |e| e.agent_id != agent))
+            .collect::<Result<_>>()?;
+        Ok(AgentView {
+            agent: agent.to_string(),
+            at_seq: s.head_seq,
+            at_ts: s.head_ts,
+            visible_entries: s.head_seq,
+            own_entries: own.map_or(0, |a| a.counts.total),
+            last_own_seq: last_own,
+            unseen_since_last_write: unseen,
+            subjects: s
+                .subjects
+                .iter()
+                .map(|(k, v)| (k.clone(), v.latest.clone()))
+                .collect(),
+        })
+    }
+}

@@ -1,0 +1,106 @@
+//! Cursor files: where a tail stands, saved so a restarted consumer resumes with no gap
+//! and at most one repeat.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, IoContext, Result};
+use crate::log::storage::{OpenMode, Storage};
+use crate::log::watermark::Pos;
+use crate::tail::{CURSOR_BYTES_MAX, CURSOR_FORMAT};
+
+/// A saved tail position: the last event delivered and where its frame starts.
+///
+/// Stored as one JSON line: `{"format":1,"run":"R","seq":S,"segment":B,"offset":O}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cursor {
+    /// Cursor format version ([`CURSOR_FORMAT`]).
+    pub format: u32,
+    /// The run.
+    pub run: String,
+    /// Seq of the last event delivered.
+    pub seq: u64,
+    /// Base seq of the segment holding its frame.
+    pub segment: u64,
+    /// Byte offset of its frame in that segment.
+    pub offset: u64,
+}
+
+impl Cursor {
+    /// Position of the frame holding the cursor's event.
+    pub fn pos(&self) -> Pos {
+        Pos {
+            seg: self.segment,
+            off: self.offset,
+        }
+    }
+
+    /// Reads a cursor file; `None` when it does not exist.
+    pub fn load(storage: &dyn Storage, path: &Path) -> Result<Option<Cursor>> {
+        let f = match storage.open(path, OpenMode::Read) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e).ctx("open", path),
+        };
+        let len = f.len().ctx("stat", path)?;
+        let field = || format!("cursor file {}", path.display());
+        if len > CURSOR_BYTES_MAX {
+            return Err(Error::invalid(
+                field(),
+                format!("{len} bytes, limit {CURSOR_BYTES_MAX}"),
+            ));
+        }
+        let mut b = vec![0u8; len as usize];
+        f.read_exact_at(&mut b, 0).ctx("read", path)?;
+        let c: Cursor = serde_json::from_slice(&b).map_err(|e| {
+            Error::invalid(
+                field(),
+                format!("not a cursor ({e}); delete it to start from --from-seq"),
+            )
+        })?;
+        if c.format != CURSOR_FORMAT {
+            return Err(Error::invalid(
+                field(),
+                format!("format {} (this build reads {CURSOR_FORMAT})", c.format),
+            ));
+        }
+        Ok(Some(c))
+    }
+
+    /// Writes the cursor atomically: a temporary file beside `path`, renamed over it.
+    /// With `fsync`, the file and then its directory are synced as well.
+    pub fn save(&self, storage: &dyn Storage, path: &Path, fsync: bool) -> Result<()> {
+        let mut name = path
+            .file_name()
+            .ok_or_else(|| Error::invalid("cursor file", "the path has no file name"))?
+            .to_os_string();
+        name.push(".tmp");
+        let tmp = path.with_file_name(name);
+        let mut bytes = serde_json::to_vec(self).map_err(|e| Error::Io {
+            op: "encode",
+            path: tmp.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        bytes.push(b'\n');
+        let f = storage
+            .open(&tmp, OpenMode::ReadWriteCreate)
+            .ctx("create", &tmp)?;
+        f.set_len(0).ctx("truncate", &tmp)?;
+        f.write_all_at(&bytes, 0).ctx("write", &tmp)?;
+        if fsync {
+            f.sync_data().ctx("fsync", &tmp)?;
+        }
+        drop(f);
+        storage.rename(&tmp, path).ctx("rename", &tmp)?;
+        if fsync {
+            let dir = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            storage.sync_dir(dir).ctx("fsync dir", dir)?;
+        }
+        Ok(())
+    }
+}
