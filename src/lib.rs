@@ -4,21 +4,21 @@
 //! to under a file lock; everything else is derived from it.
 //!
 //! # Layout
-//! - [`event`]: the entry schema and its limits.
-//! - [`frame`]: the byte-exact line format (length + CRC-32 per atomic commit).
-//! - [`segment`]: segment files and the streaming frame reader.
-//! - `log`: the writer: multi-process appends, group commit, torn-tail repair.
-//! - [`watermark`]: the durable and visible positions shared by all processes.
-//! - [`index`]: the derived per-run index (frames, postings, time), caught up by readers.
-//! - `read`: ordered, checked, filtered reads and `verify`.
-//! - [`state`]: the pure fold that gives events their meaning.
-//! - [`checkpoint`]: zstd snapshots of the state at frame boundaries.
-//! - [`replay`]: the state at any seq or time, from a checkpoint plus the log.
-//! - [`store`]: the public handle over a data directory.
-//! - [`tail`]: the live tail: catch up from the log, then follow it (iterator and `Stream`).
-//! - [`storage`]: the I/O trait every file access goes through (real and fault-injecting).
-//! - [`synth`]: the batch synthesizer: deduplicated, evidence-linked facts, contradictions,
-//!   patterns and mistakes, the sanitizer, swarm metrics.
+//! Folders are layers; imports run one way, from the top of this list to the bottom
+//! (checked in CI by `.ci/layout.py`).
+//! - [`synth`]: the batch synthesizer: facts, contradictions, patterns, the shared scope.
+//! - [`tail`]: the live tail: catch up from the log, then follow it (iterator, `Stream`).
+//! - [`scratchpad`]: board, pick, channels, policy, escalations, pruning, context.
+//! - [`store`]: [`Store`], the public handle over a data directory; archives, time travel.
+//! - [`commit`]: the multi-process writer: the append path, group commit (where an
+//!   append is made durable: `commit/group.rs`), recovery and torn-tail repair
+//!   (`commit/recovery.rs`).
+//! - [`fold`]: the pure fold (rules, state), checkpoints, replay, summaries.
+//! - [`query`]: read options, the derived index and its planner, checked reads, verify.
+//! - [`log`]: bytes on disk: the storage seam, frames, segments, the `SYNCED` marks,
+//!   `run.json`.
+//! - [`event`]: the data model (events, types, limits, timestamps); [`error`]: the error
+//!   type every layer returns.
 //!
 //! # Example
 //! ```

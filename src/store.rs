@@ -1,4 +1,14 @@
-//! [`Store`]: the public handle over a data directory of runs.
+//! [`Store`]: the public handle over a data directory of runs: opens runs and their
+//! writers, caches head states and indexes, checks the caller's user and the run's
+//! permissions, and starts the background jobs (checkpoints, pruning).
+//!
+//! - `store/archive.rs`: closing a run, its archive, restore, and reads from an archive.
+//! - `store/travel.rs`: time-travel views (`replay --diff`, `--agent`).
+//!
+//! Invariant: every user's runs live under `<data>/<user>/`; a store acts for one user
+//! and never opens another user's directory (the shared scope is reached only through
+//! the synthesizer).
+//! Never imports: `scratchpad`, `tail`, `synth` (they are built on it).
 
 pub mod archive;
 pub mod travel;

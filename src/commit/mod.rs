@@ -1,4 +1,4 @@
-//! The multi-process writer of a run's log: one [`RunLog`] per run and process.
+//! The multi-process writer of a run's log: one `RunLog` per run and process.
 //!
 //! - `writer`: the append path: validation under the lock, rules check, seq and ts
 //!   assignment, one `pwrite` per group, rotation.

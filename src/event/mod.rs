@@ -1,5 +1,10 @@
 //! The event schema: what an agent sends ([`NewEvent`]), what the log stores ([`Event`]),
-//! and the limits every field is checked against before anything is written.
+//! and the limits every field is checked against before anything is written; [`ts`] is
+//! the timestamp type.
+//!
+//! Invariant: an event that passed [`NewEvent`]'s checks fits every limit here, so no
+//! later layer re-validates a stored event's shape (readers still check CRCs and seqs).
+//! Never imports: anything but `error` (this is the data model every layer shares).
 
 pub mod ts;
 

@@ -3,7 +3,7 @@
 //!
 //! The writer keeps a `Rules` current under the append lock (from a light parse of every
 //! frame: content is parsed only for decisions, actions and engine events) and asks it to
-//! [`Rules::check`] each event before assigning a seq. Replay builds the same `Rules`
+//! `Rules::check` each event before assigning a seq. Replay builds the same `Rules`
 //! inside [`crate::State`] with the same [`Rules::apply`], so what was allowed at write
 //! time is exactly what replay shows.
 //!

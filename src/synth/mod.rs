@@ -11,8 +11,17 @@
 //! - [`patterns`]: investigation patterns and tool mistakes (seed 002), a pure fold.
 //! - [`metrics`]: swarm metrics of one run (seed 004).
 //! - [`facts`]: the facts log's records (passes, commits) and their fold.
-//! - `driver`: `Store::synth` and the queries over its results.
+//! - `driver`: `Store::synth`: passes, watermarks, the synth lock, the writer thread.
+//! - [`judge`]: the optional LLM step for borderline pairs.
+//! - [`share`]: the shared scope: what is copied to every user, pattern books, advice.
+//! - [`views`]: facts, explain, as-of, metrics of a run, read back from the facts log.
 //! - [`snapshot`]: snapshots of the facts fold at a commit (incremental work stays small).
+//!
+//! Invariant: the synthesizer never writes a raw run: it reads runs and writes only the
+//! user's `@facts` log and the shared `system_shared_patterns/@patterns` log.
+//! Invariant: a pass takes effect only when its `synth_commit` is read: facts and
+//! watermarks move together or not at all.
+//! Invariant: findings never leave their user; only sanitized patterns and mistakes do.
 
 pub mod dedup;
 mod driver;

@@ -3,7 +3,7 @@
 //! CONTRACT: [`evaluate`] reads the fixture's JSON lines (`kind`: `about`, `finding`
 //! with `part`, `cluster`, `agent`, `subject`, `text`, `item`; `contradiction` with
 //! `part`, `a`, `b` naming clusters), runs each part through a fresh
-//! [`Deduper`](crate::synth::dedup::Deduper) in file order with the subject as the scope, and
+//! [`Deduper`] in file order with the subject as the scope, and
 //! reports pairwise precision and recall of the clustering and the detection of the
 //! labelled contradictions, per part.
 

@@ -130,7 +130,7 @@ pub fn frame_start_before(
 }
 
 /// Writes a snapshot atomically (temp, fsync, rename, directory fsync) and keeps the
-/// newest [`KEPT`].
+/// newest `KEPT`.
 pub fn write(
     storage: &Arc<dyn Storage>,
     dir: &Path,

@@ -40,6 +40,10 @@
 //! it opens `SYNCED` and the segments read-only and reads them with `pread`, so any
 //! number of tailers cannot slow appends (beyond the inotify event the kernel queues per
 //! watch when `SYNCED` is rewritten).
+//! Never imports: `scratchpad`, `synth`.
+//!
+//! Files: this one (the loop), [`cursor`] (cursor files), `stream` (the async face),
+//! `wake` (inotify and polling wake-ups).
 //!
 //! # Cursors and the delivery guarantee
 //! With a cursor file, [`Tail::commit`] saves the position of the last event handed out

@@ -13,7 +13,7 @@ use crate::log::storage::Storage;
 use crate::tail::cursor::Cursor;
 use crate::tail::wake::Wake;
 
-/// An async stream of a tail's events, from [`Tail::into_stream`].
+/// An async stream of a tail's events, from [`Tail::into_stream`](crate::tail::Tail::into_stream).
 ///
 /// It ends when not following and everything visible at open was delivered, or after
 /// yielding an error.
@@ -34,7 +34,7 @@ impl TailStream {
     }
 
     /// Saves the cursor of the last event yielded to the cursor file (see
-    /// [`Tail::commit`]). It does blocking file I/O of about 100 bytes.
+    /// [`Tail::commit`](crate::tail::Tail::commit)). It does blocking file I/O of about 100 bytes.
     pub fn commit(&mut self) -> Result<()> {
         let (Some(path), Some(c)) = (&self.cursor_file, &self.last) else {
             return Ok(());

@@ -33,9 +33,9 @@
 //! Never imports: `commit`, `fold`, `store` or anything above (it is derived from the
 //! log's bytes alone).
 
-pub mod cell;
-pub mod format;
-pub mod plan;
+pub(crate) mod cell;
+pub(crate) mod format;
+pub(crate) mod plan;
 
 pub use cell::IndexStats;
 pub(crate) use cell::{IndexCell, IndexSnapshot};
