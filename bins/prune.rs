@@ -20,8 +20,14 @@ pub struct PruneArgs {
     agent: String,
     /// External summariser: gets the events as a JSON array on stdin, prints the summary
     /// (e.g. an LLM command line). Default: the built-in extractive summariser.
+    /// Its failure (start, time-out, non-zero exit, empty output) is exit 1 and leaves the
+    /// run unchanged. The command line is never stored (it may hold a key): summaries
+    /// name it `cmd`, or `cmd:NAME` with --summarizer-name.
     #[arg(long)]
     summarizer_cmd: Option<String>,
+    /// The name summaries by --summarizer-cmd record (e.g. the model's name).
+    #[arg(long, requires = "summarizer_cmd")]
+    summarizer_name: Option<String>,
     /// Longest the summariser may run.
     #[arg(long, default_value_t = 60)]
     timeout_secs: u64,
@@ -50,6 +56,7 @@ pub struct ContextArgs {
 pub fn prune(store: &Store, a: PruneArgs) -> anyhow::Result<ExitCode> {
     let s: Box<dyn Summarizer> = match a.summarizer_cmd {
         Some(cmd) => Box::new(CommandSummarizer {
+            name: a.summarizer_name,
             cmd,
             timeout: Duration::from_secs(a.timeout_secs.max(1)),
         }),
@@ -76,7 +83,7 @@ pub fn context(store: &Store, a: ContextArgs) -> anyhow::Result<ExitCode> {
     if a.json {
         serde_json::to_writer(&mut out, &c)?;
     } else {
-        out.write_all(c.text.as_bytes())?;
+        out.write_all(crate::term::escape(&c.text, true).as_bytes())?;
     }
     out.write_all(b"\n")?;
     out.flush()?;

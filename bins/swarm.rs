@@ -9,6 +9,7 @@ mod prune;
 mod run;
 mod scratch;
 mod synth;
+mod term;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
@@ -26,7 +27,12 @@ Exit codes:
   3  corruption found (the message names the file, byte offset and seq)
   4  precondition failed (--expect-seq, --expect-subject-seq, a channel version)
   5  forbidden (another user's run, the run's policy, a closed run)
+  4  also: an --id reused with a different event (the message names the stored seq)
   6  escalated: actions on the subject wait for a human (swarm resolve)
+  7  stored, but the acknowledgement could not be written (stderr names the seqs):
+     do not retry with new ids
+
+Colours: only when stderr is a terminal and NO_COLOR is unset.
 
 Logging: warnings go to stderr; set SWARM_LOG=debug (or any tracing filter) for more.";
 
@@ -41,14 +47,9 @@ struct Cli {
     /// Directory holding one sub-directory per run.
     #[arg(long, global = true, env = "SWARM_DATA_DIR", default_value = "./data")]
     data_dir: PathBuf,
-    /// Directory holding checkpoints (one sub-directory per run).
-    #[arg(
-        long,
-        global = true,
-        env = "SWARM_CHECKPOINT_DIR",
-        default_value = "./checkpoints"
-    )]
-    checkpoint_dir: PathBuf,
+    /// Directory holding checkpoints (one sub-directory per run) [default: DATA_DIR/.checkpoints].
+    #[arg(long, global = true, env = "SWARM_CHECKPOINT_DIR")]
+    checkpoint_dir: Option<PathBuf>,
     /// The user (tenant) to act as: every run belongs to one user, and another user's
     /// runs are invisible.
     #[arg(long, global = true, env = "SWARM_USER", default_value = "anonymous")]
@@ -56,14 +57,9 @@ struct Cli {
     /// Refuse the `anonymous` user (exit 5) instead of treating it as its own partition.
     #[arg(long, global = true, env = "SWARM_DENY_ANONYMOUS")]
     deny_anonymous: bool,
-    /// Cold storage for closed runs (one sub-directory per user).
-    #[arg(
-        long,
-        global = true,
-        env = "SWARM_ARCHIVE_DIR",
-        default_value = "./archive"
-    )]
-    archive_dir: PathBuf,
+    /// Cold storage for closed runs (one sub-directory per user) [default: DATA_DIR/.archive].
+    #[arg(long, global = true, env = "SWARM_ARCHIVE_DIR")]
+    archive_dir: Option<PathBuf>,
     /// Write a checkpoint automatically every N events (0: never).
     #[arg(
         long,
@@ -120,8 +116,10 @@ enum Cmd {
     Tail(TailArgs),
     /// Check every record of one run (or all runs) and print a JSON report per run.
     ///
-    /// Exits 3 if any run has a corrupt record. A torn tail (a write in progress, or one
-    /// cut by a crash, repaired at the next append) is reported but is not corruption.
+    /// Exits 3 if any run has a corrupt record, or lost acknowledged bytes (a segment
+    /// shorter than its durable mark, damage below it: `swarm repair`). A torn tail past
+    /// the durable mark (a write in progress, or one cut by a crash, repaired at the next
+    /// append) is reported but is not corruption.
     ///
     /// Example:
     ///   swarm verify --run inc-42 | jq '.ok, .corrupt'
@@ -130,6 +128,24 @@ enum Cmd {
         /// Only this run.
         #[arg(long)]
         run: Option<String>,
+    },
+    /// Record lost acknowledged bytes at the end of a run's log, so appends go on.
+    ///
+    /// When bytes below the durable mark were damaged or lost (a bad restore, a partial
+    /// copy, a disk that lost blocks), appends are refused and reads end with exit 3.
+    /// Repair moves the damaged bytes aside (`<segment>.<offset>.damaged`, beside it),
+    /// appends a `log_damaged` event naming the lost seqs, and goes on numbering after
+    /// the highest seq any reader may have seen: no seq is ever reused. Prints the
+    /// `log_damaged` event, or `null` when nothing needed repair. Damage followed by valid
+    /// records is refused (cutting would drop them): exit 3.
+    ///
+    /// Example:
+    ///   swarm verify --run inc-42 || swarm repair --run inc-42
+    #[command(after_help = EXIT_CODES, verbatim_doc_comment)]
+    Repair {
+        /// The run.
+        #[arg(long)]
+        run: String,
     },
     /// Rebuild or inspect the per-run index used by filtered reads.
     #[command(subcommand)]
@@ -493,6 +509,7 @@ fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(io::stderr)
         .with_target(false)
+        .with_ansi(colours_on_stderr())
         .init();
     let cli = Cli::parse();
     match run(cli) {
@@ -505,11 +522,33 @@ fn main() -> ExitCode {
                 .chain()
                 .find_map(|c| c.downcast_ref::<Error>())
                 .map_or(1, Error::exit_code);
-            let msg = format!("{e:#}");
-            eprintln!("swarm: {}", msg.replace('\n', " "));
+            eprintln!("swarm: {}", error_message(&e));
             ExitCode::from(code as u8)
         }
     }
+}
+
+/// Colours only when stderr is a terminal and `NO_COLOR` is not set (no-color.org).
+fn colours_on_stderr() -> bool {
+    use std::io::IsTerminal;
+    io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// The error and its causes on one line, each cause once: a library error already
+/// quotes the OS error it wraps, so a cause whose text the message holds is left out.
+fn error_message(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if msg.contains(&text) {
+            continue;
+        }
+        if !msg.is_empty() {
+            msg.push_str(": ");
+        }
+        msg.push_str(&text);
+    }
+    msg.replace('\n', " ")
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
@@ -524,10 +563,41 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
+/// Whether the command only reads: those refuse a data dir that does not exist (a
+/// nightly job with a mistyped path must fail, not report an empty store); only
+/// commands that write create it.
+fn reads_only(cmd: &Cmd) -> bool {
+    !matches!(
+        cmd,
+        Cmd::Append(_)
+            | Cmd::Policy(_)
+            | Cmd::Channel(_)
+            | Cmd::Pick(_)
+            | Cmd::Resolve(_)
+            | Cmd::Prune(_)
+            | Cmd::Demo { .. }
+            | Cmd::Quality { .. }
+    )
+}
+
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if reads_only(&cli.cmd) && !cli.data_dir.is_dir() {
+        anyhow::bail!(
+            "data directory {} does not exist (set --data-dir or SWARM_DATA_DIR; only commands that write create it)",
+            cli.data_dir.display()
+        );
+    }
+    let checkpoint_dir = cli
+        .checkpoint_dir
+        .clone()
+        .unwrap_or_else(|| cli.data_dir.join(".checkpoints"));
+    let archive_dir = cli
+        .archive_dir
+        .clone()
+        .unwrap_or_else(|| cli.data_dir.join(".archive"));
     let store = Store::open(&cli.data_dir)?
-        .with_checkpoints(&cli.checkpoint_dir, cli.checkpoint_every)
-        .with_archive_dir(&cli.archive_dir)
+        .with_checkpoints(&checkpoint_dir, cli.checkpoint_every)
+        .with_archive_dir(&archive_dir)
         .with_user(&cli.user, !cli.deny_anonymous)?;
     match cli.cmd {
         Cmd::Checkpoint { run } => {
@@ -551,6 +621,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Read(a) => read(&store, a),
         Cmd::Tail(a) => tail(&store, a),
         Cmd::Verify { run } => verify(&store, run),
+        Cmd::Repair { run } => {
+            let repaired = store.repair(&run)?;
+            println!("{}", serde_json::to_string(&repaired)?);
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Runs { json } => runs(&store, json),
         Cmd::Index(IndexCmd::Rebuild { run }) => index_rebuild(&store, run),
         Cmd::Index(IndexCmd::Status { run }) => index_status(&store, run),
@@ -560,13 +635,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Advise { tool } => synth::advise(&store, &tool),
         Cmd::Metrics { run, json } => synth::metrics(&store, &run, json),
         Cmd::Quality { fixture, json } => synth::quality(fixture, json),
-        Cmd::Demo { run } => demo::run(
-            &cli.data_dir,
-            &cli.checkpoint_dir,
-            &cli.archive_dir,
-            &cli.user,
-            run,
-        ),
+        Cmd::Demo { run } => {
+            demo::run(&cli.data_dir, &checkpoint_dir, &archive_dir, &cli.user, run)
+        }
     }
 }
 
@@ -665,11 +736,43 @@ fn append(store: &Store, a: AppendArgs) -> anyhow::Result<ExitCode> {
         expect_seq: a.expect_seq,
         expect_subject_seq: a.expect_subject_seq,
     };
-    let stored = store.append(&a.run, ev, durability)?;
-    serde_json::to_writer(&mut out, &stored)?;
-    out.write_all(b"\n")?;
-    out.flush()?;
+    // Through the batch call, so the engine events the append caused (an escalation it
+    // opened) are printed after it: the agent learns at once that its action escalated.
+    let expect = ev.expect_seq;
+    let stored = store.append_batch(&a.run, vec![ev], expect, durability)?;
+    if let Err(code) = acknowledge(&mut out, &stored) {
+        return Ok(code);
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Exit code when events were stored but their acknowledgement could not be written
+/// (stdout closed or full): the caller must not retry with new ids.
+const EXIT_ACK_LOST: u8 = 7;
+
+/// Prints stored events as JSON lines. When stdout fails after the events are durable,
+/// says on stderr which seqs were stored and returns [`EXIT_ACK_LOST`]: the write
+/// happened, and a script must be able to tell that from a failed append.
+fn acknowledge(out: &mut impl Write, stored: &[swarm_memory::Event]) -> Result<(), ExitCode> {
+    let written = (|| -> io::Result<()> {
+        for e in stored {
+            serde_json::to_writer(&mut *out, e)?;
+            out.write_all(b"\n")?;
+        }
+        out.flush()
+    })();
+    match written {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let seqs = match (stored.first(), stored.last()) {
+                (Some(a), Some(b)) if a.seq != b.seq => format!("seqs {}..{}", a.seq, b.seq),
+                (Some(a), _) => format!("seq {}", a.seq),
+                _ => "nothing".into(),
+            };
+            eprintln!("swarm: stored as {seqs}, but the acknowledgement could not be written: {e}");
+            Err(ExitCode::from(EXIT_ACK_LOST))
+        }
+    }
 }
 
 /// Lines of at most this many bytes are accepted on stdin.
@@ -751,11 +854,9 @@ fn append_stdin(
                 "must be an event object or an array of them"
             )),
         };
-        for e in stored {
-            serde_json::to_writer(&mut *out, &e)?;
-            out.write_all(b"\n")?;
+        if let Err(code) = acknowledge(out, &stored) {
+            return Ok(code);
         }
-        out.flush()?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -1016,7 +1117,7 @@ fn replay(store: &Store, a: ReplayArgs) -> anyhow::Result<ExitCode> {
             a.run, r.state.head_seq
         )?;
         for e in it {
-            writeln!(out, "{}", timeline_line(&e?))?;
+            writeln!(out, "{}", term::safe(&timeline_line(&e?)))?;
         }
         out.flush()?;
         return Ok(ExitCode::SUCCESS);

@@ -148,8 +148,7 @@ pub fn facts(store: &Store, a: FactsArgs) -> anyhow::Result<ExitCode> {
     )?;
     for f in &ans.facts {
         let text: String = f.text.chars().take(80).collect();
-        writeln!(
-            out,
+        let line = format!(
             "{:<6} {:<20} {:>5.2} {:>4} {:>6} {:<11} {}",
             f.id,
             f.subject.as_deref().unwrap_or("-"),
@@ -158,11 +157,11 @@ pub fn facts(store: &Store, a: FactsArgs) -> anyhow::Result<ExitCode> {
             f.evidence,
             f.status,
             text
-        )?;
+        );
+        writeln!(out, "{}", crate::term::safe(&line))?;
     }
     for c in &ans.contradictions {
-        writeln!(
-            out,
+        let line = format!(
             "{} on {}: {} vs {} -> {} stands ({})",
             c.id,
             c.subject,
@@ -170,7 +169,8 @@ pub fn facts(store: &Store, a: FactsArgs) -> anyhow::Result<ExitCode> {
             c.b,
             c.winner.as_deref().unwrap_or("?"),
             c.reason.as_deref().unwrap_or("unresolved")
-        )?;
+        );
+        writeln!(out, "{}", crate::term::safe(&line))?;
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)
@@ -205,7 +205,7 @@ pub fn metrics(store: &Store, run: &str, json: bool) -> anyhow::Result<ExitCode>
     }
     let out = io::stdout();
     let mut out = out.lock();
-    out.write_all(metrics::render_table(&m).as_bytes())?;
+    out.write_all(crate::term::escape(&metrics::render_table(&m), true).as_bytes())?;
     out.flush()?;
     Ok(ExitCode::SUCCESS)
 }

@@ -65,6 +65,10 @@ pub enum Error {
     /// (exit 1). Retrying an fsync after a failure can report success for lost data.
     #[error("log of run {0:?} is poisoned by an earlier fsync failure; restart the process")]
     Poisoned(String),
+    /// An external command the caller named (a summariser) failed: could not start,
+    /// timed out, exited non-zero or printed nothing usable (exit 1). Nothing was written.
+    #[error("external command failed: {0}")]
+    External(String),
     /// An operating-system I/O error (exit 1).
     #[error("{op} {}: {source}", path.display())]
     Io {
@@ -87,7 +91,7 @@ impl Error {
             Error::SeqConflict { .. } | Error::Conflict(_) => 4,
             Error::Forbidden(_) => 5,
             Error::Escalated { .. } => 6,
-            Error::Poisoned(_) | Error::Io { .. } => 1,
+            Error::Poisoned(_) | Error::Io { .. } | Error::External(_) => 1,
         }
     }
 

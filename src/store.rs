@@ -20,11 +20,11 @@ use std::sync::{Arc, Mutex};
 use serde::Serialize;
 
 use crate::commit::{Request, RunLog};
-use crate::error::{Error, Result};
+use crate::error::{Error, IoContext, Result};
 use crate::event::ts::Ts;
 use crate::event::{
-    check_path_id, check_run_id, Checked, Event, EventType, NewEvent, ANONYMOUS, BATCH_EVENTS_MAX,
-    ENGINE_AGENT,
+    check_path_id, check_run_id, Checked, Event, EventType, LogDamaged, NewEvent, ANONYMOUS,
+    BATCH_EVENTS_MAX, ENGINE_AGENT,
 };
 use crate::fold::checkpoint::{self, CheckpointInfo, CHECKPOINT_EVERY_DEFAULT};
 use crate::fold::replay::{self, ReplayStats, Replayed, RunPaths, Target};
@@ -184,6 +184,7 @@ impl Store {
             return a.state_at(run, target, progress);
         }
         let p = self.paths(run)?;
+        self.marks(run, &p.run_dir)?;
         let r = replay::state_at(&p, target, progress)?;
         if target == Target::Head
             && self.checkpoint_every > 0
@@ -207,6 +208,7 @@ impl Store {
             return a.head_state(run);
         }
         let p = self.paths(run)?;
+        self.marks(run, &p.run_dir)?;
         let cached = self
             .heads
             .lock()
@@ -273,7 +275,7 @@ impl Store {
         self.ck_root.join(&self.user).join(run)
     }
 
-    fn maybe_checkpoint(&self, run: &str, stored: &[Event]) {
+    fn maybe_checkpoint(&self, log: &Arc<RunLog>, run: &str, stored: &[Event]) {
         let every = self.checkpoint_every;
         let (Some(first), Some(last)) = (stored.first(), stored.last()) else {
             return;
@@ -287,15 +289,26 @@ impl Store {
             return;
         }
         let Ok(p) = self.paths(run) else { return };
+        // At most one checkpoint job per run and process: crossings while it runs make
+        // it write once more at the then head, instead of a thread each.
+        if !log.claim_checkpoint() {
+            return;
+        }
+        let job = log.clone();
         // Off the append path: the appender has its acknowledgement already.
         let spawned = std::thread::Builder::new()
             .name("swarm-checkpoint".into())
-            .spawn(move || {
+            .spawn(move || loop {
                 if let Err(e) = write_checkpoint(&p, |_| {}) {
                     tracing::warn!(run = %p.run_id, error = %e, "automatic checkpoint failed");
                 }
+                if !job.checkpoint_again() {
+                    break;
+                }
             });
         if let Err(e) = spawned {
+            // Nothing runs: release the claim (a crossing meanwhile is dropped with it).
+            while log.checkpoint_again() {}
             tracing::warn!(run, error = %e, "cannot start the checkpoint thread");
         }
     }
@@ -435,7 +448,7 @@ impl Store {
             expect_seq,
             durability,
         })?;
-        self.maybe_checkpoint(run, &stored);
+        self.maybe_checkpoint(&log, run, &stored);
         if log.claim_prune() {
             // Off the append path, with the built-in summariser; a concurrent pruner in
             // another process makes this one fail its CAS harmlessly.
@@ -542,7 +555,7 @@ impl Store {
         let opts_reader = opts.reader.clone();
         let (mut marks, snap) = match index::useful_for(&opts) {
             true => self.index_snapshot(run, &dir)?,
-            false => (read_marks(&*self.storage, &dir)?, None),
+            false => (self.marks(run, &dir)?, None),
         };
         if let Some((covered, _, _)) = snap.as_ref().and_then(|s| s.covered()) {
             if covered > marks.visible {
@@ -574,6 +587,7 @@ impl Store {
     /// The watermark and the run's index caught up to it; no index when it cannot serve
     /// this read (then the read scans: the index is an accelerator, never a requirement).
     fn index_snapshot(&self, run: &str, dir: &Path) -> Result<(Marks, Option<IndexSnapshot>)> {
+        self.marks(run, dir)?;
         match self.index_cell(run).snapshot(&self.storage, dir) {
             Ok((marks, snap)) => Ok((marks, Some(snap))),
             Err(e) => {
@@ -613,7 +627,7 @@ impl Store {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<IndexStats> {
         let dir = self.existing_run(run)?;
-        let marks = read_marks(&*self.storage, &dir)?;
+        let marks = self.marks(run, &dir)?;
         let mut total = 0;
         for b in segment::list_segments(&*self.storage, &dir)? {
             if b < marks.visible.seg {
@@ -644,15 +658,198 @@ impl Store {
         if let Some(a) = self.archived_store(run)? {
             return a.verify(run, progress);
         }
-        verify::verify(self.storage.clone(), dir, run, progress)
+        // Lost marks are rebuilt (and said so) before the check, so verify never reports a
+        // run as empty because its `SYNCED` is gone.
+        let synced = dir.join(meta::SYNCED_FILE);
+        let before = self
+            .storage
+            .exists(&synced)
+            .then(|| read_marks(&*self.storage, &dir));
+        self.marks(run, &dir)?;
+        let mut report = verify::verify(self.storage.clone(), dir, run, progress)?;
+        match before {
+            None => report.rebuilt.push(format!(
+                "{}: missing; rebuilt from the log's frames",
+                synced.display()
+            )),
+            Some(Err(_)) => report.rebuilt.push(format!(
+                "{}: unreadable; rebuilt from the log's frames",
+                synced.display()
+            )),
+            Some(Ok(_)) => {}
+        }
+        if let Err(e) = meta::read_meta(&*self.storage, &self.run_dir(run)?) {
+            report.ok = false;
+            report
+                .rebuilt
+                .push(format!("{e}; `swarm repair --run {run}` rebuilds it"));
+        }
+        Ok(report)
     }
 
     fn existing_run(&self, run: &str) -> Result<PathBuf> {
         let dir = self.run_dir(run)?;
-        if !self.storage.exists(&dir.join(meta::META_FILE)) {
+        let meta_path = dir.join(meta::META_FILE);
+        if !self.storage.exists(&meta_path) {
+            // A run whose `run.json` is gone but whose log is there is damaged, not absent:
+            // saying "not found" would hide every record it holds.
+            if self.storage.exists(&dir)
+                && !segment::list_segments(&*self.storage, &dir)?.is_empty()
+            {
+                return Err(Error::corrupt(
+                    &meta_path,
+                    0,
+                    0,
+                    format!("missing, but the run's log is there; `swarm repair --run {run}` rebuilds it"),
+                ));
+            }
             return Err(Error::RunNotFound(run.to_string()));
         }
         Ok(dir)
+    }
+
+    /// Rebuilds a lost `run.json` from the log (the run id, this store's user, the first
+    /// event's time; the segment size from the largest sealed segment, or the default).
+    fn rebuild_meta(&self, run: &str) -> Result<()> {
+        let dir = self.run_dir(run)?;
+        let bases = segment::list_segments(&*self.storage, &dir)?;
+        let mut segment_bytes = self.opts.segment_bytes;
+        for &b in &bases[..bases.len().saturating_sub(1)] {
+            segment_bytes =
+                segment_bytes.max(file_len(&*self.storage, &segment::segment_path(&dir, b))?);
+        }
+        let first = segment::segment_path(&dir, bases.first().copied().unwrap_or(1));
+        let created = crate::log::segment::FrameReader::open(&*self.storage, &first, 0, None)
+            .ok()
+            .and_then(|mut r| match r.step() {
+                Ok(crate::log::segment::Step::Frame { .. }) => {
+                    serde_json::from_slice::<Vec<Event>>(r.payload())
+                        .ok()?
+                        .first()
+                        .map(|e| e.ts)
+                }
+                _ => None,
+            })
+            .unwrap_or_else(crate::event::ts::Ts::now);
+        let m = RunMeta {
+            format: crate::log::frame::FORMAT_VERSION,
+            run_id: run.to_string(),
+            user_id: self.user.clone(),
+            created,
+            segment_bytes,
+        };
+        let bytes =
+            serde_json::to_vec_pretty(&m).map_err(|e| Error::invalid("run.json", e.to_string()))?;
+        let tmp = dir.join("run.json.tmp");
+        let f = self
+            .storage
+            .open(&tmp, crate::log::storage::OpenMode::ReadWriteCreate)
+            .ctx("create", &tmp)?;
+        f.set_len(0).ctx("truncate", &tmp)?;
+        f.write_all_at(&bytes, 0).ctx("write", &tmp)?;
+        f.sync_data().ctx("fsync", &tmp)?;
+        self.storage
+            .rename(&tmp, &dir.join(meta::META_FILE))
+            .ctx("rename", &tmp)?;
+        self.storage.sync_dir(&dir).ctx("fsync dir", &dir)?;
+        tracing::warn!(run, "run.json was missing; rebuilt from the log");
+        Ok(())
+    }
+
+    /// A run's marks, rebuilt first when they are lost: `SYNCED` missing or emptied while
+    /// the log holds frames, or unreadable. Nothing hides silently: without this, a lost
+    /// `SYNCED` would make every record of the run invisible. The rebuild takes the
+    /// writer lock (it must fsync what it makes visible) and says so on stderr.
+    pub(crate) fn marks(&self, run: &str, dir: &Path) -> Result<Marks> {
+        let synced = dir.join(meta::SYNCED_FILE);
+        let lost = match read_marks(&*self.storage, dir) {
+            Ok(m) if m != Marks::default() => return Ok(m),
+            // Empty or missing: a run with nothing appended yet, or lost marks.
+            Ok(m) => {
+                let missing = !self.storage.exists(&synced);
+                let first = segment::segment_path(dir, 1);
+                let bytes = match self.storage.exists(&first) {
+                    true => file_len(&*self.storage, &first)?,
+                    false => 0,
+                };
+                let later = segment::list_segments(&*self.storage, dir)?.len() > 1;
+                if bytes == 0 && !later {
+                    return Ok(m);
+                }
+                // An empty file is also what a run's first append leaves until its fsync
+                // publishes the marks: rebuilding then is harmless (it syncs and publishes
+                // the same thing), so only a missing file is worth a warning.
+                if missing {
+                    "missing"
+                } else {
+                    "empty"
+                }
+            }
+            Err(Error::Corrupt { .. }) => "unreadable",
+            Err(e) => return Err(e),
+        };
+        let log = self.writer(run, &self.user)?;
+        let n = log.rebuild_marks()?;
+        match lost {
+            "empty" => tracing::debug!(run, events = n, "empty SYNCED marks rebuilt"),
+            _ => tracing::warn!(
+                run,
+                events = n,
+                "the run's SYNCED marks were {lost}; rebuilt from the log's CRC-valid frames"
+            ),
+        }
+        read_marks(&*self.storage, dir)
+    }
+
+    /// Repairs a run whose acknowledged bytes end in damage (`swarm repair`): the damaged
+    /// bytes are moved aside, a `log_damaged` event records the lost seqs, and appends go
+    /// on after the highest seq readers may have seen. Returns that event, or `None` when
+    /// the run needed no repair. Damage followed by valid records is refused (cutting
+    /// would drop them).
+    pub fn repair(&self, run: &str) -> Result<Option<Event>> {
+        let meta_lost = match self.existing_run(run) {
+            Err(Error::Corrupt { path, .. }) => path.ends_with(meta::META_FILE),
+            Ok(dir) => meta::read_meta(&*self.storage, &dir).is_err(),
+            Err(_) => false,
+        };
+        if meta_lost {
+            self.rebuild_meta(run)?;
+        }
+        self.existing_run(run)?;
+        if self.archived_store(run)?.is_some() {
+            return Err(Error::Forbidden(format!(
+                "run {run:?} is closed and archived; restore it first"
+            )));
+        }
+        let log = self.writer(run, &self.user)?;
+        let repaired = log.repair()?;
+        if let Some(ev) = &repaired {
+            // Caches and checkpoints built on the lost bytes are dropped: a checkpoint
+            // at or after the first lost seq names a frame that is gone.
+            let lost_from = LogDamaged::declared(ev.kind, &ev.content).map_or(ev.seq, |(a, _)| a);
+            self.heads
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(run);
+            if let Some(cell) = self
+                .indexes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(run)
+            {
+                cell.invalidate("the run was repaired");
+            }
+            let ck_dir = self.checkpoint_dir(run);
+            for seq in checkpoint::list(&*self.storage, &ck_dir)? {
+                if seq >= lost_from {
+                    let p = ck_dir.join(checkpoint::checkpoint_name(seq));
+                    if let Err(e) = self.storage.remove_file(&p) {
+                        tracing::warn!(checkpoint = %p.display(), error = %e, "cannot remove a checkpoint past the damage");
+                    }
+                }
+            }
+        }
+        Ok(repaired)
     }
 
     /// The run's settings.

@@ -5,9 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use swarm_memory::log::storage::OpenMode;
-use swarm_memory::{
-    Durability, Error, LogOptions, MemStorage, ReadOptions, Storage, Store, Visibility,
-};
+use swarm_memory::{Durability, Error, LogOptions, MemStorage, ReadOptions, Storage, Store};
 
 use crate::util::{frame_boundaries, lib_append, lib_read, new_ev, Env};
 
@@ -241,47 +239,206 @@ fn zero_and_garbage_tails_are_cut_at_the_next_append() {
     }
 }
 
-/// A damaged *last* record is indistinguishable from a torn write: the spec says it is
-/// cut at the next append and kept in a `.broken` file, never silently discarded.
+/// A damaged *last* record below the durable mark was acknowledged: it is reported
+/// (verify fails), appends are refused until `repair` moves it aside, and numbering goes
+/// on after it. The same damage past the durable mark (a write whose fsync never
+/// published it) is a torn tail: cut at the next append and kept in a `.broken` file.
 #[test]
-fn damaged_last_record_is_kept_in_a_broken_file() {
+fn damaged_last_record_is_refused_below_the_mark_and_a_torn_tail_past_it() {
     let mem = MemStorage::new();
     let root = Path::new("/data");
     let run = "last";
-    let store = Store::open_with(Arc::new(mem.clone()), root, LogOptions::default()).unwrap();
-    for i in 1..=3 {
+    let open = || Store::open_with(Arc::new(mem.clone()), root, LogOptions::default()).unwrap();
+    let store = open();
+    for i in 1..=2 {
         lib_append(&store, run, &format!("event {i}"));
     }
+    let dir = root.join("anonymous").join(run);
+    let synced_before = mem.contents(&dir.join("SYNCED")).unwrap();
+    lib_append(&store, run, "event 3");
     drop(store);
-    let seg = root
-        .join("anonymous")
-        .join(run)
-        .join("seg-00000000000000000001.jsonl");
+    let seg = dir.join("seg-00000000000000000001.jsonl");
     let mut bytes = mem.contents(&seg).unwrap();
     let b = frame_boundaries(&bytes);
     bytes[b[2] + 60] ^= 4;
     mem.set_contents(&seg, bytes.clone());
-    let store = Store::open_with(Arc::new(mem.clone()), root, LogOptions::default()).unwrap();
+
+    // Past the mark: SYNCED as it was before the third append was published.
+    let synced_after = mem.contents(&dir.join("SYNCED")).unwrap();
+    mem.set_contents(&dir.join("SYNCED"), synced_before);
+    let store = open();
     let rep = store.verify(run, |_| {}).unwrap();
     assert!(rep.ok && rep.torn_tail.is_some(), "{rep:?}");
     let e = lib_append(&store, run, "next");
     assert_eq!(e.seq, 3);
-    let broken = root
-        .join("anonymous")
-        .join(run)
-        .join(format!("seg-00000000000000000001.jsonl.{}.broken", b[2]));
+    let broken = dir.join(format!("seg-00000000000000000001.jsonl.{}.broken", b[2]));
     let f = mem.open(&broken, OpenMode::Read).unwrap();
     assert_eq!(f.len().unwrap(), (b[3] - b[2]) as u64);
-    let all = store
-        .read(
-            run,
-            ReadOptions {
-                visibility: Visibility::Written,
-                ..ReadOptions::default()
-            },
-        )
-        .unwrap()
-        .count();
-    assert_eq!(all, 3);
-    assert_eq!(lib_read(&store, run).len(), 3);
+    drop(store);
+
+    // Below the mark: the third record was acknowledged.
+    mem.remove_file(&broken).unwrap();
+    mem.set_contents(&seg, bytes.clone());
+    mem.set_contents(&dir.join("SYNCED"), synced_after);
+    let store = open();
+    let rep = store.verify(run, |_| {}).unwrap();
+    assert!(!rep.ok, "{rep:?}");
+    assert!(rep.corrupt[0].reason.contains("seqs 3..=3"), "{rep:?}");
+    let refused = store.append(run, new_ev(None, "next"), Durability::Sync);
+    assert!(matches!(refused, Err(Error::Corrupt { .. })), "{refused:?}");
+    assert!(
+        mem.open(&broken, OpenMode::Read).is_err(),
+        "acknowledged bytes cut as a torn tail"
+    );
+    let damaged = store.repair(run).unwrap().unwrap();
+    assert_eq!(
+        (damaged.seq, damaged.content["lost_from"].as_u64()),
+        (4, Some(3))
+    );
+    let e = lib_append(&store, run, "next");
+    assert_eq!(e.seq, 5);
+    assert_eq!(
+        lib_read(&store, run)
+            .iter()
+            .map(|e| e.seq)
+            .collect::<Vec<_>>(),
+        [1, 2, 4, 5]
+    );
+    assert!(store.verify(run, |_| {}).unwrap().ok);
+}
+
+/// Auxiliary files lost or garbled never make events disappear: `SYNCED` is rebuilt from
+/// the log's CRC-valid frames (read, tail and verify all see every event, verify says
+/// what it rebuilt), the index and checkpoints are derived and rebuilt, and a lost or
+/// garbled `run.json` is reported (exit 3, naming the repair) instead of "no such run".
+#[test]
+fn lost_or_garbled_auxiliary_files_hide_nothing() {
+    let env = Env::new();
+    let run = "aux";
+    let lines: Vec<serde_json::Value> = (0..30)
+        .map(|i| serde_json::json!({"agent_id": format!("a{}", i % 3), "type": "evidence", "subject": "s", "content": format!("event {i}")}))
+        .collect();
+    env.append_lines(run, &lines);
+    env.swarm(&["checkpoint", "--run", run]).ok();
+    env.swarm(&["index", "rebuild", "--run", run]).ok();
+    let all = env.read(run);
+    assert_eq!(all.len(), 30);
+    let by_agent = env
+        .swarm(&["read", "--run", run, "--agent", "a1"])
+        .ok()
+        .events();
+    let state = env.swarm(&["replay", "--run", run]).ok().stdout;
+    let dir = env.run_dir(run);
+    let synced = dir.join("SYNCED");
+    let garbage =
+        |p: &std::path::Path| std::fs::write(p, b"not the marks you are looking for").unwrap();
+    for (what, damage) in [
+        (
+            "SYNCED deleted",
+            Box::new(|| std::fs::remove_file(&synced).unwrap()) as Box<dyn Fn()>,
+        ),
+        ("SYNCED garbled", Box::new(|| garbage(&synced))),
+        (
+            "SYNCED emptied",
+            Box::new(|| std::fs::write(&synced, b"").unwrap()),
+        ),
+    ] {
+        damage();
+        let out = env.swarm(&["read", "--run", run]).ok();
+        assert_eq!(out.events(), all, "{what}: read");
+        damage();
+        assert_eq!(
+            env.swarm(&["tail", "--run", run]).ok().events(),
+            all,
+            "{what}: tail"
+        );
+        damage();
+        let (code, rep) = env.verify(run);
+        assert_eq!(code, 0, "{what}: {rep}");
+        assert_eq!(rep["records"], 30, "{what}: {rep}");
+        if what != "SYNCED emptied" {
+            assert!(
+                rep["rebuilt"][0].as_str().unwrap().contains("SYNCED"),
+                "{what}: {rep}"
+            );
+        }
+        // Appends go on after the rebuilt marks.
+        damage();
+        let e = env
+            .swarm(&[
+                "append",
+                "--run",
+                run,
+                "--agent",
+                "a0",
+                "--type",
+                "evidence",
+                "--content",
+                "later",
+            ])
+            .ok()
+            .events();
+        assert_eq!(e[0].seq, 31, "{what}");
+        let out = env.read(run);
+        assert_eq!(out[..30], all[..], "{what}");
+        let cut = out.len();
+        // Back to 30 events for the next case: drop the appended frame the honest way.
+        let seg = env.segments(run).remove(0);
+        let bytes = std::fs::read(&seg).unwrap();
+        let bounds = frame_boundaries(&bytes);
+        std::fs::write(&seg, &bytes[..bounds[bounds.len() - 2]]).unwrap();
+        std::fs::remove_file(&synced).unwrap();
+        assert_eq!(env.read(run).len(), cut - 1, "{what}");
+    }
+    // Index files and checkpoints: deleted, then garbled; reads and replay agree.
+    for garble in [false, true] {
+        for sub in ["index"] {
+            for f in std::fs::read_dir(dir.join(sub)).unwrap() {
+                let p = f.unwrap().path();
+                if garble {
+                    garbage(&p)
+                } else if p.is_file() {
+                    std::fs::remove_file(&p).unwrap()
+                }
+            }
+        }
+        let ck = env.path().join(".checkpoints").join("anonymous").join(run);
+        for f in std::fs::read_dir(&ck).unwrap() {
+            let p = f.unwrap().path();
+            if garble {
+                garbage(&p)
+            } else {
+                std::fs::remove_file(&p).unwrap()
+            }
+        }
+        assert_eq!(
+            env.swarm(&["read", "--run", run, "--agent", "a1"])
+                .ok()
+                .events(),
+            by_agent
+        );
+        let again = env.swarm(&["replay", "--run", run]).ok().stdout;
+        let st =
+            |s: &str| serde_json::from_str::<serde_json::Value>(s.trim()).unwrap()["state"].clone();
+        assert_eq!(st(&again), st(&state), "garbled {garble}");
+    }
+    // run.json: lost, then garbled. Never "not found"; repair rebuilds it.
+    for garble in [false, true] {
+        let meta = dir.join("run.json");
+        if garble {
+            garbage(&meta)
+        } else {
+            std::fs::remove_file(&meta).unwrap()
+        }
+        if !garble {
+            env.swarm(&["read", "--run", run])
+                .code(3)
+                .one_line_error(&["run.json", "swarm repair"]);
+        }
+        let (code, rep) = env.verify(run);
+        assert_eq!(code, 3, "{rep}");
+        env.swarm(&["repair", "--run", run]).ok();
+        assert_eq!(env.read(run), all);
+        assert_eq!(env.verify(run).0, 0);
+    }
 }

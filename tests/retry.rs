@@ -35,18 +35,22 @@ fn same_id_returns_the_stored_event_and_writes_nothing() {
     let first = env.swarm(&append_one(run, &["--id", "k1"])).ok().events();
     env.append_lines(run, &[ev("a2", "hypothesis", "something else")]);
     let before = env.snapshot();
-    // A retry of k1, even with different content and an outdated expect_seq, is the
-    // stored event: the first write won.
+    // A retry of k1, even with an outdated expect_seq, is the stored event: the first
+    // write won.
     let again = env
         .swarm(&append_one(run, &["--id", "k1", "--expect-seq", "0"]))
         .ok()
         .events();
     assert_eq!(again, first);
     assert_eq!(env.snapshot(), before, "a retry wrote something");
-    let again = env
-        .append_lines(run, &[ev_id("k1", "zz", "different content")])
-        .remove(0);
-    assert_eq!(again, first[0]);
+    // The same id with another event is not a retry: refused (exit 4) naming the stored
+    // seq, and nothing is written or dropped silently.
+    env.swarm_stdin(
+        &["append", "--run", run, "--stdin"],
+        &format!("{}\n", ev_id("k1", "zz", "different content")),
+    )
+    .code(4)
+    .one_line_error(&["k1", "seq 1"]);
     assert_eq!(env.snapshot(), before);
     assert_eq!(env.check_run(run).len(), 2);
 }

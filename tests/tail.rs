@@ -396,6 +396,7 @@ fn set_visible(run_dir: &Path, seg: u64, off: u64) {
     let m = watermark::Marks {
         durable: pos,
         visible: pos,
+        ..watermark::Marks::default()
     };
     let f = std::fs::OpenOptions::new()
         .write(true)

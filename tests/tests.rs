@@ -9,6 +9,7 @@ mod util;
 mod bad_input;
 mod channels;
 mod cli;
+mod cli_safety;
 mod concurrent;
 mod damage;
 mod fsync_failure;

@@ -1,12 +1,17 @@
-//! A log cut at every byte offset: exactly the whole-frame prefix comes back, the rest is
-//! a torn tail (not corruption), and the next append repairs it and continues the seqs.
+//! A log cut at every byte offset. Bytes below the durable mark were acknowledged: a cut
+//! there is corruption (reads return the intact prefix and end with an error naming the
+//! lost seqs, `verify` fails, appends are refused) until `swarm repair` records the loss,
+//! after which numbering goes on past every seq a reader may have seen. Bytes past the
+//! durable mark were never acknowledged: a cut there is a torn tail, repaired silently by
+//! the next append, which continues the seqs.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use swarm_memory::log::storage::OpenMode;
 use swarm_memory::{
-    Durability, Event, FsStorage, LogOptions, MemStorage, ReadOptions, Storage, Store, Visibility,
+    Durability, Error, Event, EventType, FsStorage, LogOptions, MemStorage, ReadOptions, Storage,
+    Store, Visibility,
 };
 
 use crate::util::{frame_boundaries, lib_read, new_ev, Env};
@@ -25,16 +30,31 @@ fn write_file(s: &dyn Storage, p: &Path, bytes: &[u8]) {
     f.sync_data().expect("sync");
 }
 
-fn broken_files(s: &dyn Storage, dir: &Path) -> Vec<PathBuf> {
+fn files_ending(s: &dyn Storage, dir: &Path, ending: &str) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = s
         .list(dir)
         .expect("list")
         .into_iter()
-        .filter(|n| n.ends_with(".broken"))
+        .filter(|n| n.ends_with(ending))
         .map(|n| dir.join(n))
         .collect();
     v.sort();
     v
+}
+
+/// Resets the run directory to one segment holding `seg_bytes` and the given `SYNCED`.
+fn reset(s: &dyn Storage, dir: &Path, seg_bytes: &[u8], synced: &[u8]) {
+    for n in s.list(dir).expect("list") {
+        let keep = n == "run.json" || n == "LOCK" || n == "SYNCED";
+        if !keep {
+            let p = dir.join(&n);
+            if s.list(&p).is_err() {
+                s.remove_file(&p).expect("remove");
+            }
+        }
+    }
+    write_file(s, &dir.join("seg-00000000000000000001.jsonl"), seg_bytes);
+    write_file(s, &dir.join("SYNCED"), synced);
 }
 
 /// Five frames, one of them a batch of three: seven events.
@@ -58,9 +78,22 @@ fn build(store: &Store, run: &str) -> Vec<Event> {
     lib_read(store, run)
 }
 
-/// Cuts the run's only segment at every offset (or those `pick` selects), and checks
-/// reads, `verify`, and the repairing append. With `mem`, also simulates a power loss
-/// right after that append: a `sync`-acknowledged event must survive it.
+/// The events a read returns before it fails, and its error.
+fn read_until_error(store: &Store, run: &str) -> (Vec<Event>, Option<Error>) {
+    let mut got = Vec::new();
+    for r in store.read(run, ReadOptions::default()).expect("read") {
+        match r {
+            Ok(e) => got.push(e),
+            Err(e) => return (got, Some(e)),
+        }
+    }
+    (got, None)
+}
+
+/// Cuts the run's only segment at every offset (or those `pick` selects) below its
+/// durable mark, and checks reads, `verify`, the refused append, `repair`, and the
+/// appends after it. With `mem`, also simulates a power loss after the repair: the
+/// repair and the next acknowledged append survive it.
 fn sweep(storage: Arc<dyn Storage>, root: &Path, mem: Option<&MemStorage>) {
     let run = "cut";
     let dir = root.join("anonymous").join(run);
@@ -68,52 +101,61 @@ fn sweep(storage: Arc<dyn Storage>, root: &Path, mem: Option<&MemStorage>) {
     let all = build(&open(), run);
     assert_eq!(all.len(), 7);
     let seg = dir.join("seg-00000000000000000001.jsonl");
-    let synced = dir.join("SYNCED");
     let bytes = read_file(&*storage, &seg);
-    let synced_bytes = read_file(&*storage, &synced);
+    let synced_bytes = read_file(&*storage, &dir.join("SYNCED"));
     let bounds = frame_boundaries(&bytes);
     assert_eq!(bounds.len(), 6, "five frames");
     assert_eq!(*bounds.last().unwrap(), bytes.len());
     let events_before = [0usize, 1, 2, 5, 6, 7];
-    for cut in 0..=bytes.len() {
-        for b in broken_files(&*storage, &dir) {
-            storage.remove_file(&b).unwrap();
-        }
-        write_file(&*storage, &seg, &bytes[..cut]);
-        write_file(&*storage, &synced, &synced_bytes);
+    for cut in 0..bytes.len() {
+        reset(&*storage, &dir, &bytes[..cut], &synced_bytes);
         let frames = bounds.iter().rposition(|&b| b <= cut).unwrap();
         let whole_end = bounds[frames];
         let k = events_before[frames];
         let store = open();
-        assert_eq!(lib_read(&store, run), all[..k], "read after a cut at {cut}");
+        // The intact prefix, then an error naming the lost seqs and the repair.
+        let (got, err) = read_until_error(&store, run);
+        assert_eq!(got, all[..k], "read after a cut at {cut}");
+        let msg = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            msg.contains(&format!("seqs {}..=7", k + 1)) && msg.contains("swarm repair"),
+            "cut at {cut}: {msg:?}"
+        );
         let rep = store.verify(run, |_| {}).unwrap();
-        assert!(rep.ok, "cut at {cut}: {rep:?}");
+        assert!(!rep.ok, "cut at {cut}: verify says ok");
         assert_eq!(rep.records, k as u64, "cut at {cut}");
-        match &rep.torn_tail {
-            None => assert_eq!(cut, whole_end, "cut at {cut}: torn tail not reported"),
-            Some(t) => {
-                assert_eq!(
-                    (t.offset, t.bytes),
-                    (whole_end as u64, (cut - whole_end) as u64),
-                    "cut at {cut}"
-                );
-            }
-        }
+        assert!(
+            rep.corrupt
+                .iter()
+                .any(|c| c.reason.contains("durable mark")),
+            "cut at {cut}: {rep:?}"
+        );
+        // Appends are refused until the loss is recorded, and nothing is written.
+        let refused = store.append(run, new_ev(None, "too early"), Durability::Sync);
+        assert!(
+            matches!(&refused, Err(Error::Corrupt { reason, .. }) if reason.contains("swarm repair")),
+            "cut at {cut}: {refused:?}"
+        );
+        assert_eq!(read_file(&*storage, &seg), &bytes[..cut], "cut at {cut}");
+        // Repair: the damaged bytes aside, the lost seqs recorded, numbering after 7.
+        let damaged = store.repair(run).unwrap().expect("a repair");
+        assert_eq!(damaged.kind, EventType::LogDamaged);
+        assert_eq!(damaged.seq, 8, "cut at {cut}");
+        assert_eq!(damaged.content["lost_from"], k as u64 + 1, "cut at {cut}");
+        assert_eq!(damaged.content["lost_to"], 7, "cut at {cut}");
+        let aside = files_ending(&*storage, &dir, ".damaged");
+        assert_eq!(aside.len(), 1, "cut at {cut}");
+        assert_eq!(read_file(&*storage, &aside[0]), &bytes[whole_end..cut]);
+        assert!(
+            store.repair(run).unwrap().is_none(),
+            "a second repair is a no-op"
+        );
         let new = store
-            .append(run, new_ev(None, "after the cut"), Durability::Sync)
-            .unwrap_or_else(|e| panic!("append after a cut at {cut}: {e}"));
-        assert_eq!(new.seq, k as u64 + 1, "cut at {cut}");
-        let broken = broken_files(&*storage, &dir);
-        if cut == whole_end {
-            assert!(broken.is_empty(), "cut at {cut}: {broken:?}");
-        } else {
-            assert_eq!(broken.len(), 1, "cut at {cut}");
-            assert_eq!(read_file(&*storage, &broken[0]), &bytes[whole_end..cut]);
-            assert!(broken[0]
-                .to_string_lossy()
-                .contains(&format!(".{whole_end}.")));
-        }
+            .append(run, new_ev(None, "after the repair"), Durability::Sync)
+            .unwrap_or_else(|e| panic!("append after the repair of a cut at {cut}: {e}"));
+        assert_eq!(new.seq, 9, "cut at {cut}: a seq readers saw was reused");
         let mut want = all[..k].to_vec();
+        want.push(damaged.clone());
         want.push(new.clone());
         assert_eq!(
             lib_read(&store, run),
@@ -122,10 +164,12 @@ fn sweep(storage: Arc<dyn Storage>, root: &Path, mem: Option<&MemStorage>) {
         );
         let rep = store.verify(run, |_| {}).unwrap();
         assert!(rep.ok && rep.torn_tail.is_none(), "cut at {cut}: {rep:?}");
+        // A fresh handle (a new process) reads and appends the same way.
+        drop(store);
+        let store = open();
+        assert_eq!(lib_read(&store, run), want, "cut at {cut}: reopened");
         drop(store);
         if let Some(mem) = mem {
-            // Everything written, durable or not: after a power loss the watermark file
-            // itself may be gone, which hides records until the next append.
             mem.crash(|_, _| 0);
             let written: Vec<Event> = open()
                 .read(
@@ -140,79 +184,192 @@ fn sweep(storage: Arc<dyn Storage>, root: &Path, mem: Option<&MemStorage>) {
                 .unwrap();
             assert_eq!(
                 written, want,
-                "cut at {cut}: a sync-acknowledged append did not survive a power loss"
+                "cut at {cut}: the repair or an acknowledged append did not survive a power loss"
             );
         }
     }
 }
 
 #[test]
-fn every_offset_real_files() {
+fn every_offset_below_the_durable_mark_real_files() {
     let env = Env::fast();
     sweep(Arc::new(FsStorage), env.path(), None);
 }
 
 #[test]
-fn every_offset_mem_with_power_loss() {
+fn every_offset_below_the_durable_mark_mem_with_power_loss() {
     let mem = MemStorage::new();
     sweep(Arc::new(mem.clone()), Path::new("/data"), Some(&mem));
 }
 
-/// A few cuts through the CLI: mid-header, mid-payload, the final newline missing, and
-/// a cut at a frame boundary.
+/// Bytes past the durable mark were never acknowledged: a frame written but cut before
+/// its fsync published it is a torn tail. Every cut inside it reads as the durable
+/// prefix, verifies ok (reported as a torn tail), and the next append cuts it (kept in a
+/// `.broken` file) and continues the seqs.
 #[test]
-fn cli_cuts() {
+fn every_offset_past_the_durable_mark_is_a_torn_tail() {
+    let env = Env::fast();
+    let storage: Arc<dyn Storage> = Arc::new(FsStorage);
+    let root = env.path();
+    let run = "tail";
+    let dir = root.join("anonymous").join(run);
+    let open = || Store::open_with(storage.clone(), root, LogOptions::default()).unwrap();
+    let all = build(&open(), run);
+    let seg = dir.join("seg-00000000000000000001.jsonl");
+    let durable = read_file(&*storage, &seg);
+    let synced_bytes = read_file(&*storage, &dir.join("SYNCED"));
+    // One more frame: its bytes lie past the durable mark once SYNCED is put back.
+    open()
+        .append(run, new_ev(None, "never acknowledged"), Durability::Sync)
+        .unwrap();
+    let longer = read_file(&*storage, &seg);
+    for cut in durable.len() + 1..longer.len() {
+        reset(&*storage, &dir, &longer[..cut], &synced_bytes);
+        let store = open();
+        assert_eq!(lib_read(&store, run), all, "cut at {cut}");
+        let rep = store.verify(run, |_| {}).unwrap();
+        assert!(rep.ok, "cut at {cut}: {rep:?}");
+        let t = rep.torn_tail.expect("a torn tail");
+        assert_eq!(
+            (t.offset, t.bytes),
+            (durable.len() as u64, (cut - durable.len()) as u64)
+        );
+        let new = store
+            .append(run, new_ev(None, "after the cut"), Durability::Sync)
+            .unwrap_or_else(|e| panic!("append after a cut at {cut}: {e}"));
+        assert_eq!(new.seq, 8, "cut at {cut}");
+        let broken = files_ending(&*storage, &dir, ".broken");
+        assert_eq!(broken.len(), 1, "cut at {cut}");
+        assert_eq!(
+            read_file(&*storage, &broken[0]),
+            &longer[durable.len()..cut]
+        );
+    }
+}
+
+/// A flipped byte in the last frame (below the mark) is reported and refused, never cut
+/// as a torn tail; `swarm repair` through the CLI records it and appends go on.
+#[test]
+fn a_flip_in_the_last_frame_through_the_cli() {
     let env = Env::new();
-    let run = "cut";
+    let run = "flip";
     let store = env.store();
     let all = build(&store, run);
     drop(store);
     let seg = env.segments(run).remove(0);
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let bounds = frame_boundaries(&bytes);
+    let at = bounds[4] + 60;
+    bytes[at] ^= 0x20;
+    std::fs::write(&seg, &bytes).unwrap();
+    let out = env.swarm(&["read", "--run", run]).code(3);
+    assert_eq!(out.events(), all[..6]);
+    assert!(out.stderr.contains("seqs 7..=7"), "{}", out.stderr);
+    let (code, rep) = env.verify(run);
+    assert_eq!(code, 3, "{rep}");
+    env.swarm(&[
+        "append",
+        "--run",
+        run,
+        "--agent",
+        "a",
+        "--type",
+        "evidence",
+        "--content",
+        "x",
+    ])
+    .code(3)
+    .one_line_error(&["swarm repair --run flip"]);
+    assert!(
+        env.broken_files(run).is_empty(),
+        "acknowledged bytes were cut as a torn tail"
+    );
+    let repaired = env.swarm(&["repair", "--run", run]).ok();
+    let ev: serde_json::Value = serde_json::from_str(repaired.stdout.trim()).unwrap();
+    assert_eq!(ev["type"], "log_damaged");
+    assert_eq!(
+        (ev["seq"].as_u64(), ev["content"]["lost_from"].as_u64()),
+        (Some(8), Some(7))
+    );
+    let next = env
+        .swarm(&[
+            "append",
+            "--run",
+            run,
+            "--agent",
+            "a",
+            "--type",
+            "evidence",
+            "--content",
+            "x",
+        ])
+        .ok()
+        .events();
+    assert_eq!(next[0].seq, 9);
+    let (code, rep) = env.verify(run);
+    assert_eq!(code, 0, "{rep}");
+    let got = env.read(run);
+    assert_eq!(
+        got.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        [1, 2, 3, 4, 5, 6, 8, 9]
+    );
+    // Replay and checkpoints handle the recorded gap.
+    env.swarm(&["checkpoint", "--run", run]).ok();
+    let r = env.swarm(&["replay", "--run", run]).ok();
+    let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    assert_eq!(v["state"]["head_seq"], 9);
+}
+
+/// A consumer with a cursor across a repair: it saw seqs 1..=7; bytes holding 6 and 7 are
+/// lost and repaired; it resumes and gets every new event exactly once, none under a
+/// reused seq.
+#[test]
+fn a_tailer_with_a_cursor_sees_every_event_once_across_a_repair() {
+    let env = Env::new();
+    let run = "cur";
+    let store = env.store();
+    let all = build(&store, run);
+    drop(store);
+    let cursor = env.path().join("c.cursor");
+    let c = cursor.to_str().unwrap();
+    let first = env
+        .swarm(&["tail", "--run", run, "--cursor-file", c])
+        .ok()
+        .events();
+    assert_eq!(first, all);
+    let seg = env.segments(run).remove(0);
     let bytes = std::fs::read(&seg).unwrap();
     let bounds = frame_boundaries(&bytes);
-    let synced = std::fs::read(env.run_dir(run).join("SYNCED")).unwrap();
-    // (cut, whole frames before it, events in them)
-    let cuts = [
-        (bounds[1] + 20, 1, 1),
-        (bounds[3] + 100, 3, 5),
-        (bounds[5] - 1, 4, 6),
-        (bounds[2], 2, 2),
-    ];
-    for (cut, frames, k) in cuts {
-        for b in env.broken_files(run) {
-            std::fs::remove_file(b).unwrap();
-        }
-        std::fs::write(&seg, &bytes[..cut]).unwrap();
-        std::fs::write(env.run_dir(run).join("SYNCED"), &synced).unwrap();
-        assert_eq!(env.read(run), all[..k], "cut at {cut}");
-        let (code, rep) = env.verify(run);
-        assert_eq!(code, 0, "cut at {cut}: {rep}");
-        if cut == bounds[frames] {
-            assert!(rep["torn_tail"].is_null(), "{rep}");
-        } else {
-            assert_eq!(rep["torn_tail"]["offset"], bounds[frames], "{rep}");
-            assert_eq!(rep["torn_tail"]["bytes"], cut - bounds[frames], "{rep}");
-        }
-        let ev = env
-            .swarm(&[
-                "append",
-                "--run",
-                run,
-                "--agent",
-                "a",
-                "--type",
-                "evidence",
-                "--content",
-                "after the cut",
-            ])
-            .ok()
-            .events();
-        assert_eq!(ev[0].seq, k as u64 + 1);
-        assert_eq!(
-            env.broken_files(run).len(),
-            usize::from(cut != bounds[frames])
-        );
-        let got = env.check_run(run);
-        assert_eq!(got[..k], all[..k]);
+    std::fs::write(&seg, &bytes[..bounds[3]]).unwrap();
+    env.swarm(&["tail", "--run", run, "--cursor-file", c])
+        .code(3);
+    env.swarm(&["repair", "--run", run]).ok();
+    for i in 0..3 {
+        env.swarm(&[
+            "append",
+            "--run",
+            run,
+            "--agent",
+            "a",
+            "--type",
+            "evidence",
+            "--content",
+            &format!("new {i}"),
+        ])
+        .ok();
     }
+    let next = env
+        .swarm(&["tail", "--run", run, "--cursor-file", c])
+        .ok()
+        .events();
+    assert_eq!(
+        next.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        [8, 9, 10, 11]
+    );
+    assert_eq!(next[0].kind, EventType::LogDamaged);
+    assert!(env
+        .swarm(&["tail", "--run", run, "--cursor-file", c])
+        .ok()
+        .events()
+        .is_empty());
 }

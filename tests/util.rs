@@ -79,10 +79,8 @@ impl Env {
             .env_remove("SWARM_LOG")
             .arg("--data-dir")
             .arg(self.path())
-            .arg("--checkpoint-dir")
-            .arg(self.path().join(".checkpoints"))
-            .arg("--archive-dir")
-            .arg(self.path().join(".archive"))
+            .env_remove("SWARM_CHECKPOINT_DIR")
+            .env_remove("SWARM_ARCHIVE_DIR")
             .args(args);
         c
     }

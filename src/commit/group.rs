@@ -16,14 +16,24 @@ use crate::log::watermark::{self, Pos};
 use crate::commit::{lock, InFlight, RunLog, SyncLocal};
 
 impl RunLog {
+    /// The marks in `SYNCED`. Unreadable marks (garbage, not a torn write: writers update
+    /// them under the file's lock) read as the start of the log; the next write replaces
+    /// them with the marks this writer knows, and `Store::marks` rebuilds them for readers.
+    pub(super) fn synced_marks(&self) -> watermark::Marks {
+        watermark::read(&*self.synced, &self.synced_path).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "unreadable SYNCED marks; writing new ones");
+            watermark::Marks::default()
+        })
+    }
+
     /// Makes frames up to `p` visible without syncing them (batch and none modes).
-    pub(super) fn advance_visible(&self, p: Pos) -> Result<()> {
+    pub(super) fn advance_visible(&self, p: Pos, seq: u64) -> Result<()> {
         let _io = lock(&self.sync_io);
         self.synced.lock().ctx("lock", &self.synced_path)?;
         let r = (|| {
-            let mut m = watermark::read(&*self.synced, &self.synced_path)?;
+            let mut m = self.synced_marks();
             if m.visible < p {
-                m.visible = p;
+                m.advance_visible(p, seq);
                 watermark::write(&*self.synced, &self.synced_path, m)?;
             }
             Ok(())
@@ -33,8 +43,13 @@ impl RunLog {
     }
 
     /// Waits until everything before `end` is durable, syncing if nobody else has.
-    pub(super) fn wait_durable(&self, end: Pos, seg: &Arc<dyn StorageFile>) -> Result<()> {
-        let (id, cover, file) = {
+    pub(super) fn wait_durable(
+        &self,
+        end: Pos,
+        end_seq: u64,
+        seg: &Arc<dyn StorageFile>,
+    ) -> Result<()> {
+        let (id, cover, cover_seq, file) = {
             let mut s = lock(&self.sync);
             loop {
                 if s.durable >= end {
@@ -62,9 +77,9 @@ impl RunLog {
             }
             // Cover everything this process wrote, so that threads whose frames were
             // written after ours share this fsync.
-            let (cover, file) = match &s.written {
-                Some((p, f)) if *p >= end => (*p, f.clone()),
-                _ => (end, seg.clone()),
+            let (cover, cover_seq, file) = match &s.written {
+                Some((p, q, f)) if *p >= end => (*p, *q, f.clone()),
+                _ => (end, end_seq, seg.clone()),
             };
             let id = s.next_id;
             s.next_id += 1;
@@ -73,9 +88,9 @@ impl RunLog {
                 covers: Some(cover),
                 done: false,
             });
-            (id, cover, file)
+            (id, cover, cover_seq, file)
         };
-        let r = self.sync_and_publish(id, cover, &*file);
+        let r = self.sync_and_publish(id, cover, cover_seq, &*file);
         let mut s = lock(&self.sync);
         s.inflight.retain(|f| f.id != id);
         if let Ok(p) = &r {
@@ -107,10 +122,11 @@ impl RunLog {
         &self,
         id: u64,
         cover: Pos,
+        cover_seq: u64,
         file: &dyn StorageFile,
     ) -> Result<Pos> {
         // Another process's fsync may have covered it already.
-        let m = watermark::read(&*self.synced, &self.synced_path)?;
+        let m = self.synced_marks();
         if m.durable >= cover {
             return Ok(m.durable);
         }
@@ -120,10 +136,9 @@ impl RunLog {
         let _io = lock(&self.sync_io);
         self.synced.lock().ctx("lock", &self.synced_path)?;
         let r = (|| {
-            let mut m = watermark::read(&*self.synced, &self.synced_path)?;
+            let mut m = self.synced_marks();
             if m.durable < cover {
-                m.durable = cover;
-                m.visible = m.visible.max(cover);
+                m.advance_durable(cover, cover_seq);
                 watermark::write(&*self.synced, &self.synced_path, m)?;
             }
             Ok(m.durable)
@@ -193,12 +208,17 @@ impl RunLog {
         Ok(())
     }
 
-    pub(super) fn note_batch_write(self: &Arc<Self>, end: Pos, seg: Arc<dyn StorageFile>) {
+    pub(super) fn note_batch_write(
+        self: &Arc<Self>,
+        end: Pos,
+        end_seq: u64,
+        seg: Arc<dyn StorageFile>,
+    ) {
         {
             let mut d = lock(&self.batch_dirty);
             match &*d {
-                Some((p, _)) if *p >= end => {}
-                _ => *d = Some((end, seg)),
+                Some((p, _, _)) if *p >= end => {}
+                _ => *d = Some((end, end_seq, seg)),
             }
         }
         if !self.flusher_started.swap(true, Ordering::AcqRel) {
@@ -217,8 +237,8 @@ impl RunLog {
 
     pub(crate) fn flush_batch(&self) {
         let pending = lock(&self.batch_dirty).take();
-        if let Some((end, seg)) = pending {
-            if let Err(e) = self.wait_durable(end, &seg) {
+        if let Some((end, seq, seg)) = pending {
+            if let Err(e) = self.wait_durable(end, seq, &seg) {
                 tracing::error!(error = %e, run = %self.run_id, "batch-mode fsync failed");
             }
         }

@@ -111,6 +111,9 @@ struct Writer {
     recorded: bool,
     /// Nothing below is valid until `loaded`.
     loaded: bool,
+    /// Where the last `load` found acknowledged bytes damaged or missing (at the end of
+    /// the log, where `repair` can cut them), if it did.
+    damage: Option<Pos>,
     seg_base: u64,
     seg: Arc<dyn StorageFile>,
     /// End of the last whole frame of `seg` known to this process.
@@ -124,6 +127,9 @@ struct Writer {
     buf: Vec<u8>,
 }
 
+/// The end of a frame this process wrote, the seq of its last event, and its segment.
+type FrameEnd = (Pos, u64, Arc<dyn StorageFile>);
+
 /// An fsync of a segment in flight in this process.
 struct InFlight {
     id: u64,
@@ -136,8 +142,9 @@ struct InFlight {
 struct SyncLocal {
     /// Largest durable position this process has seen.
     durable: Pos,
-    /// End of the last frame this process wrote, and its segment.
-    written: Option<(Pos, Arc<dyn StorageFile>)>,
+    /// End of the last frame this process wrote, the seq of its last event, and its
+    /// segment.
+    written: Option<FrameEnd>,
     /// fsyncs in flight in this process.
     inflight: Vec<InFlight>,
     next_id: u64,
@@ -169,8 +176,11 @@ pub(crate) struct RunLog {
     poisoned: AtomicBool,
     /// A background prune of this process is running.
     prune_running: AtomicBool,
+    /// The background checkpoint job of this run in this process: (running, another
+    /// crossing came while it ran). At most one runs; crossings meanwhile coalesce.
+    checkpoint_job: Mutex<(bool, bool)>,
     /// Position of the last `batch`-mode write not yet covered by a flush (seg, off).
-    batch_dirty: Mutex<Option<(Pos, Arc<dyn StorageFile>)>>,
+    batch_dirty: Mutex<Option<FrameEnd>>,
     flusher_started: AtomicBool,
     id_nonce: u64,
     id_counter: AtomicU64,

@@ -6,14 +6,17 @@ use std::sync::Arc;
 
 use crate::error::{Error, IoContext, Result};
 use crate::event::ts::Ts;
-use crate::event::{EventHead, GENERATED_ID_PREFIX};
+use crate::event::{
+    Checked, Event, EventHead, EventType, LogDamaged, ENGINE_AGENT, GENERATED_ID_PREFIX,
+};
 use crate::fold::checkpoint;
 use crate::fold::rules::{needs_content, RuleEvent, Rules};
+use crate::log::meta::{Durability, LOCK_FILE};
 use crate::log::segment::{self, FrameReader, Step};
 use crate::log::storage::OpenMode;
 use crate::log::watermark::{self, Pos};
 
-use crate::commit::{lock, LiteEvent, RunLog, Writer};
+use crate::commit::{lock, LiteEvent, Request, RunLog, Writer};
 
 impl RunLog {
     /// Brings the writer up to date with the log: loads the head on first use, reads what
@@ -26,18 +29,16 @@ impl RunLog {
             let seg_path = segment::segment_path(&self.dir, w.seg_base);
             let len = w.seg.len().ctx("stat", &seg_path)?;
             if len < w.end {
-                return Err(Error::corrupt(
-                    &seg_path,
-                    len,
-                    w.head_seq + 1,
-                    format!(
-                        "segment shrank from {} to {len} bytes under the lock",
-                        w.end
-                    ),
-                ));
+                // Only `swarm repair` cuts a segment below what a writer has seen (after it
+                // moved damaged bytes aside and started a new segment); anything else is
+                // damage. Either way, look at the log afresh: `load` knows which.
+                tracing::warn!(segment = %seg_path.display(), from = w.end, to = len, "segment shrank; reloading the log");
+                w.loaded = false;
+                self.load(w)?;
+                continue;
             }
             if len > w.end {
-                self.scan_tail(w, len, true)?;
+                self.scan_tail(w, len, true, None)?;
             }
             if w.end < self.meta.segment_bytes {
                 return Ok(());
@@ -71,6 +72,8 @@ impl RunLog {
         if bases.is_empty() {
             return Err(Error::RunNotFound(self.run_id.clone()));
         }
+        let durable = self.durable_mark();
+        w.damage = None;
         w.rules = Rules::default();
         w.head_seq = 0;
         w.head_ts = Ts(0);
@@ -91,7 +94,9 @@ impl RunLog {
             self.switch_segment(w, base)?;
             if base == from.seg {
                 w.end = from.off;
-            } else if w.head_seq + 1 != base {
+            } else if w.head_seq + 1 > base {
+                // (A later base is a gap: its first event must declare it; `scan_tail`
+                // checks that with the frame.)
                 let path = segment::segment_path(&self.dir, base);
                 return Err(Error::corrupt(
                     &path,
@@ -104,12 +109,16 @@ impl RunLog {
                 .seg
                 .len()
                 .ctx("stat", &segment::segment_path(&self.dir, base))?;
-            self.scan_tail(w, len, i + 1 == bases.len())?;
+            self.scan_tail(w, len, i + 1 == bases.len(), Some(durable))?;
         }
-        self.clamp_watermark(Pos {
+        let end = Pos {
             seg: w.seg_base,
             off: w.end,
-        })?;
+        };
+        if end < durable {
+            return Err(self.acknowledged_lost(w, end, "the log ends below its durable mark"));
+        }
+        self.clamp_watermark(end)?;
         w.ids_upto = Pos::default();
         w.loaded = true;
         Ok(())
@@ -151,7 +160,7 @@ impl RunLog {
         s.durable = s.durable.min(end);
         self.synced.lock().ctx("lock", &self.synced_path)?;
         let r = (|| {
-            let mut m = watermark::read(&*self.synced, &self.synced_path)?;
+            let mut m = self.synced_marks();
             if m.durable > end || m.visible > end {
                 tracing::warn!(
                     path = %self.synced_path.display(),
@@ -171,7 +180,13 @@ impl RunLog {
 
     /// Reads frames in `[w.end, len)` of the current segment, moving the head; a torn tail
     /// is cut off (kept in a `.broken` file), damage followed by valid frames is an error.
-    pub(super) fn scan_tail(&self, w: &mut Writer, len: u64, last_segment: bool) -> Result<()> {
+    pub(super) fn scan_tail(
+        &self,
+        w: &mut Writer,
+        len: u64,
+        last_segment: bool,
+        durable: Option<Pos>,
+    ) -> Result<()> {
         let path = segment::segment_path(&self.dir, w.seg_base);
         let mut r = FrameReader::new(w.seg.clone(), path.clone(), w.end, Some(len))?;
         let (bad_at, reason) = loop {
@@ -186,7 +201,18 @@ impl RunLog {
                                 format!("bad event JSON: {e}"),
                             )
                         })?;
-                    for e in &events {
+                    for (i, e) in events.iter().enumerate() {
+                        if i == 0 && e.seq > w.head_seq + 1 && w.end == 0 {
+                            // A new segment after a repair: legal only if its first event
+                            // declares exactly the lost seqs.
+                            let content: serde_json::Value =
+                                serde_json::from_str(e.content.get()).unwrap_or_default();
+                            if LogDamaged::declared(e.kind, &content)
+                                == Some((w.head_seq + 1, e.seq - 1))
+                            {
+                                w.head_seq = e.seq - 1;
+                            }
+                        }
                         if e.seq != w.head_seq + 1 {
                             return Err(Error::corrupt(
                                 &path,
@@ -245,7 +271,194 @@ impl RunLog {
                 format!("{reason}; valid records follow at byte {next}, refusing to truncate"),
             ));
         }
+        let at = Pos {
+            seg: w.seg_base,
+            off: bad_at,
+        };
+        // Read lazily on the catch-up path: damage is rare, the append path is not.
+        if at < durable.unwrap_or_else(|| self.durable_mark()) {
+            return Err(self.acknowledged_lost(w, at, reason));
+        }
         self.repair_tail(w, bad_at, len, reason)
+    }
+
+    /// The durable mark as `SYNCED` has it; the start of the log when it is missing or
+    /// unreadable (then only whole frames can be trusted, and what follows them is a
+    /// torn tail, as before marks existed).
+    pub(super) fn durable_mark(&self) -> Pos {
+        match watermark::read(&*self.synced, &self.synced_path) {
+            Ok(m) => m.durable,
+            Err(e) => {
+                tracing::warn!(path = %self.synced_path.display(), error = %e, "unreadable durable mark; trusting whole frames only");
+                Pos::default()
+            }
+        }
+    }
+
+    /// The error for acknowledged bytes found damaged or missing at `at`: appends stop
+    /// until `swarm repair` records the loss.
+    pub(super) fn acknowledged_lost(&self, w: &mut Writer, at: Pos, reason: &str) -> Error {
+        w.damage = Some(at);
+        let m = watermark::read(&*self.synced, &self.synced_path).unwrap_or_default();
+        let from = w.head_seq + 1;
+        let upto = m.visible_seq.max(m.durable_seq);
+        let seqs = if upto >= from {
+            format!("seqs {from}..={upto}")
+        } else {
+            format!("records from seq {from}")
+        };
+        Error::corrupt(
+            &segment::segment_path(&self.dir, at.seg),
+            at.off,
+            from,
+            format!(
+                "{reason}, below the durable mark (segment {}, byte {}): acknowledged {seqs} are lost; appends are refused until `swarm repair --run {}` moves the damage aside",
+                m.durable.seg, m.durable.off, self.run_id
+            ),
+        )
+    }
+
+    /// `swarm repair`: when the log's acknowledged bytes end in damage (a cut segment, a
+    /// flipped last frame, a lost last segment), moves the damaged bytes aside into a
+    /// `.damaged` file, truncates the segment to its intact prefix, and starts a new
+    /// segment whose first event, `log_damaged`, declares the lost seqs: numbering goes on
+    /// after the highest seq readers may have seen, so no seq is ever reused. Returns the
+    /// `log_damaged` event, or `None` when nothing needed repair. Damage followed by valid
+    /// records is refused: cutting would drop the valid ones.
+    pub(crate) fn repair(&self) -> Result<Option<Event>> {
+        let mut w = lock(&self.writer);
+        let lock_path = self.dir.join(LOCK_FILE);
+        w.lock_file.lock().ctx("lock", &lock_path)?;
+        let r = self.repair_locked(&mut w);
+        if let Err(e) = w.lock_file.unlock().ctx("unlock", &lock_path) {
+            tracing::error!(error = %e, "cannot release the append lock");
+        }
+        r
+    }
+
+    fn repair_locked(&self, w: &mut Writer) -> Result<Option<Event>> {
+        w.loaded = false;
+        match self.load(w) {
+            Ok(()) => return Ok(None),
+            Err(e) if w.damage.is_none() => return Err(e),
+            Err(e) => tracing::warn!(error = %e, "repairing"),
+        }
+        let m = watermark::read(&*self.synced, &self.synced_path).unwrap_or_default();
+        let lost_from = w.head_seq + 1;
+        // Format-1 marks carry no seqs: then at least one seq is declared lost, so that
+        // whatever a reader saw last is not handed out again with other content.
+        let lost_to = m.visible_seq.max(m.durable_seq).max(lost_from);
+        let seg_path = segment::segment_path(&self.dir, w.seg_base);
+        let len = w.seg.len().ctx("stat", &seg_path)?;
+        let at = w.end;
+        let kept = self.dir.join(format!(
+            "{}.{at}.damaged",
+            segment::segment_name(w.seg_base)
+        ));
+        let mut bytes = vec![0u8; (len - at) as usize];
+        w.seg.read_exact_at(&mut bytes, at).ctx("read", &seg_path)?;
+        // Nothing left to move when a repair is resumed after a crash that came after
+        // the cut: the first attempt's copy stays as it is.
+        if !bytes.is_empty() || !self.storage.exists(&kept) {
+            let kf = self
+                .storage
+                .open(&kept, OpenMode::ReadWriteCreate)
+                .ctx("create", &kept)?;
+            kf.set_len(0).ctx("truncate", &kept)?;
+            kf.write_all_at(&bytes, 0).ctx("write", &kept)?;
+            kf.sync_data().ctx("fsync", &kept)?;
+        }
+        w.seg.set_len(at).ctx("truncate", &seg_path)?;
+        self.fsync_segment(&*w.seg, &seg_path)?;
+        let damaged_seg = w.seg_base;
+        let base = lost_to + 1;
+        self.switch_segment(w, base)?;
+        self.storage
+            .sync_dir(&self.dir)
+            .ctx("fsync dir", &self.dir)?;
+        w.head_seq = lost_to;
+        w.damage = None;
+        w.loaded = true;
+        w.ids_upto = Pos::default();
+        w.ids.clear();
+        let record = LogDamaged {
+            lost_from,
+            lost_to,
+            segment: segment::segment_name(damaged_seg),
+            offset: at,
+            bytes: bytes.len() as u64,
+            kept_in: kept
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            reason: "acknowledged bytes damaged or missing".into(),
+        };
+        let content = serde_json::to_value(&record)
+            .map_err(|e| Error::invalid("log_damaged", e.to_string()))?;
+        let req = Request {
+            batch: vec![Checked::engine(
+                ENGINE_AGENT,
+                &self.meta.user_id,
+                EventType::LogDamaged,
+                content,
+                None,
+                Vec::new(),
+            )],
+            expect_seq: None,
+            durability: Durability::Sync,
+        };
+        let outcome = self
+            .write_group_locked(w, vec![&req])?
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::invalid("repair", "no outcome"))??;
+        if let Some(seg) = &outcome.seg {
+            self.wait_durable(outcome.end, base, seg)?;
+        }
+        tracing::warn!(
+            run = %self.run_id,
+            lost_from,
+            lost_to,
+            kept_in = %kept.display(),
+            "repaired: damaged bytes moved aside, the lost seqs recorded"
+        );
+        Ok(outcome.events.into_iter().next())
+    }
+
+    /// Rebuilds lost or unreadable marks (`SYNCED` deleted, garbled, emptied) from the
+    /// log: under the lock, every CRC-valid frame is read (a torn tail past them is cut as
+    /// usual: with no marks nothing is known to be acknowledged), the last segment is
+    /// fsynced, and both marks are set to the end of the whole frames, with its seq.
+    /// Returns how many events the marks now cover.
+    pub(crate) fn rebuild_marks(&self) -> Result<u64> {
+        let mut w = lock(&self.writer);
+        let lock_path = self.dir.join(LOCK_FILE);
+        w.lock_file.lock().ctx("lock", &lock_path)?;
+        let r = (|| {
+            w.loaded = false;
+            self.load(&mut w)?;
+            let path = segment::segment_path(&self.dir, w.seg_base);
+            self.fsync_segment(&*w.seg, &path)?;
+            let end = Pos {
+                seg: w.seg_base,
+                off: w.end,
+            };
+            let _io = lock(&self.sync_io);
+            self.synced.lock().ctx("lock", &self.synced_path)?;
+            let mut m = watermark::read(&*self.synced, &self.synced_path).unwrap_or_default();
+            m.advance_durable(end, w.head_seq);
+            // Not fsynced, like every `SYNCED` write: marks lost again in a power loss are
+            // rebuilt again, from whatever frames the disk kept.
+            let r = watermark::write(&*self.synced, &self.synced_path, m);
+            let _ = self.synced.unlock();
+            r?;
+            lock(&self.sync).durable = end;
+            Ok(w.head_seq)
+        })();
+        if let Err(e) = w.lock_file.unlock().ctx("unlock", &lock_path) {
+            tracing::error!(error = %e, "cannot release the append lock");
+        }
+        r
     }
 
     pub(super) fn repair_tail(
@@ -286,7 +499,7 @@ impl RunLog {
         let r = (|| {
             w.seg.set_len(at).ctx("truncate", &path)?;
             self.fsync_segment(&*w.seg, &path)?;
-            let mut m = watermark::read(&*self.synced, &self.synced_path)?;
+            let mut m = self.synced_marks();
             m.durable = m.durable.min(cut);
             m.visible = m.visible.min(cut);
             watermark::write(&*self.synced, &self.synced_path, m)

@@ -69,6 +69,7 @@ impl RunLog {
                 rules: Rules::default(),
                 recorded: false,
                 loaded: false,
+                damage: None,
                 seg_base: 0,
                 seg: placeholder,
                 end: 0,
@@ -91,6 +92,7 @@ impl RunLog {
             synced_path,
             poisoned: AtomicBool::new(false),
             prune_running: AtomicBool::new(false),
+            checkpoint_job: Mutex::new((false, false)),
             batch_dirty: Mutex::new(None),
             flusher_started: AtomicBool::new(false),
             id_nonce: nonce,
@@ -194,17 +196,20 @@ impl RunLog {
             });
         };
         let outcome = result?;
+        // The last seq of the frame ending at `outcome.end` (a retried batch is its whole
+        // frame), recorded with the marks.
+        let end_seq = outcome.events.iter().map(|e| e.seq).max().unwrap_or(0);
         match (durability, outcome.replayed) {
             // A retry is not acknowledged before the original is durable either. A stored
             // frame in an older segment is durable already: rotation syncs the old one.
             (Durability::Sync, _) => {
                 if let Some(seg) = &outcome.seg {
-                    self.wait_durable(outcome.end, seg)?
+                    self.wait_durable(outcome.end, end_seq, seg)?
                 }
             }
             (Durability::Batch, false) => {
                 if let Some(seg) = &outcome.seg {
-                    self.note_batch_write(outcome.end, seg.clone())
+                    self.note_batch_write(outcome.end, end_seq, seg.clone())
                 }
             }
             _ => {}
@@ -263,17 +268,19 @@ impl RunLog {
             self.catch_up_ids(w)?;
         }
         let saved = (w.head_seq, w.head_ts);
+        let head_before = w.head_seq;
         let mut added_ids: Vec<String> = Vec::new();
         let mut buf = std::mem::take(&mut w.buf);
         buf.clear();
         let now = Ts::now();
         let mut plans: Vec<Result<(Vec<Event>, PlanEnd)>> = Vec::with_capacity(reqs.len());
-        let mut last_visible_end: Option<u64> = None;
+        let mut last_visible_end: Option<(u64, u64)> = None;
         for r in &reqs {
             let plan = self.prepare(w, r, now, &mut buf, &mut added_ids);
-            if let Ok((_, PlanEnd::InBuf(end_in_buf))) = &plan {
+            if let Ok((events, PlanEnd::InBuf(end_in_buf))) = &plan {
                 if r.durability != Durability::Sync {
-                    last_visible_end = Some(*end_in_buf);
+                    let seq = events.iter().map(|e| e.seq).max().unwrap_or(0);
+                    last_visible_end = Some((*end_in_buf, seq));
                 }
             }
             plans.push(plan);
@@ -313,15 +320,18 @@ impl RunLog {
                     seg: w.seg_base,
                     off: w.end,
                 };
-                if s.written.as_ref().is_none_or(|(q, _)| *q < p) {
-                    s.written = Some((p, w.seg.clone()));
+                if s.written.as_ref().is_none_or(|(q, _, _)| *q < p) {
+                    s.written = Some((p, w.head_seq, w.seg.clone()));
                 }
             }
-            if let Some(e) = last_visible_end {
-                self.advance_visible(Pos {
-                    seg: w.seg_base,
-                    off: start + e,
-                })?;
+            if let Some((e, seq)) = last_visible_end {
+                self.advance_visible(
+                    Pos {
+                        seg: w.seg_base,
+                        off: start + e,
+                    },
+                    seq,
+                )?;
             }
             if std::mem::take(&mut w.recorded) {
                 // A refusal recorded an engine event (a channel conflict) and returns an
@@ -333,6 +343,7 @@ impl RunLog {
                         seg: w.seg_base,
                         off: w.end,
                     },
+                    w.head_seq,
                     &seg,
                 )?;
             }
@@ -358,6 +369,7 @@ impl RunLog {
                     seg: w.seg_base,
                     off: start,
                 },
+                head_before,
                 &seg,
             )?;
         }
@@ -427,6 +439,15 @@ impl RunLog {
                 let (ev, frame_end) = self.read_stored(seq, pos)?;
                 end = end.max(frame_end);
                 events.push(ev);
+            }
+            for (asked, stored) in r.batch.iter().zip(&events) {
+                if let Some(field) = asked.differs_from(stored) {
+                    return Err(Error::Conflict(format!(
+                        "id {:?} is already stored as seq {} with a different {field}; \
+                         a retry must carry the same event (use a new id for a new event)",
+                        stored.id, stored.seq
+                    )));
+                }
             }
             // A frame in `buf` ends after every frame in the file: its end covers them.
             let end = end_in_buf.map_or(PlanEnd::Stored(end), PlanEnd::InBuf);
@@ -680,6 +701,30 @@ impl RunLog {
     pub(crate) fn claim_prune(&self) -> bool {
         let wants = lock(&self.writer).rules.wants_prune();
         wants && !self.prune_running.swap(true, Ordering::AcqRel)
+    }
+
+    /// Claims the background checkpoint job: true when none runs (the caller starts it);
+    /// false when one runs, which is then told to run once more when it ends.
+    pub(crate) fn claim_checkpoint(&self) -> bool {
+        let mut j = lock(&self.checkpoint_job);
+        if j.0 {
+            j.1 = true;
+            return false;
+        }
+        *j = (true, false);
+        true
+    }
+
+    /// Called by the checkpoint job when a checkpoint is written: true when crossings
+    /// came meanwhile (write one more, at the new head), false when the job has ended.
+    pub(crate) fn checkpoint_again(&self) -> bool {
+        let mut j = lock(&self.checkpoint_job);
+        if j.1 {
+            j.1 = false;
+            return true;
+        }
+        j.0 = false;
+        false
     }
 
     /// Ends a prune claimed with `claim_prune`.

@@ -68,6 +68,41 @@ pub enum EventType {
     Synth,
     /// Synthesizer: a pass is committed, with the per-run watermarks it reached.
     SynthCommit,
+    /// Engine (`swarm repair`): acknowledged bytes of the log were lost; records the lost
+    /// seq range ([`LogDamaged`]). It is the first event of a new segment, and the only
+    /// thing that makes a gap in seqs legal: the seqs it declares are never handed out
+    /// again.
+    LogDamaged,
+}
+
+/// Content of a `log_damaged` event: which seqs were lost, and where their bytes went.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LogDamaged {
+    /// First lost seq (the seq after the last intact event).
+    pub lost_from: u64,
+    /// Last lost seq: the highest seq readers may have seen (from `SYNCED`).
+    pub lost_to: u64,
+    /// The segment file the bytes were cut from.
+    pub segment: String,
+    /// Byte offset of the cut in it.
+    pub offset: u64,
+    /// How many bytes were moved aside.
+    pub bytes: u64,
+    /// The file they were moved to (beside the segment), for forensics.
+    pub kept_in: String,
+    /// What was wrong with them.
+    pub reason: String,
+}
+
+impl LogDamaged {
+    /// The seq range a stored event declares lost, if it is a `log_damaged` event.
+    pub fn declared(kind: EventType, content: &Value) -> Option<(u64, u64)> {
+        if kind != EventType::LogDamaged {
+            return None;
+        }
+        let d = LogDamaged::deserialize(content).ok()?;
+        (d.lost_from <= d.lost_to).then_some((d.lost_from, d.lost_to))
+    }
 }
 
 impl EventType {
@@ -80,7 +115,7 @@ impl EventType {
     ];
 
     /// The types reserved for the engine, written only through its own operations.
-    pub const ENGINE: [EventType; 11] = [
+    pub const ENGINE: [EventType; 12] = [
         EventType::Policy,
         EventType::ChannelDeclare,
         EventType::ChannelWrite,
@@ -92,6 +127,7 @@ impl EventType {
         EventType::SynthBegin,
         EventType::Synth,
         EventType::SynthCommit,
+        EventType::LogDamaged,
     ];
 
     /// Whether this is one of the four client entry types.
@@ -130,6 +166,7 @@ impl EventType {
             EventType::SynthBegin => "synth_begin",
             EventType::Synth => "synth",
             EventType::SynthCommit => "synth_commit",
+            EventType::LogDamaged => "log_damaged",
         }
     }
 
@@ -350,6 +387,34 @@ pub(crate) struct Checked {
 }
 
 impl Checked {
+    /// The first field in which the stored event `e` (with the same id) says something
+    /// else than this one, if any: a retry must carry the same event, and a reused id
+    /// with other content is refused rather than silently answered with the old event.
+    /// The seq, ts and run are the store's, never compared.
+    pub(crate) fn differs_from(&self, e: &Event) -> Option<&'static str> {
+        if self.agent_id != e.agent_id {
+            Some("agent_id")
+        } else if self.user_id != e.user_id {
+            Some("user_id")
+        } else if self.kind != e.kind {
+            Some("type")
+        } else if self.content != e.content {
+            Some("content")
+        } else if self.confidence != e.confidence {
+            Some("confidence")
+        } else if self.refs != e.refs {
+            Some("refs")
+        } else if self.subject != e.subject {
+            Some("subject")
+        } else if self.session_id != e.session_id {
+            Some("session_id")
+        } else if self.meta != e.meta {
+            Some("meta")
+        } else {
+            None
+        }
+    }
+
     /// An event the engine writes itself (no id: one is generated).
     pub(crate) fn engine(
         agent: &str,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::event::ts::Ts;
 use crate::event::Event;
 use crate::fold::checkpoint::{self, CheckpointInfo};
@@ -164,6 +164,19 @@ pub(crate) fn state_at(
         });
     }
     progress(stats.events_applied);
+    if let Target::Seq(s) = target {
+        if s > state.head_seq {
+            // Past the head there is no state to show: clamping would answer a question
+            // the caller did not ask.
+            return Err(Error::invalid(
+                "at-seq",
+                format!(
+                    "seq {s} is past the run's head (seq {}); the run has no state there yet",
+                    state.head_seq
+                ),
+            ));
+        }
+    }
     Ok(Replayed {
         state,
         stats,

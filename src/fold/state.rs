@@ -114,7 +114,15 @@ impl State {
         if e.seq <= self.head_seq {
             return;
         }
-        debug_assert_eq!(e.seq, self.head_seq + 1, "events applied out of order");
+        // Seqs follow on, but for the gap a `log_damaged` event declares (`swarm repair`).
+        debug_assert!(
+            e.seq == self.head_seq + 1
+                || crate::event::LogDamaged::declared(e.kind, &e.content)
+                    == Some((self.head_seq + 1, e.seq - 1)),
+            "events applied out of order: {} after {}",
+            e.seq,
+            self.head_seq
+        );
         self.head_seq = e.seq;
         self.head_ts = Some(e.ts);
         self.rules.apply(&RuleEvent {

@@ -24,19 +24,17 @@ pub trait Summarizer: Send + Sync {
 pub fn summarize(s: &dyn Summarizer, events: &[Event]) -> Result<String> {
     let text = s.write(events)?.trim().to_string();
     if text.is_empty() {
-        return Err(Error::invalid(
-            "summarizer",
-            "produced an empty summary; the run is unchanged",
-        ));
+        return Err(Error::External(format!(
+            "summarizer {} produced an empty summary; the run is unchanged",
+            s.name()
+        )));
     }
     if text.len() > SUMMARY_BYTES_MAX {
-        return Err(Error::invalid(
-            "summarizer",
-            format!(
-                "produced {} bytes, limit {SUMMARY_BYTES_MAX}; the run is unchanged",
-                text.len()
-            ),
-        ));
+        return Err(Error::External(format!(
+            "summarizer {} produced {} bytes, limit {SUMMARY_BYTES_MAX}; the run is unchanged",
+            s.name(),
+            text.len()
+        )));
     }
     Ok(text)
 }

@@ -1,10 +1,17 @@
-//! The visibility watermark: the log position below which records may be shown.
+//! The durable and visible marks: the log positions below which records are on stable
+//! storage, and may be shown.
 //!
-//! It lives in the run's `SYNCED` file, 40 bytes: `SWMK`, the *durable* position (base
-//! seq of a segment, u64 LE; byte offset in it, u64 LE), the *visible* position (same
-//! layout), and the CRC-32 of the first 36 bytes (u32 LE). Everything before `durable`
-//! was covered by an `fdatasync`; readers are shown frames that end at or before
-//! `visible`, which equals `durable` unless a `batch`- or `none`-mode writer advanced it.
+//! They live in the run's `SYNCED` file, 56 bytes (format 2): `SWM2`, the *durable*
+//! position (base seq of a segment, u64 LE; byte offset in it, u64 LE), the seq of the
+//! last event before it (u64 LE), the *visible* position (same layout) and its seq, and
+//! the CRC-32 of the first 52 bytes (u32 LE). Everything before `durable` was covered by
+//! an `fdatasync`; readers are shown frames that end at or before `visible`, which equals
+//! `durable` unless a `batch`- or `none`-mode writer advanced it. The seqs say which
+//! events the bytes held, so that when bytes below a mark are lost (a bad restore, a disk
+//! that lost blocks) the engine knows which seqs readers may have seen and never hands
+//! them out again. Format 1 (`SWMK`, 40 bytes, no seqs) is still read, with seq 0
+//! ("unknown"); the next write upgrades it.
+//!
 //! The same file's `flock` serializes its updates (a read-modify-write that only moves the
 //! positions forward); the fsyncs that let `durable` advance run outside it, several at a
 //! time. Readers, and writers checking whether their frame is durable already, read it
@@ -24,18 +31,44 @@ pub struct Pos {
     pub off: u64,
 }
 
-/// The two positions kept in `SYNCED`.
+/// The two positions kept in `SYNCED`, with the seq of the last event before each.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Marks {
     /// Everything before it is on stable storage.
     pub durable: Pos,
     /// Readers may be shown frames that end at or before it. Never behind `durable`.
     pub visible: Pos,
+    /// Seq of the last event before `durable` (0: none, or unknown in format 1).
+    pub durable_seq: u64,
+    /// Seq of the last event before `visible`: the highest seq a reader may have seen.
+    pub visible_seq: u64,
 }
 
-const MAGIC: &[u8; 4] = b"SWMK";
+impl Marks {
+    /// Moves `durable` (and `visible`, if behind) forward to `p`, which ends at `seq`.
+    pub fn advance_durable(&mut self, p: Pos, seq: u64) {
+        if self.durable < p {
+            self.durable = p;
+            self.durable_seq = self.durable_seq.max(seq);
+        }
+        self.advance_visible(p, seq);
+    }
+
+    /// Moves `visible` forward to `p`, which ends at `seq`.
+    pub fn advance_visible(&mut self, p: Pos, seq: u64) {
+        if self.visible < p {
+            self.visible = p;
+            self.visible_seq = self.visible_seq.max(seq);
+        }
+    }
+}
+
+const MAGIC_V1: &[u8; 4] = b"SWMK";
+const MAGIC: &[u8; 4] = b"SWM2";
+/// Size of a format-1 `SYNCED` file (read, never written).
+pub const WATERMARK_V1_LEN: usize = 40;
 /// Size of the `SYNCED` file.
-pub const WATERMARK_LEN: usize = 40;
+pub const WATERMARK_LEN: usize = 56;
 
 /// Encodes the marks.
 pub fn encode(m: Marks) -> [u8; WATERMARK_LEN] {
@@ -43,37 +76,61 @@ pub fn encode(m: Marks) -> [u8; WATERMARK_LEN] {
     b[0..4].copy_from_slice(MAGIC);
     b[4..12].copy_from_slice(&m.durable.seg.to_le_bytes());
     b[12..20].copy_from_slice(&m.durable.off.to_le_bytes());
-    b[20..28].copy_from_slice(&m.visible.seg.to_le_bytes());
-    b[28..36].copy_from_slice(&m.visible.off.to_le_bytes());
-    let crc = crc32fast::hash(&b[0..36]);
-    b[36..40].copy_from_slice(&crc.to_le_bytes());
+    b[20..28].copy_from_slice(&m.durable_seq.to_le_bytes());
+    b[28..36].copy_from_slice(&m.visible.seg.to_le_bytes());
+    b[36..44].copy_from_slice(&m.visible.off.to_le_bytes());
+    b[44..52].copy_from_slice(&m.visible_seq.to_le_bytes());
+    let crc = crc32fast::hash(&b[0..52]);
+    b[52..56].copy_from_slice(&crc.to_le_bytes());
     b
 }
 
-/// Decodes the marks; `None` if the bytes are not a watermark.
+/// Decodes the marks (format 2, or format 1 with unknown seqs); `None` if the bytes are
+/// not a watermark.
 pub fn decode(b: &[u8]) -> Option<Marks> {
-    if b.len() != WATERMARK_LEN || &b[0..4] != MAGIC {
-        return None;
-    }
-    let crc = u32::from_le_bytes(b[36..40].try_into().ok()?);
-    if crc32fast::hash(&b[0..36]) != crc {
-        return None;
-    }
     let u = |r: std::ops::Range<usize>| b[r].try_into().ok().map(u64::from_le_bytes);
-    Some(Marks {
-        durable: Pos {
-            seg: u(4..12)?,
-            off: u(12..20)?,
-        },
-        visible: Pos {
-            seg: u(20..28)?,
-            off: u(28..36)?,
-        },
-    })
+    let crc_ok = |n: usize| {
+        let crc = u32::from_le_bytes(b[n..n + 4].try_into().ok()?);
+        (crc32fast::hash(&b[0..n]) == crc).then_some(())
+    };
+    match b.len() {
+        WATERMARK_LEN if &b[0..4] == MAGIC => {
+            crc_ok(52)?;
+            Some(Marks {
+                durable: Pos {
+                    seg: u(4..12)?,
+                    off: u(12..20)?,
+                },
+                durable_seq: u(20..28)?,
+                visible: Pos {
+                    seg: u(28..36)?,
+                    off: u(36..44)?,
+                },
+                visible_seq: u(44..52)?,
+            })
+        }
+        WATERMARK_V1_LEN if &b[0..4] == MAGIC_V1 => {
+            crc_ok(36)?;
+            Some(Marks {
+                durable: Pos {
+                    seg: u(4..12)?,
+                    off: u(12..20)?,
+                },
+                visible: Pos {
+                    seg: u(20..28)?,
+                    off: u(28..36)?,
+                },
+                durable_seq: 0,
+                visible_seq: 0,
+            })
+        }
+        _ => None,
+    }
 }
 
-/// Reads the watermark. A missing or unreadable one reads as the start of the log
-/// (nothing visible): the safe side. Retries a few times on a torn concurrent write.
+/// Reads the marks. An empty file (a run created, nothing appended yet) reads as the
+/// start of the log; an unreadable one, after a few retries on a torn concurrent write,
+/// is an error: never "nothing visible", which would hide the run.
 pub fn read(file: &dyn StorageFile, path: &Path) -> Result<Marks> {
     let mut b = [0u8; WATERMARK_LEN];
     for _ in 0..100 {
@@ -86,8 +143,14 @@ pub fn read(file: &dyn StorageFile, path: &Path) -> Result<Marks> {
         }
         std::thread::yield_now();
     }
-    tracing::warn!(path = %path.display(), "unreadable watermark; treating as empty");
-    Ok(Marks::default())
+    // Never "empty": that would hide every record. The store rebuilds the marks from
+    // the log's CRC-valid frames (`Store::marks`), or the caller reports it.
+    Err(crate::error::Error::corrupt(
+        path,
+        0,
+        0,
+        "unreadable marks (not a format 1 or 2 SYNCED file); they are rebuilt from the log's frames by the next read, append or `swarm repair`".into(),
+    ))
 }
 
 /// Writes the watermark (caller holds the sync lock).
@@ -125,6 +188,8 @@ mod tests {
         let p = Marks {
             durable: Pos { seg: 7, off: 12345 },
             visible: Pos { seg: 8, off: 3 },
+            durable_seq: 41,
+            visible_seq: 44,
         };
         let b = encode(p);
         assert_eq!(decode(&b), Some(p));
@@ -134,5 +199,25 @@ mod tests {
             assert_eq!(decode(&c), None);
         }
         assert!(Pos { seg: 1, off: 999 } < Pos { seg: 2, off: 0 });
+    }
+
+    /// A format-1 file (40 bytes, `SWMK`, no seqs) written by an older build still
+    /// reads, with its seqs unknown (0); a damaged one does not.
+    #[test]
+    fn format_1_is_still_read() {
+        let mut b = [0u8; WATERMARK_V1_LEN];
+        b[0..4].copy_from_slice(b"SWMK");
+        b[4..12].copy_from_slice(&7u64.to_le_bytes());
+        b[12..20].copy_from_slice(&12345u64.to_le_bytes());
+        b[20..28].copy_from_slice(&8u64.to_le_bytes());
+        b[28..36].copy_from_slice(&3u64.to_le_bytes());
+        let crc = crc32fast::hash(&b[0..36]);
+        b[36..40].copy_from_slice(&crc.to_le_bytes());
+        let m = decode(&b).unwrap();
+        assert_eq!(m.durable, Pos { seg: 7, off: 12345 });
+        assert_eq!(m.visible, Pos { seg: 8, off: 3 });
+        assert_eq!((m.durable_seq, m.visible_seq), (0, 0));
+        b[10] ^= 1;
+        assert_eq!(decode(&b), None);
     }
 }

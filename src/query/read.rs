@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use crate::error::{Error, IoContext, Result};
 use crate::event::ts::Ts;
-use crate::event::Event;
+use crate::event::{Event, LogDamaged};
 use crate::log::frame::{self, Decoded};
 use crate::log::segment::{self, FrameReader, Step};
 use crate::log::storage::{file_len, Storage};
@@ -70,6 +70,10 @@ pub struct EventIter {
     done: bool,
     skipped: Vec<Skipped>,
     torn_tail: Option<TornTail>,
+    /// The durable mark when the read began (see [`EventIter::with_index`]).
+    acked: Pos,
+    /// The end-of-log check against the durable mark ran.
+    end_checked: bool,
     frames: u64,
     bytes: u64,
     pos: Pos,
@@ -107,7 +111,15 @@ pub(crate) fn check_frame(
     if events.is_empty() {
         return Err((None, "empty frame".into()));
     }
-    let first = expect.unwrap_or(events[0].seq);
+    let mut first = expect.unwrap_or(events[0].seq);
+    // A gap is legal only where a `log_damaged` event right after it declares exactly
+    // the missing seqs (`swarm repair`): those seqs were lost and are never reused.
+    if events[0].seq > first
+        && LogDamaged::declared(events[0].kind, &events[0].content)
+            == Some((first, events[0].seq - 1))
+    {
+        first = events[0].seq;
+    }
     let mut ts = last_ts;
     for (want, e) in (first..).zip(events.iter()) {
         if e.seq != want {
@@ -147,6 +159,11 @@ impl EventIter {
         limit: Option<Pos>,
         index: Option<IndexSnapshot>,
     ) -> Result<EventIter> {
+        // Read before anything else: every byte below it was durable before this read
+        // began, so damage there is real, never a write in progress.
+        // Never past the read's own limit: stopping there is not a short segment.
+        let acked = read_marks(&*storage, &dir)?.durable;
+        let acked = limit.map_or(acked, |l| acked.min(l));
         let bases = match &index {
             // The index listed the segments up to what it covers, which is the limit.
             Some(snap) if limit.is_some() && snap.covered().map(|c| c.0) == limit => {
@@ -173,6 +190,8 @@ impl EventIter {
             done: false,
             skipped: Vec::new(),
             torn_tail: None,
+            acked,
+            end_checked: false,
             frames: 0,
             bytes: 0,
             pos: Pos::default(),
@@ -405,6 +424,12 @@ impl EventIter {
         }
         self.reader = Some(FrameReader::open(&*self.storage, &path, 0, seg_limit)?);
         match self.expect_seq {
+            // A later base may follow a repaired segment: its first event must declare
+            // the gap (checked with the frame, in `check_frame`).
+            Some(want) if want < base => {
+                self.expect_seq = Some(want);
+                return Ok(true);
+            }
             Some(want) if want != base => {
                 let reason = format!("segment starts at seq {base}, expected {want}");
                 if !self.opts.skip_corrupt {
@@ -428,6 +453,7 @@ impl EventIter {
                 continue;
             }
             if self.reader.is_none() && !self.open_segment()? {
+                self.check_marked_segments_exist()?;
                 return Ok(false);
             }
             let last_segment = self.is_last_segment();
@@ -482,8 +508,21 @@ impl EventIter {
                 }
                 Step::End { offset, incomplete } => {
                     self.seek_from = None;
+                    let path = r.path().to_path_buf();
+                    let seq = self.expect_seq.unwrap_or(1);
+                    // Only the last segment can end early legitimately; an earlier one
+                    // that ends short shows at the next segment's first seq.
+                    let lost = match last_segment {
+                        true => self.lost_below_durable(self.bases[self.idx], offset, seq)?,
+                        false => None,
+                    };
+                    if let Some(lost) = lost {
+                        self.reader = None;
+                        self.idx += 1;
+                        self.report(path, offset, seq, lost)?;
+                        continue;
+                    }
                     if incomplete && last_segment {
-                        let path = r.path().to_path_buf();
                         let len = file_len(&*self.storage, &path)?;
                         self.torn_tail = Some(TornTail {
                             segment: path,
@@ -503,9 +542,21 @@ impl EventIter {
                     let path = r.path().to_path_buf();
                     let seq = self.expect_seq.unwrap_or(1);
                     let next = r.skip_to_next_frame()?;
+                    let base = self.bases[self.idx];
                     match next {
+                        None if last_segment
+                            && self.lost_below_durable(base, offset, seq)?.is_some() =>
+                        {
+                            let lost = self
+                                .lost_below_durable(base, offset, seq)?
+                                .unwrap_or_default();
+                            self.reader = None;
+                            self.idx += 1;
+                            self.report(path, offset, seq, format!("{reason}; {lost}"))?;
+                        }
                         None if last_segment => {
-                            // Nothing valid follows: a torn tail, not corruption.
+                            // Nothing valid follows, past the durable mark: a torn tail
+                            // (a write in progress, or one a crash cut), not corruption.
                             let len = file_len(&*self.storage, &path)?;
                             self.torn_tail = Some(TornTail {
                                 segment: path,
@@ -542,6 +593,65 @@ impl EventIter {
                 }
             }
         }
+    }
+
+    /// Whether bytes from `off` of segment `seg` on lie below the durable mark, i.e. were
+    /// acknowledged: then their loss is corruption, never a torn tail. Returns what was
+    /// lost, for the message.
+    fn lost_below_durable(&self, seg: u64, off: u64, seq: u64) -> Result<Option<String>> {
+        if (Pos { seg, off }) >= self.acked {
+            return Ok(None);
+        }
+        let m = read_marks(&*self.storage, &self.dir)?;
+        let upto = m.visible_seq.max(m.durable_seq);
+        let seqs = if upto >= seq {
+            format!("seqs {seq}..={upto}")
+        } else {
+            format!("records from seq {seq}")
+        };
+        Ok(Some(format!(
+            "acknowledged bytes are damaged or missing below the durable mark (segment {}, byte {}): {seqs} lost; `swarm repair --run {}` moves them aside and lets appends go on",
+            m.durable.seg, m.durable.off, self.run_id
+        )))
+    }
+
+    /// At the end of the log: every segment up to the durable mark must reach it (a lost
+    /// segment, or a cut one, is corruption of acknowledged data).
+    fn check_marked_segments_exist(&mut self) -> Result<()> {
+        if self.end_checked {
+            return Ok(());
+        }
+        self.end_checked = true;
+        let acked = self.acked;
+        // A segment after the mark's continues the log (after a repair, its first event
+        // declares what the mark's segment lost): then seq continuity is the check.
+        if acked == Pos::default() || self.bases.iter().any(|&b| b > acked.seg) {
+            return Ok(());
+        }
+        let path = segment::segment_path(&self.dir, acked.seg);
+        let len = match self.storage.exists(&path) {
+            true => file_len(&*self.storage, &path)?,
+            false => 0,
+        };
+        if len >= acked.off {
+            return Ok(());
+        }
+        let seq = self.expect_seq.unwrap_or(1);
+        if let Some(lost) = self.lost_below_durable(acked.seg, len, seq)? {
+            self.report(path, len, seq, lost)?;
+        }
+        Ok(())
+    }
+
+    /// Corruption found: an error, or with `skip_corrupt` a recorded skip.
+    fn report(&mut self, path: PathBuf, offset: u64, seq: u64, reason: String) -> Result<()> {
+        if !self.opts.skip_corrupt {
+            self.done = true;
+            return Err(Error::corrupt(&path, offset, seq, reason));
+        }
+        let resumed_at = file_len(&*self.storage, &path).unwrap_or(offset);
+        self.skip(path, offset, resumed_at, seq, reason);
+        Ok(())
     }
 
     /// Records a skipped range; the seq after it is whatever the next record says.

@@ -40,6 +40,9 @@ pub struct VerifyReport {
     pub repaired_tails: Vec<RepairedTail>,
     /// Damaged records (never dropped silently).
     pub corrupt: Vec<Skipped>,
+    /// Auxiliary files found lost or unreadable: the `SYNCED` marks (rebuilt from the
+    /// log before the check) and `run.json` (then `ok` is false: `swarm repair`).
+    pub rebuilt: Vec<String>,
 }
 
 /// A torn tail a writer cut off earlier.
@@ -129,5 +132,6 @@ pub(crate) fn verify(
         torn_tail: it.torn_tail().cloned(),
         repaired_tails: repaired,
         corrupt,
+        rebuilt: Vec::new(),
     })
 }

@@ -13,10 +13,17 @@ use crate::fold::summary::{summarize, Summarizer, SUMMARY_BYTES_MAX};
 use crate::query::options::ReadOptions;
 use crate::store::Store;
 
+/// How many lost prune races a caller retries before it reports the conflict (each
+/// loss means another pruner made progress, so this bounds work, not correctness).
+const PRUNE_RACES_MAX: u32 = 16;
+
 /// An external command (run with `sh -c`): the events as a JSON array on stdin, the
 /// summary text on stdout (e.g. an LLM command line).
 #[derive(Clone, Debug)]
 pub struct CommandSummarizer {
+    /// The name stored in each summary (`cmd:<name>`); never the command line, which
+    /// may hold a key.
+    pub name: Option<String>,
     /// The command line.
     pub cmd: String,
     /// Longest it may run.
@@ -25,7 +32,10 @@ pub struct CommandSummarizer {
 
 impl Summarizer for CommandSummarizer {
     fn name(&self) -> String {
-        format!("cmd:{}", self.cmd.chars().take(64).collect::<String>())
+        match &self.name {
+            Some(n) => format!("cmd:{}", n.chars().take(64).collect::<String>()),
+            None => "cmd".into(),
+        }
     }
 
     fn write(&self, events: &[Event]) -> Result<String> {
@@ -36,9 +46,8 @@ impl Summarizer for CommandSummarizer {
 fn run_command(cmd: &str, timeout: Duration, events: &[Event]) -> Result<String> {
     let input =
         serde_json::to_vec(events).map_err(|e| Error::invalid("summarizer", e.to_string()))?;
-    run_filter(cmd, timeout, input, SUMMARY_BYTES_MAX).map_err(|reason| {
-        Error::invalid("summarizer-cmd", format!("{reason}; the run is unchanged"))
-    })
+    run_filter(cmd, timeout, input, SUMMARY_BYTES_MAX)
+        .map_err(|reason| Error::External(format!("summarizer: {reason}; the run is unchanged")))
 }
 
 /// Runs `cmd` with `sh -c`, feeds `input` on its stdin and returns what it printed on
@@ -103,6 +112,29 @@ impl Store {
     /// leaves the run unchanged; a concurrent pruner that got there first makes this one
     /// fail with a conflict (the summary must start right after the previous one).
     pub fn prune(
+        &self,
+        run: &str,
+        agent: &str,
+        summarizer: &dyn Summarizer,
+        force: bool,
+    ) -> Result<Option<Event>> {
+        // A concurrent pruner (another process's, or this store's background one) may
+        // summarise the same range first: the rules then refuse this summary (its range no
+        // longer starts right after the last one). The loser re-reads the state and
+        // prunes what is left, so no caller fails for losing a race.
+        let mut lost = 0;
+        loop {
+            match self.prune_once(run, agent, summarizer, force) {
+                Err(Error::Conflict(e)) if lost < PRUNE_RACES_MAX => {
+                    lost += 1;
+                    tracing::debug!(run, error = %e, "prune lost a race; reading the state again");
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn prune_once(
         &self,
         run: &str,
         agent: &str,

@@ -155,13 +155,54 @@ impl Store {
             return Ok(None);
         }
         let b = read_all(&**self.storage(), &p)?;
-        let v: serde_json::Value =
+        let mut v: serde_json::Value =
             serde_json::from_slice(&b).map_err(|e| bad(&p, e.to_string()))?;
-        let a = v
-            .get("archive")
-            .and_then(|a| a.as_str())
-            .ok_or_else(|| bad(&p, "no archive path"))?;
-        Ok(Some(PathBuf::from(a)))
+        let a = PathBuf::from(
+            v.get("archive")
+                .and_then(|a| a.as_str())
+                .ok_or_else(|| bad(&p, "no archive path"))?,
+        );
+        if v.get("relative_to").and_then(|r| r.as_str()) == Some("data_dir") {
+            return Ok(Some(self.root().join(a)));
+        }
+        if a.is_absolute() {
+            return Ok(Some(a));
+        }
+        // A tombstone written before archive paths were kept relative to the data dir
+        // holds a path relative to the working directory of the process that closed the
+        // run. Where that file exists (or one at the same place under the data dir), the
+        // tombstone is rewritten to the new form so any working directory can read it.
+        let found = [self.root().join(&a), a.clone()]
+            .into_iter()
+            .find(|c| self.storage().exists(c));
+        let Some(found) = found else {
+            return Err(bad(
+                &p,
+                format!(
+                    "archive {} (relative to the working directory that closed the run) is not found; run from that directory once, or move the archive under the data dir",
+                    a.display()
+                ),
+            ));
+        };
+        let (stored, rel) = self.archive_ref(&found);
+        v["archive"] = serde_json::Value::String(stored);
+        if rel {
+            v["relative_to"] = "data_dir".into();
+        }
+        if let Err(e) = write_atomic(&**self.storage(), &p, v.to_string().as_bytes()) {
+            tracing::warn!(tombstone = %p.display(), error = %e, "cannot migrate the archive path");
+        }
+        Ok(Some(found))
+    }
+
+    /// How a tombstone names `archive`: relative to the data dir when it lies under it
+    /// (true), else as an absolute path (false).
+    fn archive_ref(&self, archive: &Path) -> (String, bool) {
+        if let Ok(rel) = archive.strip_prefix(self.root()) {
+            return (rel.to_string_lossy().into_owned(), true);
+        }
+        let abs = std::path::absolute(archive).unwrap_or_else(|_| archive.to_path_buf());
+        (abs.to_string_lossy().into_owned(), false)
     }
 
     /// Whether the run is archived (out of the working set); the archive's path.
@@ -326,7 +367,11 @@ impl Store {
             return Err(bad(&path, format!("archived log does not verify (ok {}, head {} vs {head}); the run is left in place", report.ok, report.head_seq)));
         }
         let dir = self.run_dir(run)?;
-        let tomb = serde_json::json!({"archive": path, "head_seq": head});
+        let (stored, rel) = self.archive_ref(&path);
+        let mut tomb = serde_json::json!({"archive": stored, "head_seq": head});
+        if rel {
+            tomb["relative_to"] = "data_dir".into();
+        }
         write_atomic(st, &dir.join(TOMBSTONE), tomb.to_string().as_bytes())?;
         for (name, p) in &files {
             if name == crate::log::meta::META_FILE {

@@ -107,6 +107,11 @@ pub struct RunMetrics {
     pub discovery_to_visibility: Latency,
     /// `meta.observed_at` values that are not RFC 3339 strings.
     pub observed_at_invalid: u64,
+    /// `meta.observed_at` values outside the run's window (more than
+    /// [`OBSERVED_BEFORE_RUN_MS_MAX`] before its first event, or more than
+    /// [`OBSERVED_AFTER_EVENT_MS_MAX`] after the event carrying them): ignored, so one
+    /// bad clock cannot make the latencies meaningless.
+    pub observed_at_out_of_window: u64,
     /// Delay from an entry to the first entry by another agent that refs it.
     pub first_peer_reaction: Latency,
 
@@ -272,6 +277,13 @@ impl Window {
     }
 }
 
+/// How long before a run's first event a discovery may have been made and still count
+/// (an alert that fired before the incident's run was opened).
+pub const OBSERVED_BEFORE_RUN_MS_MAX: u64 = 24 * 3600 * 1000;
+/// How far after the event carrying it an `observed_at` may lie (clock skew between
+/// agents); later ones are out of the window. Smaller skews are clamped to 0.
+pub const OBSERVED_AFTER_EVENT_MS_MAX: u64 = 10 * 60 * 1000;
+
 /// Measures a run.
 pub fn run_metrics(events: impl Iterator<Item = Event>, cfg: &DedupConfig) -> RunMetrics {
     run_metrics_windowed(events, cfg, SEQ_WINDOW)
@@ -299,6 +311,7 @@ pub fn run_metrics_windowed(
         (Lat::default(), Lat::default(), Lat::default());
     let mut open: BTreeSet<u64> = BTreeSet::new();
     let mut refs: Vec<u64> = Vec::new();
+    let mut run_start: Option<Ts> = None;
 
     for e in events {
         m.events += 1;
@@ -306,8 +319,15 @@ pub fn run_metrics_windowed(
             .entry(e.kind.as_str().to_string())
             .or_default() += 1;
 
+        let run_start = *run_start.get_or_insert(e.ts);
         if let Some(v) = e.meta.as_ref().and_then(|meta| meta.get("observed_at")) {
             match v.as_str().and_then(Ts::parse) {
+                Some(obs)
+                    if obs.0 + OBSERVED_BEFORE_RUN_MS_MAX * 1000 < run_start.0
+                        || obs.0 > e.ts.0 + OBSERVED_AFTER_EVENT_MS_MAX * 1000 =>
+                {
+                    m.observed_at_out_of_window += 1;
+                }
                 Some(obs) => visibility.push_delta(obs, e.ts),
                 None => m.observed_at_invalid += 1,
             }
@@ -558,6 +578,10 @@ pub fn render_table(m: &RunMetrics) -> String {
                     fmt_lat(&m.discovery_to_visibility),
                 ),
                 ("invalid observed_at", m.observed_at_invalid.to_string()),
+                (
+                    "observed_at outside run",
+                    m.observed_at_out_of_window.to_string(),
+                ),
                 ("first peer reaction", fmt_lat(&m.first_peer_reaction)),
             ],
         ),
@@ -742,6 +766,7 @@ mod tests {
         assert_eq!(m.ref_delay, lat(3, 4500.0, 5000.0, 5000.0, 0));
         // Observed: 200ms, 500ms, garbage, 100ms in the future (clamped).
         assert_eq!(m.discovery_to_visibility, lat(3, 200.0, 500.0, 500.0, 1));
+        assert_eq!(m.observed_at_out_of_window, 0);
         assert_eq!(m.observed_at_invalid, 1);
         // First reactions: #1 by #4 (3000ms), #2 by #6 (4500ms).
         assert_eq!(m.first_peer_reaction, lat(2, 3000.0, 4500.0, 4500.0, 0));
@@ -755,6 +780,25 @@ mod tests {
         assert!(t.contains("duplication rate           20.0%"), "{t}");
         assert!(t.contains("open escalations           1 (#8)"), "{t}");
         assert!(serde_json::to_string(&m).is_ok());
+    }
+
+    #[test]
+    fn observed_at_outside_the_run_is_ignored_and_counted() {
+        let at = |seq: u64, secs: u64, obs: &str| {
+            let mut e = ev(seq, 0, "a", EventType::Evidence, "", json!("x"));
+            e.ts = Ts(Ts::parse("2026-11-25T10:00:00Z").unwrap().0 + secs * 1_000_000);
+            observed(e, json!(obs))
+        };
+        let events = vec![
+            at(1, 0, "2026-11-25T09:59:59Z"),  // 1 s before: counts
+            at(2, 10, "1970-01-01T00:00:00Z"), // a broken clock: ignored
+            at(3, 20, "2026-11-26T12:00:00Z"), // a day ahead of the event: ignored
+            at(4, 30, "2026-11-24T09:00:00Z"), // 25 h before the run: ignored
+        ];
+        let m = run_metrics(events.into_iter(), &DedupConfig::default());
+        assert_eq!(m.observed_at_out_of_window, 3);
+        assert_eq!(m.discovery_to_visibility.count, 1);
+        assert_eq!(m.discovery_to_visibility.max_ms, 1000.0);
     }
 
     #[test]

@@ -54,6 +54,12 @@ impl Cursor {
         }
         let mut b = vec![0u8; len as usize];
         f.read_exact_at(&mut b, 0).ctx("read", path)?;
+        if b.trim_ascii().is_empty() {
+            // `touch cursor` or a crash of a tool that truncated it first: nothing was
+            // committed, so there is nothing to resume from.
+            tracing::warn!(cursor = %path.display(), "empty cursor file; starting as if there were none");
+            return Ok(None);
+        }
         let c: Cursor = serde_json::from_slice(&b).map_err(|e| {
             Error::invalid(
                 field(),
@@ -102,5 +108,30 @@ impl Cursor {
             storage.sync_dir(dir).ctx("fsync dir", dir)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::log::storage::MemStorage;
+
+    #[test]
+    fn an_empty_cursor_file_is_no_cursor_and_garbage_is_an_error() {
+        let mem = MemStorage::new();
+        let p = Path::new("/c/lead.cursor");
+        assert_eq!(Cursor::load(&mem, p).unwrap(), None);
+        mem.create_dir_all(Path::new("/c")).unwrap();
+        mem.open(p, OpenMode::ReadWriteCreate).unwrap();
+        for empty in [&b""[..], b"\n", b"  \n\t"] {
+            mem.set_contents(p, empty.to_vec());
+            assert_eq!(Cursor::load(&mem, p).unwrap(), None);
+        }
+        mem.set_contents(p, b"{\"seq\":".to_vec());
+        assert_eq!(mem.contents(p).unwrap(), b"{\"seq\":");
+        let r = Cursor::load(&mem, p);
+        assert!(matches!(r, Err(Error::Invalid { .. })), "{r:?}");
     }
 }

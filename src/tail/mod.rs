@@ -215,6 +215,11 @@ impl Tail {
         check_run_id(run)?;
         let storage = store.storage().clone();
         let dir = store.run_dir(run)?;
+        // Lost marks are rebuilt from the log first: else the tail would wait forever
+        // for a run whose records are all there.
+        if storage.exists(&dir.join(META_FILE)) {
+            store.marks(run, &dir)?;
+        }
         let resume = match &opts.cursor_file {
             Some(p) => Cursor::load(&*storage, p)?,
             None => None,
@@ -577,7 +582,24 @@ impl Tail {
                             return Ok(());
                         }
                     }
-                    Step::End { incomplete, .. } => break incomplete,
+                    Step::End { incomplete, offset } => {
+                        // The segment ends below its durable mark: acknowledged bytes are
+                        // gone (a cut file), not yet written ones. Say so, never wait.
+                        if marks.durable.seg == self.seg && offset < marks.durable.off {
+                            return Err(Error::corrupt(
+                                &path,
+                                offset,
+                                self.head_seen + 1,
+                                format!(
+                                    "the segment ends below its durable mark (byte {}): acknowledged records from seq {} are lost; `swarm repair --run {}` records the loss",
+                                    marks.durable.off,
+                                    self.head_seen + 1,
+                                    self.run
+                                ),
+                            ));
+                        }
+                        break incomplete;
+                    }
                     Step::Corrupt { offset, reason } => {
                         if let Some(next) = r.skip_to_next_frame()? {
                             return Err(Error::corrupt(
@@ -610,16 +632,26 @@ impl Tail {
                     "damaged bytes at the end of a closed segment".into(),
                 ));
             }
-            let next = self.head_seen + 1;
+            let mut next = self.head_seen + 1;
             if !self.storage.exists(&segment::segment_path(&self.dir, next)) {
-                return Err(Error::corrupt(
-                    &path,
-                    self.off,
-                    next,
-                    format!(
-                        "no segment starts at seq {next} after this one, but a later segment holds visible records"
-                    ),
-                ));
+                // After `swarm repair` the next segment starts past a gap its first event
+                // declares (checked with the frame); any other later base is damage.
+                match segment::list_segments(&*self.storage, &self.dir)?
+                    .into_iter()
+                    .find(|&b| b > self.seg)
+                {
+                    Some(b) if b > next => next = b,
+                    _ => {
+                        return Err(Error::corrupt(
+                            &path,
+                            self.off,
+                            next,
+                            format!(
+                                "no segment starts at seq {next} after this one, but a later segment holds visible records"
+                            ),
+                        ))
+                    }
+                }
             }
             self.open_segment(next)?;
         }
@@ -930,6 +962,7 @@ mod tests {
         let m = Marks {
             durable: pos,
             visible: pos,
+            ..Marks::default()
         };
         mem.set_contents(&run_dir.join(SYNCED_FILE), watermark::encode(m).to_vec());
     }
