@@ -48,6 +48,16 @@ pub struct SynthArgs {
     /// An environment name (cluster, host) the sanitizer must redact (repeatable).
     #[arg(long = "env-name")]
     env_names: Vec<String>,
+    /// A person's name the sanitizer must redact from shared patterns (repeatable; also
+    /// `redact_names` in DATA_DIR/USER/settings.json).
+    #[arg(long = "redact-name")]
+    redact_names: Vec<String>,
+    /// What this synth copies to the shared scope, overriding the user's setting
+    /// (`share_patterns` in DATA_DIR/USER/settings.json, default structured):
+    /// off (nothing), structured (slugs and categories, no free text), sanitized
+    /// (structured fields plus sanitized free text).
+    #[arg(long, value_parser = ["off", "structured", "sanitized"])]
+    share_patterns: Option<String>,
     /// Source events per atomic pass (bounds memory and the work a crash loses).
     #[arg(long, default_value_t = swarm_memory::synth::PASS_EVENTS_MAX_DEFAULT)]
     pass_events: u64,
@@ -66,6 +76,8 @@ pub fn synth(store: &Store, a: SynthArgs) -> anyhow::Result<ExitCode> {
         pass_events_max: a.pass_events.max(1),
         project_ids: a.project_ids,
         env_names: a.env_names,
+        redact_names: a.redact_names,
+        share_patterns: a.share_patterns.as_deref().map(str::parse).transpose()?,
     };
     let bar = io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new_spinner();

@@ -627,6 +627,11 @@ impl Store {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<IndexStats> {
         let dir = self.existing_run(run)?;
+        // A closed run's index is part of its archive: built over the archive's log,
+        // the figures say what it holds.
+        if let Some(a) = self.archived_store(run)? {
+            return a.index_op(run, flush, rebuild, progress);
+        }
         let marks = self.marks(run, &dir)?;
         let mut total = 0;
         for b in segment::list_segments(&*self.storage, &dir)? {

@@ -427,3 +427,95 @@ fn fifty_demos_under_cpu_load_all_exit_0() {
         failures.len()
     );
 }
+
+/// Closed runs read like open ones: `tail` replays an archived run, `--follow` ends
+/// (exit 0) after `run_closed`, a following tail ends when the run is closed under it,
+/// `index rebuild` counts the archived events, and the run reads the same from another
+/// working directory (archive paths are relative to the data dir), including one closed
+/// by an older build that recorded a path relative to its working directory.
+#[test]
+fn closed_runs_read_like_open_ones() {
+    let env = Env::new();
+    let lines: Vec<_> = (0..5)
+        .map(|i| ev("a", "evidence", "s", &format!("e{i}")))
+        .collect();
+    env.append_lines("r", &lines);
+    let mut follower = env
+        .cmd(&["tail", "--run", "r", "--follow", "--poll-ms", "20"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    env.swarm(&["run", "close", "r", "--by", "lead"]).ok();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while follower.try_wait().unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a following tail did not end after run_closed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = follower.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = crate::util::parse_events(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(got.len(), 6);
+    assert_eq!(got[5].kind.as_str(), "run_closed");
+    let all = env.read("r");
+    assert_eq!(all.len(), 6);
+    assert_eq!(env.swarm(&["tail", "--run", "r"]).ok().events(), all);
+    assert_eq!(
+        env.swarm(&["tail", "--run", "r", "--follow"]).ok().events(),
+        all
+    );
+    let idx = env.swarm(&["index", "rebuild", "--run", "r"]).ok();
+    assert!(idx.stdout.contains("\"head_seq\":6"), "{}", idx.stdout);
+    // Another working directory: the same events.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = env
+        .cmd(&["read", "--run", "r"])
+        .current_dir(elsewhere.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        crate::util::parse_events(&String::from_utf8_lossy(&out.stdout)),
+        all
+    );
+    // An older build's record: the archive path relative to the closer's directory.
+    let closer = tempfile::tempdir().unwrap();
+    let old_dir = closer.path().join("archive").join("anonymous");
+    std::fs::create_dir_all(&old_dir).unwrap();
+    let tomb = env.run_dir("r").join("ARCHIVED");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&tomb).unwrap()).unwrap();
+    let now = env.path().join(v["archive"].as_str().unwrap());
+    std::fs::rename(&now, old_dir.join("r.swarc")).unwrap();
+    std::fs::write(
+        &tomb,
+        serde_json::to_vec(&json!({"archive": "archive/anonymous/r.swarc", "head_seq": 6}))
+            .unwrap(),
+    )
+    .unwrap();
+    let read_from = |dir: &std::path::Path| {
+        let out = env
+            .cmd(&["read", "--run", "r"])
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            crate::util::parse_events(&String::from_utf8_lossy(&out.stdout)),
+        )
+    };
+    assert_eq!(read_from(closer.path()), (Some(0), all.clone()));
+    // The record was migrated: any directory reads it now.
+    assert_eq!(read_from(elsewhere.path()), (Some(0), all));
+}

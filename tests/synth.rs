@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use swarm_memory::synth::dedup::DedupConfig;
-use swarm_memory::synth::{FactsQuery, LlmOptions, SynthOptions, FACTS_RUN};
+use swarm_memory::synth::{FactsQuery, LlmOptions, SharePatterns, SynthOptions, FACTS_RUN};
 use swarm_memory::{Durability, EventType, NewEvent, ReadOptions, Store, Ts};
 
 use crate::util::{Env, Rng};
@@ -1132,4 +1132,160 @@ fn synth_survives_power_loss_at_a_pass_commit() {
             "case {case}: differs from the uninterrupted synth"
         );
     }
+}
+
+/// One of bob's investigations, full of what must never reach another tenant: an API key
+/// of a shape no vendor rule names, phone numbers, a colleague's name bob listed, and a
+/// free-text root cause and resolution.
+fn leaky_investigation(s: &Store, run: &str) {
+    let mut h = NewEvent::new("lead", EventType::Hypothesis, "checkout slow");
+    h.meta = Some(
+        json!({"symptom": "high_latency_checkout"})
+            .as_object()
+            .unwrap()
+            .clone(),
+    );
+    append(s, run, h);
+    for (status, args) in [
+        (
+            "error",
+            json!({"filter": "metric.type=latency", "token": "x"}),
+        ),
+        (
+            "ok",
+            json!({"filter": "metric.type=latency", "resource_type": "k8s_container"}),
+        ),
+    ] {
+        let mut e = NewEvent::new("metrics", EventType::Evidence, "queried");
+        e.meta = Some(
+            json!({"tool": "query_metrics", "tool_status": status, "args": args,
+                   "error": "invalid filter; ask Dana Whitfield at +1 415 555 0132"})
+            .as_object()
+            .unwrap()
+            .clone(),
+        );
+        append(s, run, e);
+    }
+    let mut d = NewEvent::new(
+        "lead",
+        EventType::Decision,
+        "rotate the key and raise the pool",
+    );
+    d.meta = Some(
+        json!({"root_cause": "Dana Whitfield's cron job hammered the primary with sk-live-abcdef123456",
+               "resolution": "rotated sk-live-abcdef123456, called (415) 555-0132 and Dana Whitfield signed off"})
+        .as_object()
+        .unwrap()
+        .clone(),
+    );
+    append(s, run, d);
+    s.close_run(run, "lead").expect("close");
+}
+
+fn shared_scope_text(env: &Env) -> String {
+    let dir = env.path().join(swarm_memory::synth::SHARED_USER);
+    let mut bytes = Vec::new();
+    if dir.exists() {
+        for e in walk(&dir) {
+            bytes.extend(std::fs::read(e).unwrap());
+        }
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// The leak reproduction of issue 10: nothing of bob's reaches alice, in the default
+/// (structured) mode and in the sanitized one (with the name bob listed); `off` shares
+/// nothing; the shared copy's run id is a keyed hash that differs between data dirs.
+#[test]
+fn the_shared_scope_carries_no_tenant_secret() {
+    let secrets = [
+        "abcdef123456",
+        "sk-live",
+        "555 0132",
+        "555-0132",
+        "Whitfield",
+        "Dana",
+        "cron job",
+        "bob",
+        "inc-7",
+    ];
+    let mut ids = Vec::new();
+    for mode in [
+        None,
+        Some(SharePatterns::Sanitized),
+        Some(SharePatterns::Off),
+    ] {
+        let env = Env::new();
+        let bob = user_store(&env, "bob").with_archive_dir(env.path().join(".archive"));
+        std::fs::create_dir_all(env.path().join("bob")).unwrap();
+        std::fs::write(
+            env.path().join("bob").join("settings.json"),
+            r#"{"redact_names": ["Dana Whitfield"]}"#,
+        )
+        .unwrap();
+        leaky_investigation(&bob, "inc-7");
+        let opts = SynthOptions {
+            share_patterns: mode,
+            ..SynthOptions::default()
+        };
+        let r = bob.synth(&opts, |_| {}).unwrap();
+        let alice = user_store(&env, "alice");
+        let text = shared_scope_text(&env);
+        let shown = format!(
+            "{}{}",
+            serde_json::to_string(&alice.patterns("high_latency_checkout").unwrap()).unwrap(),
+            serde_json::to_string(&alice.advise("query_metrics").unwrap()).unwrap()
+        );
+        if mode == Some(SharePatterns::Off) {
+            assert_eq!(r.shared_copies, 0);
+            assert!(alice.patterns("high_latency_checkout").unwrap().is_empty());
+            continue;
+        }
+        assert_eq!(r.shared_copies, 1, "{mode:?}");
+        assert!(
+            shown.contains("query_metrics"),
+            "{mode:?}: the lesson is shared: {shown}"
+        );
+        for secret in secrets {
+            assert!(
+                !text.contains(secret),
+                "{mode:?}: {secret:?} in the shared scope's files"
+            );
+            assert!(
+                !shown.contains(secret),
+                "{mode:?}: {secret:?} shown to alice: {shown}"
+            );
+        }
+        if mode.is_none() {
+            // Structured: categories, not text.
+            let p = &alice.patterns("high_latency_checkout").unwrap()[0].item;
+            assert_eq!(p.root_cause_category, "unknown");
+            assert_eq!(p.resolution_summary, "renew");
+            let key = env.path().join(".share-key");
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(
+                std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+                0o600
+            );
+            assert_eq!(
+                std::fs::metadata(env.path().join("bob").join("inc-7"))
+                    .unwrap()
+                    .permissions()
+                    .mode()
+                    & 0o077,
+                0,
+                "a user's directory is the user's alone"
+            );
+        }
+        let v: serde_json::Value = serde_json::from_str(
+            text.lines()
+                .find(|l| l.contains("\"learned\"") || l.contains("learnings"))
+                .unwrap_or("{}"),
+        )
+        .unwrap_or_default();
+        ids.push(v.to_string());
+    }
+    // Two data dirs, same (user, run): different opaque ids.
+    let run_id = |s: &str| s.split("\"run\":\"").nth(1).map(|t| t[..17].to_string());
+    assert_ne!(run_id(&ids[0]), run_id(&ids[1]), "{ids:?}");
 }

@@ -132,7 +132,11 @@ impl StorageFile for FsFile {
 
 impl Storage for FsStorage {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
+        use std::os::unix::fs::OpenOptionsExt;
         let mut o = OpenOptions::new();
+        // Files the engine creates are the user's alone (0600, before the umask): agents'
+        // findings, the shared scope's key.
+        o.mode(0o600);
         match mode {
             OpenMode::Read => o.read(true),
             OpenMode::ReadWriteCreate => o.read(true).write(true).create(true),
@@ -141,7 +145,13 @@ impl Storage for FsStorage {
         Ok(Box::new(FsFile(o.open(path)?)))
     }
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        fs::create_dir_all(path)
+        use std::os::unix::fs::DirBuilderExt;
+        // Directories the engine creates are 0700: one user's runs are not another
+        // local account's to read.
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(path)
     }
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
         let mut out = Vec::new();

@@ -66,6 +66,10 @@ pub struct SynthOptions {
     pub project_ids: Vec<String>,
     /// Environment names (clusters, hosts) the sanitizer must redact.
     pub env_names: Vec<String>,
+    /// People's names the sanitizer must redact (besides the user's settings).
+    pub redact_names: Vec<String>,
+    /// What is shared; `None`: the user's setting (default `structured`).
+    pub share_patterns: Option<crate::synth::settings::SharePatterns>,
 }
 
 impl Default for SynthOptions {
@@ -77,6 +81,8 @@ impl Default for SynthOptions {
             pass_events_max: PASS_EVENTS_MAX_DEFAULT,
             project_ids: Vec::new(),
             env_names: Vec::new(),
+            redact_names: Vec::new(),
+            share_patterns: None,
         }
     }
 }

@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod patterns;
 pub mod quality;
 pub mod sanitize;
+pub mod settings;
 pub mod share;
 pub mod snapshot;
 pub mod text;
@@ -43,5 +44,6 @@ pub use driver::{
 };
 pub use facts::FACTS_RUN;
 pub use judge::LlmOptions;
+pub use settings::{SharePatterns, UserSettings};
 pub use share::Scoped;
 pub use views::{Explanation, FactView, FactsAnswer, FactsQuery};

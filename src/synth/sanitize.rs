@@ -133,6 +133,10 @@ pub enum Redaction {
     Env,
     /// A UUID: `<ID>`.
     Id,
+    /// A telephone number: `<PHONE>`.
+    Phone,
+    /// A person's name the user listed: `<NAME>`.
+    Name,
 }
 
 impl Redaction {
@@ -151,6 +155,8 @@ impl Redaction {
             Redaction::Zone => "<ZONE>",
             Redaction::Env => "<ENV>",
             Redaction::Id => "<ID>",
+            Redaction::Phone => "<PHONE>",
+            Redaction::Name => "<NAME>",
         }
     }
 
@@ -167,6 +173,7 @@ impl Redaction {
             Redaction::Host => 3,
             Redaction::Env => 2,
             Redaction::Zone => 1,
+            Redaction::Phone | Redaction::Name => 9,
         }
     }
 }
@@ -182,6 +189,9 @@ pub struct SanitizeContext {
     pub project_ids: Vec<String>,
     /// Environment-specific names to redact (cluster, host names) besides the detected ones.
     pub env_names: Vec<String>,
+    /// People's names the user lists (`redact_names` in the user's settings, `swarm synth
+    /// --redact-name`): redacted as whole words, any case.
+    pub names: Vec<String>,
 }
 
 /// The redactor.
@@ -190,6 +200,8 @@ pub struct Sanitizer {
     ctx: SanitizeContext,
     /// Whole-token needles, ASCII-lowercased, with their kind.
     needles: Vec<(String, Redaction)>,
+    /// The listed names as one case-insensitive, whole-word alternation.
+    names: Option<regex::Regex>,
 }
 
 impl Sanitizer {
@@ -212,7 +224,25 @@ impl Sanitizer {
         for s in &ctx.env_names {
             add(s, Redaction::Env);
         }
-        Sanitizer { ctx, needles }
+        let names: Vec<String> = ctx
+            .names
+            .iter()
+            .map(|n| {
+                n.split_whitespace()
+                    .map(regex::escape)
+                    .collect::<Vec<_>>()
+                    .join(r"\s+")
+            })
+            .filter(|n| n.len() >= 2)
+            .collect();
+        let names = (!names.is_empty())
+            .then(|| regex::Regex::new(&format!(r"(?i)\b(?:{})\b", names.join("|"))).ok())
+            .flatten();
+        Sanitizer {
+            ctx,
+            needles,
+            names,
+        }
     }
 
     /// The context this sanitizer was built with.
@@ -343,9 +373,88 @@ impl Sanitizer {
             }
         }
         sc.needles(&needles);
-        let (out, kinds) = sc.rebuild();
+        let (out, mut kinds) = sc.rebuild();
+        let out = self.shapes(out, &mut kinds);
         (cap_output(out), kinds)
     }
+
+    /// The detectors written as regular expressions (linear time, the `regex` crate):
+    /// prefixed keys of any vendor, telephone numbers, and the names the user listed.
+    fn shapes(&self, s: String, kinds: &mut Vec<Redaction>) -> String {
+        let d = detectors();
+        let mut out = s;
+        if let Some(names) = &self.names {
+            out = replace_counted(names, &out, Redaction::Name, kinds, |_| true);
+        }
+        out = replace_counted(&d.prefixed_key, &out, Redaction::Token, kinds, |m| {
+            let secret = m.rsplit(['-', '_']).next().unwrap_or("");
+            let digits = secret.bytes().filter(u8::is_ascii_digit).count();
+            let letters = secret.bytes().filter(u8::is_ascii_alphabetic).count();
+            // Random, not a word: letters and digits mixed, or long.
+            (digits >= 2 && letters >= 2) || secret.len() >= 24
+        });
+        for phone in [&d.phone_intl, &d.phone_nanp] {
+            out = replace_counted(phone, &out, Redaction::Phone, kinds, |m| {
+                let digits = m.bytes().filter(u8::is_ascii_digit).count();
+                (7..=15).contains(&digits)
+            });
+        }
+        out
+    }
+}
+
+/// The regex detectors, compiled once.
+struct Detectors {
+    /// `sk-live-…`, `rk_test_…`, `whsec_…`, `pk_prod_…`: a short vendor word, an optional
+    /// environment, and a long random part.
+    prefixed_key: regex::Regex,
+    /// `+1 415 555 0132`, `+44 20 7946 0958`, `+4915112345678`.
+    phone_intl: regex::Regex,
+    /// `(415) 555-0132`, `415-555-0132`, `415.555.0132`.
+    phone_nanp: regex::Regex,
+}
+
+fn detectors() -> &'static Detectors {
+    static D: std::sync::OnceLock<Detectors> = std::sync::OnceLock::new();
+    D.get_or_init(|| Detectors {
+        prefixed_key: regex::Regex::new(
+            r"\b[A-Za-z][A-Za-z0-9]{1,15}[-_](?:(?:live|test|prod|dev)[-_])?[A-Za-z0-9]{12,}\b",
+        )
+        .expect("static regex"),
+        phone_intl: regex::Regex::new(r"\+\d{1,3}(?:[ .-]?\(?\d{1,4}\)?){2,5}\b")
+            .expect("static regex"),
+        phone_nanp: regex::Regex::new(r"(?:\(\d{3}\)\s?|\b\d{3}[-.])\d{3}[-.]\d{4}\b")
+            .expect("static regex"),
+    })
+}
+
+/// Replaces every match of `re` that `keep` accepts with `kind`'s placeholder, and
+/// records each redaction.
+fn replace_counted(
+    re: &regex::Regex,
+    s: &str,
+    kind: Redaction,
+    kinds: &mut Vec<Redaction>,
+    keep: impl Fn(&str) -> bool,
+) -> String {
+    let mut n = 0;
+    let out = re.replace_all(s, |c: &regex::Captures<'_>| {
+        let whole = c.get(0).map_or(0..0, |m| m.range());
+        let m = &c[0];
+        // A standalone token only: not the tail of a longer name (`api-server-6d4c…`).
+        let glued = s[..whole.start]
+            .chars()
+            .next_back()
+            .is_some_and(|p| matches!(p, '-' | '_' | '.' | '/'));
+        if !glued && keep(m) {
+            n += 1;
+            kind.placeholder().to_string()
+        } else {
+            m.to_string()
+        }
+    });
+    kinds.extend(std::iter::repeat_n(kind, n));
+    out.into_owned()
 }
 
 /// Adds a detected project id (at most 64 per record: each one costs a pass over the text).
@@ -2142,6 +2251,7 @@ mod tests {
             ],
             project_ids: vec!["acme-payments-prod".into()],
             env_names: vec!["payments-east".into(), "blue-canary".into()],
+            names: Vec::new(),
         }
     }
 
@@ -2529,6 +2639,7 @@ mod tests {
             identifiers: vec![],
             project_ids: vec!["my-secret-project".into()],
             env_names: vec![],
+            names: Vec::new(),
         });
         let cases = [
             // seed 002's own examples
@@ -2630,6 +2741,7 @@ mod tests {
             identifiers: vec!["token".into(), "ip".into()],
             project_ids: vec!["project_id".into()],
             env_names: vec!["zone".into(), "host".into()],
+            names: Vec::new(),
         });
         let x = "user saw <TOKEN> at <IP> on gke_<PROJECT>_<ZONE>_<CLUSTER> in /home/<USER>/x password=<TOKEN> --project=<PROJECT_ID> <HOST>";
         let out = s.text(x);
@@ -2883,6 +2995,55 @@ mod tests {
             for sec in &used {
                 assert!(!vo.contains(sec), "{sec:?} survived in value {vo}");
             }
+        }
+    }
+
+    #[test]
+    fn prefixed_keys_phones_and_listed_names() {
+        let s = Sanitizer::new(SanitizeContext {
+            user_id: "bob".into(),
+            names: vec!["Dana Whitfield".into(), "Okonkwo".into()],
+            ..SanitizeContext::default()
+        });
+        for (leak, placeholder) in [
+            (
+                "resolved by rotating sk-live-abcdef123456 in the vault",
+                "<TOKEN>",
+            ),
+            ("stripe key rk_test_51HxYzAbCdEf12 was revoked", "<TOKEN>"),
+            ("webhook secret whsec_9f8e7d6c5b4a3f2e1d0c", "<TOKEN>"),
+            ("on-call at +1 415 555 0132 confirmed", "<PHONE>"),
+            ("call (415) 555-0132 for the bridge", "<PHONE>"),
+            ("escalate to 415-555-0132 after hours", "<PHONE>"),
+            ("the London desk, +44 20 7946 0958", "<PHONE>"),
+            ("paged dana whitfield about the rollback", "<NAME>"),
+            ("Okonkwo approved the failover", "<NAME>"),
+        ] {
+            let out = s.text(leak);
+            assert!(out.contains(placeholder), "{leak:?} -> {out:?}");
+            for secret in [
+                "abcdef123456",
+                "51HxYzAbCdEf12",
+                "9f8e7d6c5b4a",
+                "555",
+                "7946",
+                "whitfield",
+                "Okonkwo",
+            ] {
+                assert!(
+                    !out.to_lowercase().contains(&secret.to_lowercase()) || !leak.contains(secret),
+                    "{leak:?} -> {out:?}"
+                );
+            }
+        }
+        for benign in [
+            "deployed v4.17.3 on 2026-11-25 at 14:02",
+            "p99 rose to 2300 ms on port 8080",
+            "pod api-server-6d4cf56db6-x2x7k restarted 3 times",
+            "build 20261125 passed 1532 tests",
+            "checkout-service-deployment scaled to 12 replicas",
+        ] {
+            assert_eq!(s.text(benign), benign);
         }
     }
 }

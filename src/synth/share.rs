@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, IoContext, Result};
 use crate::event::{EventType, SHARED_USER};
 use crate::log::meta::Durability;
 use crate::query::options::ReadOptions;
@@ -15,16 +15,207 @@ use crate::synth::driver::{
 use crate::synth::facts::{FactsFold, Record, FACTS_RUN};
 use crate::synth::patterns::{self, InvestigationPattern, PatternBook, ToolMistake};
 use crate::synth::sanitize::{SanitizeContext, Sanitizer};
+use crate::synth::settings::{SharePatterns, UserSettings};
 
-fn fnv(parts: &[&str]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for b in p.bytes().chain([0]) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
+/// Largest settings file read.
+const SETTINGS_BYTES_MAX: u64 = 64 * 1024;
+/// Name of the per-data-dir key of the shared scope's opaque ids.
+const SECRET_FILE: &str = ".share-key";
+
+/// The root-cause categories a structured share may carry, with the words that select
+/// them (first match wins; `unknown` otherwise).
+const ROOT_CAUSES: &[(&str, &[&str])] = &[
+    ("certificate", &["cert", "tls", "ssl", "x509", "handshake"]),
+    (
+        "dns",
+        &["dns", "resolver", "nxdomain", "servfail", "resolv"],
+    ),
+    (
+        "rate_limit",
+        &["rate limit", "rate-limit", "throttl", "429", "quota"],
+    ),
+    (
+        "permissions",
+        &[
+            "permission",
+            "forbidden",
+            "403",
+            "unauthori",
+            "iam",
+            "rbac",
+            "denied",
+        ],
+    ),
+    (
+        "memory",
+        &["oom", "out of memory", "memory", "heap", "leak"],
+    ),
+    (
+        "disk",
+        &["disk", "volume", "inode", "filesystem", "no space"],
+    ),
+    (
+        "database",
+        &[
+            "database",
+            "postgres",
+            "mysql",
+            "db ",
+            "query",
+            "replica",
+            "deadlock",
+            "connection pool",
+            "pool",
+        ],
+    ),
+    (
+        "deployment",
+        &["deploy", "release", "rollout", "canary", "version", "image"],
+    ),
+    (
+        "configuration",
+        &[
+            "config",
+            "flag",
+            "setting",
+            "env var",
+            "misconfig",
+            "timeout",
+        ],
+    ),
+    (
+        "capacity",
+        &[
+            "capacity", "saturat", "cpu", "load", "scale", "traffic", "queue",
+        ],
+    ),
+    (
+        "network",
+        &[
+            "network",
+            "packet",
+            "latency",
+            "partition",
+            "firewall",
+            "route",
+            "socket",
+        ],
+    ),
+    (
+        "dependency",
+        &[
+            "dependency",
+            "upstream",
+            "third-party",
+            "vendor",
+            "provider",
+            "api",
+        ],
+    ),
+    (
+        "code_bug",
+        &["bug", "regression", "null", "exception", "panic", "crash"],
+    ),
+];
+
+/// The fix categories a structured share may carry.
+const FIXES: &[(&str, &[&str])] = &[
+    (
+        "rollback",
+        &["roll back", "rollback", "rolled back", "revert"],
+    ),
+    ("restart", &["restart", "bounce", "reboot", "recycle"]),
+    (
+        "failover",
+        &["failover", "fail over", "promote", "switch over"],
+    ),
+    (
+        "scale_up",
+        &[
+            "scale",
+            "add capacity",
+            "more replicas",
+            "resize",
+            "increase",
+        ],
+    ),
+    (
+        "config_change",
+        &["config", "flag", "setting", "raise", "lower", "limit"],
+    ),
+    ("patch", &["patch", "fix", "hotfix", "deploy"]),
+    ("renew", &["renew", "rotate", "reissue"]),
+];
+
+fn category(text: &str, table: &[(&'static str, &[&str])], none: &'static str) -> String {
+    let t = text.to_lowercase();
+    table
+        .iter()
+        .find(|(_, words)| words.iter().any(|w| t.contains(w)))
+        .map_or(none, |(c, _)| c)
+        .to_string()
+}
+
+/// A short `snake_case` slug of sanitized text: letters only, at most 4 words of at most
+/// 16 letters (no numbers, ids or placeholders survive it).
+fn slug(text: &str) -> String {
+    text.split(|c: char| !c.is_ascii_alphabetic())
+        .filter(|w| (2..=16).contains(&w.len()))
+        .take(4)
+        .map(str::to_ascii_lowercase)
+        .collect::<Vec<_>>()
+        .join("_")
+}
+
+/// The names of the arguments a correction changed (`--namespace=a -> --namespace=b` gives
+/// `namespace`), never their values.
+fn argument_names(correction: &str) -> String {
+    let mut names: Vec<String> = correction
+        .split(|c: char| c.is_whitespace() || c == ',' || c == ';')
+        .filter_map(|w| {
+            let w = w.trim_start_matches('-');
+            let name: String = w
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
+                .collect();
+            let is_name =
+                w.len() > name.len() && matches!(w[name.len()..].chars().next(), Some('=' | ':'));
+            (is_name && (2..=32).contains(&name.len())).then(|| name.to_ascii_lowercase())
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names.truncate(8);
+    if names.is_empty() {
+        "changed arguments".into()
+    } else {
+        format!("changed: {}", names.join(", "))
     }
-    h
+}
+
+/// The structured form of (already sanitized) learnings: every free-text field replaced
+/// by a slug or a category of a closed vocabulary.
+fn structured(mut l: patterns::RunLearnings) -> patterns::RunLearnings {
+    if let Some(p) = &mut l.pattern {
+        p.symptom_type = slug(&p.symptom_type);
+        p.root_cause_category = category(&p.root_cause_category, ROOT_CAUSES, "unknown");
+        p.resolution_summary = category(&p.resolution_summary, FIXES, "other");
+        for t in &mut p.tool_sequence {
+            *t = slug(t);
+        }
+        p.fingerprint = patterns::fingerprint(&[
+            &p.symptom_type,
+            &p.root_cause_category,
+            &p.tool_sequence.join("\u{1}"),
+        ]);
+    }
+    for m in &mut l.mistakes {
+        m.tool = slug(&m.tool);
+        m.error = m.category.clone();
+        m.correction = m.correction.as_deref().map(argument_names);
+        m.fingerprint = patterns::fingerprint(&[&m.tool, &m.error]);
+    }
+    l
 }
 
 /// A pattern or mistake with the scope it comes from.
@@ -50,12 +241,30 @@ impl Store {
         items: Vec<(String, patterns::RunLearnings)>,
         opts: &SynthOptions,
     ) -> Result<u64> {
+        let settings = self.user_settings()?;
+        let mode = opts.share_patterns.unwrap_or(settings.share_patterns);
+        if mode == SharePatterns::Off || items.is_empty() {
+            return Ok(0);
+        }
+        let key = self.share_key()?;
         let shared = self.shared_store();
         let mut n = 0;
         for (run, l) in items {
-            let s = Sanitizer::new(self.sanitize_context(&run, opts)?);
+            let mut ctx = self.sanitize_context(&run, opts)?;
+            ctx.names.extend(settings.redact_names.iter().cloned());
+            let s = Sanitizer::new(ctx);
             let mut clean = sanitize_learnings(&s, l);
-            let h = fnv(&[self.user(), &run]);
+            if mode == SharePatterns::Structured {
+                clean = structured(clean);
+            }
+            // Keyed with a per-data-dir secret: a guessed (user, run) cannot be confirmed
+            // from the shared scope.
+            let mut hasher = blake3::Hasher::new_keyed(&key);
+            hasher.update(self.user().as_bytes());
+            hasher.update(&[0]);
+            hasher.update(run.as_bytes());
+            let digest = hasher.finalize();
+            let h = u64::from_le_bytes(digest.as_bytes()[..8].try_into().unwrap_or_default());
             // The run id stays with its user: the shared copy names an opaque hash.
             clean.run_id = format!("r{h:016x}");
             let rec = Record::Learned {
@@ -76,6 +285,60 @@ impl Store {
         Ok(n)
     }
 
+    /// This user's settings (`<data dir>/<user>/settings.json`); defaults when absent.
+    pub fn user_settings(&self) -> Result<UserSettings> {
+        let path = self.root().join(self.user()).join("settings.json");
+        if !self.storage().exists(&path) {
+            return Ok(UserSettings::default());
+        }
+        let len = crate::log::storage::file_len(&**self.storage(), &path)?;
+        if len > SETTINGS_BYTES_MAX {
+            return Err(Error::invalid(
+                path.display().to_string(),
+                format!("{len} bytes, limit {SETTINGS_BYTES_MAX}"),
+            ));
+        }
+        let f = self
+            .storage()
+            .open(&path, crate::log::storage::OpenMode::Read)
+            .ctx("open", &path)?;
+        let mut b = vec![0u8; len as usize];
+        f.read_exact_at(&mut b, 0).ctx("read", &path)?;
+        serde_json::from_slice(&b)
+            .map_err(|e| Error::invalid(path.display().to_string(), e.to_string()))
+    }
+
+    /// The data dir's 32-byte key for the shared scope's opaque ids, created (mode 0600)
+    /// on first use. Two processes creating it at once agree: the loser reads the winner's.
+    fn share_key(&self) -> Result<[u8; 32]> {
+        let path = self.root().join(SECRET_FILE);
+        let st = self.storage();
+        if !st.exists(&path) {
+            let mut key = [0u8; 32];
+            getrandom::fill(&mut key).map_err(|e| Error::Io {
+                op: "random",
+                path: path.clone(),
+                source: std::io::Error::other(e.to_string()),
+            })?;
+            match st.open(&path, crate::log::storage::OpenMode::CreateNew) {
+                Ok(f) => {
+                    f.write_all_at(&key, 0).ctx("write", &path)?;
+                    f.sync_data().ctx("fsync", &path)?;
+                    st.sync_dir(self.root()).ctx("fsync dir", self.root())?;
+                    return Ok(key);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e).ctx("create", &path),
+            }
+        }
+        let f = st
+            .open(&path, crate::log::storage::OpenMode::Read)
+            .ctx("open", &path)?;
+        let mut key = [0u8; 32];
+        f.read_exact_at(&mut key, 0).ctx("read", &path)?;
+        Ok(key)
+    }
+
     /// What the sanitizer must redact for a run of this user: the user id and the run id
     /// (agent ids are not: they are role names such as `metrics` that also occur in tool
     /// names), the project ids and environment names given.
@@ -89,6 +352,7 @@ impl Store {
             identifiers: vec![run.to_string()],
             project_ids: opts.project_ids.clone(),
             env_names: opts.env_names.clone(),
+            names: opts.redact_names.clone(),
         })
     }
 

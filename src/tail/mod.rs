@@ -174,6 +174,8 @@ enum Next {
 /// ```
 pub struct Tail {
     storage: Arc<dyn Storage>,
+    /// Where cursor files are read and saved (the log's storage may be an archive's).
+    cursor_storage: Arc<dyn Storage>,
     dir: PathBuf,
     run: String,
     opts: TailOptions,
@@ -213,6 +215,21 @@ impl Tail {
     /// a cursor file of another run is [`Error::Invalid`].
     pub fn open(store: &Store, run: &str, opts: TailOptions) -> Result<Tail> {
         check_run_id(run)?;
+        // Cursor files live on the caller's file system, whatever the log is read from.
+        let cursor_storage = store.storage().clone();
+        // A closed run is read from its archive, like `read` does; it ends with its
+        // `run_closed` event, so a following tail ends there too.
+        let archived = store.archived_store(run)?;
+        let (store, opts) = match &archived {
+            Some(a) => (
+                a,
+                TailOptions {
+                    notify: false,
+                    ..opts
+                },
+            ),
+            None => (store, opts),
+        };
         let storage = store.storage().clone();
         let dir = store.run_dir(run)?;
         // Lost marks are rebuilt from the log first: else the tail would wait forever
@@ -221,7 +238,7 @@ impl Tail {
             store.marks(run, &dir)?;
         }
         let resume = match &opts.cursor_file {
-            Some(p) => Cursor::load(&*storage, p)?,
+            Some(p) => Cursor::load(&*cursor_storage, p)?,
             None => None,
         };
         if let Some(c) = &resume {
@@ -240,6 +257,7 @@ impl Tail {
         let notify = opts.notify;
         let mut t = Tail {
             storage,
+            cursor_storage,
             dir,
             run: run.to_string(),
             poll: Duration::from_millis(opts.poll_interval_ms.max(1)),
@@ -316,7 +334,7 @@ impl Tail {
         if self.committed.as_ref() == Some(c) {
             return Ok(());
         }
-        c.save(&*self.storage, path, self.opts.cursor_fsync)?;
+        c.save(&*self.cursor_storage, path, self.opts.cursor_fsync)?;
         self.committed = Some(c.clone());
         Ok(())
     }
@@ -329,7 +347,7 @@ impl Tail {
     pub fn into_stream(self) -> Result<TailStream> {
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BUFFER_EVENTS);
         let wake = self.wake.clone();
-        let storage = self.storage.clone();
+        let storage = self.cursor_storage.clone();
         let cursor_file = self.opts.cursor_file.clone();
         let cursor_fsync = self.opts.cursor_fsync;
         let dir = self.dir.clone();
@@ -371,6 +389,11 @@ impl Tail {
     fn next_inner(&mut self, deadline: Option<Instant>) -> Result<Next> {
         loop {
             if let Some(e) = self.pop_pending() {
+                // A closed run refuses every later append: nothing can follow.
+                if e.kind == EventType::RunClosed {
+                    self.finished = true;
+                    self.pending.clear();
+                }
                 return Ok(Next::Event(e));
             }
             if self.finished {
