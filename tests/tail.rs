@@ -559,3 +559,73 @@ async fn the_async_stream_delivers_from_another_process_and_commits_a_cursor() {
     assert!(resumed.next().is_none());
     assert_eq!(resumed.position().next_seq, n + 1);
 }
+
+/// Tails through the library across a close (ported from the lifecycle branch): a live
+/// tail and one far behind both read to `run_closed` and end, though the run was archived
+/// (its working segments deleted) before they read them; a tail opened on the archived
+/// run replays it and ends; its cursor is saved on the caller's storage.
+#[test]
+fn library_tail_of_closed_and_archived_runs() {
+    use swarm_memory::{Cursor, MemStorage};
+    const RUN: &str = "r";
+    let mem = MemStorage::new();
+    let store = Store::open_with(
+        std::sync::Arc::new(mem.clone()),
+        std::path::Path::new("/data"),
+        LogOptions {
+            segment_bytes: 4096,
+            ..LogOptions::default()
+        },
+    )
+    .unwrap();
+    let polling = TailOptions {
+        notify: false,
+        poll_interval_ms: 1,
+        ..TailOptions::default()
+    };
+    let drain = |t: &mut Tail| -> Vec<u64> {
+        std::iter::from_fn(|| t.try_next().unwrap())
+            .map(|e| e.seq)
+            .collect()
+    };
+    let ev = |i: u64| {
+        NewEvent::new(
+            "a",
+            EventType::Evidence,
+            format!("finding {i} {}", "x".repeat(60)),
+        )
+    };
+    for i in 1..=3 {
+        store.append(RUN, ev(i), Durability::Sync).unwrap();
+    }
+    let mut live = store.tail(RUN, polling.clone()).unwrap();
+    assert_eq!(drain(&mut live), vec![1, 2, 3]);
+    let mut behind = store.tail(RUN, polling.clone()).unwrap();
+    assert_eq!(behind.try_next().unwrap().unwrap().seq, 1);
+    for i in 4..=60 {
+        store.append(RUN, ev(i), Durability::Sync).unwrap();
+    }
+    store.close_run(RUN, "lead").unwrap();
+    assert!(store.archived(RUN).unwrap().is_some());
+    let rest: Vec<Event> = live.by_ref().map(|e| e.unwrap()).collect();
+    assert_eq!(rest.len(), 58);
+    assert_eq!(rest.last().unwrap().kind, EventType::RunClosed);
+    assert!(live.is_finished());
+    let seqs: Vec<u64> = behind.by_ref().map(|e| e.unwrap().seq).collect();
+    assert_eq!(seqs, (2..=61).collect::<Vec<_>>());
+    let cur = std::path::PathBuf::from("/cursor.json");
+    let mut t = store
+        .tail(
+            RUN,
+            TailOptions {
+                from_seq: Some(59),
+                cursor_file: Some(cur.clone()),
+                ..polling
+            },
+        )
+        .unwrap();
+    assert_eq!(drain(&mut t), vec![59, 60, 61]);
+    t.commit().unwrap();
+    assert!(t.next().is_none(), "following an archived run ends");
+    assert_eq!(Cursor::load(&mem, &cur).unwrap().unwrap().seq, 61);
+}

@@ -236,10 +236,13 @@ pub(crate) fn write_atomic(
 ) -> Result<PathBuf> {
     storage.create_dir_all(dir).ctx("create", dir)?;
     let path = dir.join(name);
+    // Unique per process and call: two threads may write the same name at once.
+    static TMP_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let tmp = dir.join(format!(
-        ".{name}.{}.{}.tmp",
+        ".{name}.{}.{}.{}.tmp",
         std::process::id(),
-        Ts::now().0
+        Ts::now().0,
+        TMP_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     let f = storage
         .open(&tmp, OpenMode::CreateNew)
@@ -351,8 +354,13 @@ pub fn write(
     )?;
     for old in list(&**storage, dir)?.into_iter().skip(CHECKPOINTS_KEPT) {
         let p = dir.join(checkpoint_name(old));
-        if let Err(e) = storage.remove_file(&p) {
-            tracing::warn!(path = %p.display(), error = %e, "cannot remove an old checkpoint");
+        match storage.remove_file(&p) {
+            // Another process's retention removed it first.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(path = %p.display(), error = %e, "cannot remove an old checkpoint")
+            }
+            Ok(()) => {}
         }
     }
     Ok(path)

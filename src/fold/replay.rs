@@ -92,8 +92,14 @@ pub(crate) fn state_at(
                 if !target.admits_checkpoint(&info) {
                     continue;
                 }
-                if info.end() > visible || !checkpoint::matches_log(&*p.storage, &p.run_dir, &info)?
-                {
+                if info.end() > visible {
+                    // Written by a process that saw a later mark than the one read here:
+                    // a race, not damage.
+                    tracing::debug!(checkpoint = %path.display(), "checkpoint is newer than the visible mark read; trying an older one");
+                    stats.checkpoints_skipped += 1;
+                    continue;
+                }
+                if !checkpoint::matches_log(&*p.storage, &p.run_dir, &info)? {
                     tracing::warn!(checkpoint = %path.display(), "checkpoint does not match the log; trying an older one");
                     stats.checkpoints_skipped += 1;
                     continue;
@@ -105,6 +111,11 @@ pub(crate) fn state_at(
                 }
                 start = Some((state, info));
                 break;
+            }
+            // Removed by another process's retention between the listing and the load.
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                tracing::debug!(checkpoint = %path.display(), "checkpoint removed meanwhile; trying an older one");
+                stats.checkpoints_skipped += 1;
             }
             Err(e) => {
                 tracing::warn!(checkpoint = %path.display(), error = %e, "damaged checkpoint; trying an older one");

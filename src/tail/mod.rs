@@ -76,6 +76,7 @@ use crate::log::storage::{OpenMode, Storage, StorageFile};
 use crate::log::watermark::{self, Marks, Pos};
 use crate::query::options::Visibility;
 use crate::query::read::check_frame;
+use crate::store::archive::TOMBSTONE;
 use crate::store::Store;
 
 pub mod cursor;
@@ -176,6 +177,9 @@ pub struct Tail {
     storage: Arc<dyn Storage>,
     /// Where cursor files are read and saved (the log's storage may be an archive's).
     cursor_storage: Arc<dyn Storage>,
+    /// A handle on the data directory, to find the run's archive if it is closed and
+    /// archived while this tail follows it; `None` once reading from the archive.
+    live_store: Option<Store>,
     dir: PathBuf,
     run: String,
     opts: TailOptions,
@@ -258,6 +262,7 @@ impl Tail {
         let mut t = Tail {
             storage,
             cursor_storage,
+            live_store: archived.is_none().then(|| store.same_config()),
             dir,
             run: run.to_string(),
             poll: Duration::from_millis(opts.poll_interval_ms.max(1)),
@@ -412,6 +417,12 @@ impl Tail {
                 self.finished = true;
                 continue;
             }
+            // Closed and archived under this tail before it read to the end (the working
+            // files are gone): go on from the archive, at the same position (it holds the
+            // same segment bytes). One stat per idle pass.
+            if self.switch_to_archive()? {
+                continue;
+            }
             let now = Instant::now();
             let wait = match deadline {
                 Some(d) if d <= now => return Ok(Next::Timeout),
@@ -441,6 +452,30 @@ impl Tail {
             }
         }
         None
+    }
+
+    /// When the run was archived under this tail, reads it from its archive from now on.
+    /// True when it switched.
+    fn switch_to_archive(&mut self) -> Result<bool> {
+        let Some(live) = &self.live_store else {
+            return Ok(false);
+        };
+        if !self.storage.exists(&self.dir.join(TOMBSTONE)) {
+            return Ok(false);
+        }
+        let Some(a) = live.archived_store(&self.run)? else {
+            return Ok(false);
+        };
+        self.storage = a.storage().clone();
+        self.dir = a.run_dir(&self.run)?;
+        self.live_store = None;
+        self.synced = None;
+        if self.located {
+            let off = self.off;
+            self.open_segment(self.seg)?;
+            self.off = off;
+        }
+        Ok(true)
     }
 
     fn read_marks(&mut self) -> Result<Marks> {
@@ -664,6 +699,8 @@ impl Tail {
                     .find(|&b| b > self.seg)
                 {
                     Some(b) if b > next => next = b,
+                    // The run was archived under us: its later segments are in the archive.
+                    _ if self.switch_to_archive()? => return Ok(()),
                     _ => {
                         return Err(Error::corrupt(
                             &path,
