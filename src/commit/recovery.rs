@@ -351,23 +351,9 @@ impl RunLog {
         let seg_path = segment::segment_path(&self.dir, w.seg_base);
         let len = w.seg.len().ctx("stat", &seg_path)?;
         let at = w.end;
-        let kept = self.dir.join(format!(
-            "{}.{at}.damaged",
-            segment::segment_name(w.seg_base)
-        ));
-        let mut bytes = vec![0u8; (len - at) as usize];
-        w.seg.read_exact_at(&mut bytes, at).ctx("read", &seg_path)?;
-        // Nothing left to move when a repair is resumed after a crash that came after
-        // the cut: the first attempt's copy stays as it is.
-        if !bytes.is_empty() || !self.storage.exists(&kept) {
-            let kf = self
-                .storage
-                .open(&kept, OpenMode::ReadWriteCreate)
-                .ctx("create", &kept)?;
-            kf.set_len(0).ctx("truncate", &kept)?;
-            kf.write_all_at(&bytes, 0).ctx("write", &kept)?;
-            kf.sync_data().ctx("fsync", &kept)?;
-        }
+        // Nothing left to move when a repair is resumed after a crash that came after the
+        // cut: the first attempt's copy stays as it is.
+        let (kept, bytes) = self.keep_aside(w, at, len, "damaged", true)?;
         w.seg.set_len(at).ctx("truncate", &seg_path)?;
         self.fsync_segment(&*w.seg, &seg_path)?;
         let damaged_seg = w.seg_base;
@@ -461,6 +447,37 @@ impl RunLog {
         r
     }
 
+    /// Copies bytes `[at, len)` of the current segment to `<segment>.<at>.<suffix>`
+    /// beside it, fsynced, before they are cut. With `keep_existing`, an existing copy is
+    /// left alone when there is nothing left to copy (a resumed repair).
+    fn keep_aside(
+        &self,
+        w: &Writer,
+        at: u64,
+        len: u64,
+        suffix: &str,
+        keep_existing: bool,
+    ) -> Result<(std::path::PathBuf, Vec<u8>)> {
+        let path = segment::segment_path(&self.dir, w.seg_base);
+        let mut bytes = vec![0u8; (len - at) as usize];
+        w.seg.read_exact_at(&mut bytes, at).ctx("read", &path)?;
+        let aside = self.dir.join(format!(
+            "{}.{at}.{suffix}",
+            segment::segment_name(w.seg_base)
+        ));
+        if bytes.is_empty() && keep_existing && self.storage.exists(&aside) {
+            return Ok((aside, bytes));
+        }
+        let f = self
+            .storage
+            .open(&aside, OpenMode::ReadWriteCreate)
+            .ctx("create", &aside)?;
+        f.set_len(0).ctx("truncate", &aside)?;
+        f.write_all_at(&bytes, 0).ctx("write", &aside)?;
+        f.sync_data().ctx("fsync", &aside)?;
+        Ok((aside, bytes))
+    }
+
     pub(super) fn repair_tail(
         &self,
         w: &mut Writer,
@@ -469,18 +486,7 @@ impl RunLog {
         reason: &str,
     ) -> Result<()> {
         let path = segment::segment_path(&self.dir, w.seg_base);
-        let mut torn = vec![0u8; (len - at) as usize];
-        w.seg.read_exact_at(&mut torn, at).ctx("read", &path)?;
-        let broken = self
-            .dir
-            .join(format!("{}.{at}.broken", segment::segment_name(w.seg_base)));
-        let bf = self
-            .storage
-            .open(&broken, OpenMode::ReadWriteCreate)
-            .ctx("create", &broken)?;
-        bf.set_len(0).ctx("truncate", &broken)?;
-        bf.write_all_at(&torn, 0).ctx("write", &broken)?;
-        bf.sync_data().ctx("fsync", &broken)?;
+        let (broken, _) = self.keep_aside(w, at, len, "broken", false)?;
         self.storage
             .sync_dir(&self.dir)
             .ctx("fsync dir", &self.dir)?;

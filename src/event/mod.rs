@@ -392,27 +392,19 @@ impl Checked {
     /// with other content is refused rather than silently answered with the old event.
     /// The seq, ts and run are the store's, never compared.
     pub(crate) fn differs_from(&self, e: &Event) -> Option<&'static str> {
-        if self.agent_id != e.agent_id {
-            Some("agent_id")
-        } else if self.user_id != e.user_id {
-            Some("user_id")
-        } else if self.kind != e.kind {
-            Some("type")
-        } else if self.content != e.content {
-            Some("content")
-        } else if self.confidence != e.confidence {
-            Some("confidence")
-        } else if self.refs != e.refs {
-            Some("refs")
-        } else if self.subject != e.subject {
-            Some("subject")
-        } else if self.session_id != e.session_id {
-            Some("session_id")
-        } else if self.meta != e.meta {
-            Some("meta")
-        } else {
-            None
-        }
+        [
+            ("agent_id", self.agent_id != e.agent_id),
+            ("user_id", self.user_id != e.user_id),
+            ("type", self.kind != e.kind),
+            ("content", self.content != e.content),
+            ("confidence", self.confidence != e.confidence),
+            ("refs", self.refs != e.refs),
+            ("subject", self.subject != e.subject),
+            ("session_id", self.session_id != e.session_id),
+            ("meta", self.meta != e.meta),
+        ]
+        .into_iter()
+        .find_map(|(field, differs)| differs.then_some(field))
     }
 
     /// An event the engine writes itself (no id: one is generated).

@@ -88,44 +88,31 @@ pub fn encode(m: Marks) -> [u8; WATERMARK_LEN] {
 /// Decodes the marks (format 2, or format 1 with unknown seqs); `None` if the bytes are
 /// not a watermark.
 pub fn decode(b: &[u8]) -> Option<Marks> {
-    let u = |r: std::ops::Range<usize>| b[r].try_into().ok().map(u64::from_le_bytes);
-    let crc_ok = |n: usize| {
-        let crc = u32::from_le_bytes(b[n..n + 4].try_into().ok()?);
-        (crc32fast::hash(&b[0..n]) == crc).then_some(())
+    // Per format: its length, and the offsets of the durable position, its seq (format 2
+    // only), the visible position and its seq; the CRC covers all but the last 4 bytes.
+    let (seqs, vis) = match b.len() {
+        WATERMARK_LEN if &b[0..4] == MAGIC => (true, 28),
+        WATERMARK_V1_LEN if &b[0..4] == MAGIC_V1 => (false, 20),
+        _ => return None,
     };
-    match b.len() {
-        WATERMARK_LEN if &b[0..4] == MAGIC => {
-            crc_ok(52)?;
-            Some(Marks {
-                durable: Pos {
-                    seg: u(4..12)?,
-                    off: u(12..20)?,
-                },
-                durable_seq: u(20..28)?,
-                visible: Pos {
-                    seg: u(28..36)?,
-                    off: u(36..44)?,
-                },
-                visible_seq: u(44..52)?,
-            })
-        }
-        WATERMARK_V1_LEN if &b[0..4] == MAGIC_V1 => {
-            crc_ok(36)?;
-            Some(Marks {
-                durable: Pos {
-                    seg: u(4..12)?,
-                    off: u(12..20)?,
-                },
-                visible: Pos {
-                    seg: u(20..28)?,
-                    off: u(28..36)?,
-                },
-                durable_seq: 0,
-                visible_seq: 0,
-            })
-        }
-        _ => None,
+    let n = b.len() - 4;
+    let crc = u32::from_le_bytes(b[n..].try_into().ok()?);
+    if crc32fast::hash(&b[..n]) != crc {
+        return None;
     }
+    let u = |at: usize| b[at..at + 8].try_into().ok().map(u64::from_le_bytes);
+    let pos = |at: usize| {
+        Some(Pos {
+            seg: u(at)?,
+            off: u(at + 8)?,
+        })
+    };
+    Some(Marks {
+        durable: pos(4)?,
+        visible: pos(vis)?,
+        durable_seq: if seqs { u(20)? } else { 0 },
+        visible_seq: if seqs { u(44)? } else { 0 },
+    })
 }
 
 /// Reads the marks. An empty file (a run created, nothing appended yet) reads as the

@@ -124,59 +124,49 @@ impl Store {
         // prunes what is left, so no caller fails for losing a race.
         let mut lost = 0;
         loop {
-            match self.prune_once(run, agent, summarizer, force) {
+            let state = self
+                .state_at(run, crate::fold::replay::Target::Head, |_| {})?
+                .state;
+            if !force && !state.rules.wants_prune() {
+                return Ok(None);
+            }
+            let from = state.rules.pruned_upto + 1;
+            let working: Vec<Event> = self
+                .read(
+                    run,
+                    ReadOptions {
+                        from_seq: Some(from),
+                        to_seq: Some(state.head_seq),
+                        ..ReadOptions::default()
+                    },
+                )?
+                .filter(|e| {
+                    e.as_ref()
+                        .map_or(true, |e| e.kind.is_client() && !e.kind.is_pinned())
+                })
+                .collect::<Result<_>>()?;
+            if working.is_empty() {
+                return Ok(None);
+            }
+            let half: Vec<Event> = working[..working.len().div_ceil(2)].to_vec();
+            let to = half.last().map_or(from, |e| e.seq);
+            let text = summarize(summarizer, &half)?;
+            let rec = SummaryRecord {
+                from_seq: from,
+                to_seq: to,
+                summarized: half.len() as u64,
+                text,
+                summarizer: summarizer.name(),
+            };
+            let v =
+                serde_json::to_value(&rec).map_err(|e| Error::invalid("summary", e.to_string()))?;
+            match self.engine_append(run, agent, EventType::Summary, v, None, Vec::new()) {
                 Err(Error::Conflict(e)) if lost < PRUNE_RACES_MAX => {
                     lost += 1;
                     tracing::debug!(run, error = %e, "prune lost a race; reading the state again");
                 }
-                r => return r,
+                r => return r.map(Some),
             }
         }
-    }
-
-    fn prune_once(
-        &self,
-        run: &str,
-        agent: &str,
-        summarizer: &dyn Summarizer,
-        force: bool,
-    ) -> Result<Option<Event>> {
-        let state = self
-            .state_at(run, crate::fold::replay::Target::Head, |_| {})?
-            .state;
-        if !force && !state.rules.wants_prune() {
-            return Ok(None);
-        }
-        let from = state.rules.pruned_upto + 1;
-        let working: Vec<Event> = self
-            .read(
-                run,
-                ReadOptions {
-                    from_seq: Some(from),
-                    to_seq: Some(state.head_seq),
-                    ..ReadOptions::default()
-                },
-            )?
-            .filter(|e| {
-                e.as_ref()
-                    .map_or(true, |e| e.kind.is_client() && !e.kind.is_pinned())
-            })
-            .collect::<Result<_>>()?;
-        if working.is_empty() {
-            return Ok(None);
-        }
-        let half: Vec<Event> = working[..working.len().div_ceil(2)].to_vec();
-        let to = half.last().map_or(from, |e| e.seq);
-        let text = summarize(summarizer, &half)?;
-        let rec = SummaryRecord {
-            from_seq: from,
-            to_seq: to,
-            summarized: half.len() as u64,
-            text,
-            summarizer: summarizer.name(),
-        };
-        let v = serde_json::to_value(&rec).map_err(|e| Error::invalid("summary", e.to_string()))?;
-        self.engine_append(run, agent, EventType::Summary, v, None, Vec::new())
-            .map(Some)
     }
 }

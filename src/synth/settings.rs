@@ -26,15 +26,13 @@ pub enum SharePatterns {
 impl std::str::FromStr for SharePatterns {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "off" => Ok(SharePatterns::Off),
-            "structured" => Ok(SharePatterns::Structured),
-            "sanitized" => Ok(SharePatterns::Sanitized),
-            _ => Err(Error::invalid(
+        // The same names as in settings.json.
+        serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|_| {
+            Error::invalid(
                 "share_patterns",
                 format!("{s:?} is not one of off, structured, sanitized"),
-            )),
-        }
+            )
+        })
     }
 }
 

@@ -22,136 +22,43 @@ const SETTINGS_BYTES_MAX: u64 = 64 * 1024;
 /// Name of the per-data-dir key of the shared scope's opaque ids.
 const SECRET_FILE: &str = ".share-key";
 
-/// The root-cause categories a structured share may carry, with the words that select
-/// them (first match wins; `unknown` otherwise).
-const ROOT_CAUSES: &[(&str, &[&str])] = &[
-    ("certificate", &["cert", "tls", "ssl", "x509", "handshake"]),
-    (
-        "dns",
-        &["dns", "resolver", "nxdomain", "servfail", "resolv"],
-    ),
-    (
-        "rate_limit",
-        &["rate limit", "rate-limit", "throttl", "429", "quota"],
-    ),
-    (
-        "permissions",
-        &[
-            "permission",
-            "forbidden",
-            "403",
-            "unauthori",
-            "iam",
-            "rbac",
-            "denied",
-        ],
-    ),
-    (
-        "memory",
-        &["oom", "out of memory", "memory", "heap", "leak"],
-    ),
-    (
-        "disk",
-        &["disk", "volume", "inode", "filesystem", "no space"],
-    ),
-    (
-        "database",
-        &[
-            "database",
-            "postgres",
-            "mysql",
-            "db ",
-            "query",
-            "replica",
-            "deadlock",
-            "connection pool",
-            "pool",
-        ],
-    ),
-    (
-        "deployment",
-        &["deploy", "release", "rollout", "canary", "version", "image"],
-    ),
-    (
-        "configuration",
-        &[
-            "config",
-            "flag",
-            "setting",
-            "env var",
-            "misconfig",
-            "timeout",
-        ],
-    ),
-    (
-        "capacity",
-        &[
-            "capacity", "saturat", "cpu", "load", "scale", "traffic", "queue",
-        ],
-    ),
-    (
-        "network",
-        &[
-            "network",
-            "packet",
-            "latency",
-            "partition",
-            "firewall",
-            "route",
-            "socket",
-        ],
-    ),
-    (
-        "dependency",
-        &[
-            "dependency",
-            "upstream",
-            "third-party",
-            "vendor",
-            "provider",
-            "api",
-        ],
-    ),
-    (
-        "code_bug",
-        &["bug", "regression", "null", "exception", "panic", "crash"],
-    ),
-];
+/// The root-cause categories a structured share may carry, each with the words that
+/// select it (first match wins; `unknown` otherwise).
+const ROOT_CAUSES: &str = "certificate: cert tls ssl x509 handshake
+dns: dns resolver nxdomain servfail resolv
+rate_limit: rate~limit rate-limit throttl 429 quota
+permissions: permission forbidden 403 unauthori iam rbac denied
+memory: oom out~of~memory memory heap leak
+disk: disk volume inode filesystem no~space
+database: database postgres mysql db~ query replica deadlock connection~pool pool
+deployment: deploy release rollout canary version image
+configuration: config flag setting env~var misconfig timeout
+capacity: capacity saturat cpu load scale traffic queue
+network: network packet latency partition firewall route socket
+dependency: dependency upstream third-party vendor provider api
+code_bug: bug regression null exception panic crash";
 
-/// The fix categories a structured share may carry.
-const FIXES: &[(&str, &[&str])] = &[
-    (
-        "rollback",
-        &["roll back", "rollback", "rolled back", "revert"],
-    ),
-    ("restart", &["restart", "bounce", "reboot", "recycle"]),
-    (
-        "failover",
-        &["failover", "fail over", "promote", "switch over"],
-    ),
-    (
-        "scale_up",
-        &[
-            "scale",
-            "add capacity",
-            "more replicas",
-            "resize",
-            "increase",
-        ],
-    ),
-    (
-        "config_change",
-        &["config", "flag", "setting", "raise", "lower", "limit"],
-    ),
-    ("patch", &["patch", "fix", "hotfix", "deploy"]),
-    ("renew", &["renew", "rotate", "reissue"]),
-];
+/// The fix categories a structured share may carry (`other` otherwise).
+const FIXES: &str = "rollback: roll~back rollback rolled~back revert
+restart: restart bounce reboot recycle
+failover: failover fail~over promote switch~over
+scale_up: scale add~capacity more~replicas resize increase
+config_change: config flag setting raise lower limit
+patch: patch fix hotfix deploy
+renew: renew rotate reissue";
 
-fn category(text: &str, table: &[(&'static str, &[&str])], none: &'static str) -> String {
+/// The category of `text` in `table` (lines `name: word word~with~spaces ...`): the first
+/// whose words `text` contains, or `none`.
+fn category(text: &str, table: &'static str, none: &'static str) -> String {
     let t = text.to_lowercase();
     table
-        .iter()
-        .find(|(_, words)| words.iter().any(|w| t.contains(w)))
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(_, words)| {
+            words
+                .split_whitespace()
+                .any(|w| t.contains(&w.replace('~', " ")))
+        })
         .map_or(none, |(c, _)| c)
         .to_string()
 }
