@@ -1289,3 +1289,41 @@ fn the_shared_scope_carries_no_tenant_secret() {
     let run_id = |s: &str| s.split("\"run\":\"").nth(1).map(|t| t[..17].to_string());
     assert_ne!(run_id(&ids[0]), run_id(&ids[1]), "{ids:?}");
 }
+
+/// Provenance of shared advice: a lesson one user repeats is marked as one user's word
+/// (`users: 1`, however many occurrences); the same lesson from two users says 2.
+#[test]
+fn shared_advice_says_how_many_users_taught_it() {
+    let env = Env::new();
+    let bob = user_store(&env, "bob").with_archive_dir(env.path().join(".archive"));
+    investigation(&bob, "inc-1", "acme-1");
+    investigation(&bob, "inc-2", "acme-1");
+    synth(&bob);
+    let alice = user_store(&env, "alice");
+    let p = alice.patterns("high_latency_checkout").unwrap();
+    assert_eq!(
+        (p.len(), p[0].users, p[0].item.occurrence_count),
+        (1, Some(1), 2),
+        "{p:?}"
+    );
+    assert!(p[0].item.provenance.first_seen.is_some());
+    let carol = user_store(&env, "carol").with_archive_dir(env.path().join(".archive"));
+    investigation(&carol, "inc-9", "other-2");
+    synth(&carol);
+    let p = alice.patterns("high_latency_checkout").unwrap();
+    assert_eq!(
+        (p[0].users, p[0].item.occurrence_count),
+        (Some(2), 3),
+        "{p:?}"
+    );
+    let tips = alice.advise("query_metrics").unwrap();
+    assert_eq!(tips[0].users, Some(2));
+    let shown = serde_json::to_string(&p).unwrap();
+    assert!(shown.contains("\"users\":2"), "{shown}");
+    // Bob's own view of his lessons is private and carries no count.
+    assert!(bob
+        .patterns("high_latency_checkout")
+        .unwrap()
+        .iter()
+        .any(|x| x.scope == "private" && x.users.is_none()));
+}

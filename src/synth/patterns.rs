@@ -35,7 +35,7 @@
 //! of that tool corrects them, and the argument diff ([`describe_args_diff`]) becomes the
 //! correction (none when the arguments did not change).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -79,6 +79,9 @@ pub struct InvestigationPattern {
     /// Latest event ts of the runs seen; picks the latest `resolution_summary`.
     #[serde(default)]
     pub last_seen: Ts,
+    /// Who taught it and since when.
+    #[serde(flatten)]
+    pub provenance: Provenance,
 }
 
 /// A fingerprinted tool mistake, with its self-correction when one was seen.
@@ -102,6 +105,35 @@ pub struct ToolMistake {
     /// Ts of the successful call that gave `correction`; picks the latest one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub corrected_at: Option<Ts>,
+    /// Who showed it.
+    #[serde(flatten)]
+    pub provenance: Provenance,
+}
+
+/// Where a lesson comes from: the opaque ids of the users whose runs taught it (shared
+/// scope only: advice from one user is one user's word, however often it repeats it),
+/// and the earliest run's time.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Provenance {
+    /// Opaque user ids (keyed hashes), shared copies only.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub contributors: BTreeSet<String>,
+    /// The earliest time it was seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_seen: Option<Ts>,
+}
+
+impl Provenance {
+    /// Adds one run's provenance: its contributor (if any) and when it was seen.
+    fn add(&mut self, contributor: &str, seen: Option<Ts>) {
+        if !contributor.is_empty() {
+            self.contributors.insert(contributor.to_string());
+        }
+        self.first_seen = match (self.first_seen, seen) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
 }
 
 /// What one closed run teaches.
@@ -114,6 +146,9 @@ pub struct RunLearnings {
     /// The run (provenance only).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub run_id: String,
+    /// The opaque id of the user who learned it (shared copies only; a keyed hash).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub contributor: String,
 }
 
 /// Confidence of a pattern seen `count` times: 0.6, then +0.1 per occurrence, capped at 1.
@@ -492,6 +527,7 @@ impl Learner {
                     correction: None,
                     runs_seen: 1,
                     corrected_at: None,
+                    provenance: Provenance::default(),
                 });
             m.occurrence_count += 1;
             let buf = self.pending.entry(tool.to_string()).or_default();
@@ -531,6 +567,11 @@ impl Learner {
                     occurrence_count: 1,
                     confidence: confidence_for(1),
                     last_seen: last_ts,
+                    // A run is seen at its end; across runs these span first to last.
+                    provenance: Provenance {
+                        first_seen: Some(last_ts),
+                        ..Provenance::default()
+                    },
                 })
             }
             _ => None,
@@ -539,6 +580,7 @@ impl Learner {
             pattern,
             mistakes: mistakes.into_values().collect(),
             run_id,
+            contributor: String::new(),
         }
     }
 }
@@ -583,9 +625,13 @@ impl PatternBook {
                     let mut p = p.clone();
                     p.occurrence_count = p.occurrence_count.max(1);
                     p.confidence = confidence_for(p.occurrence_count);
+                    let seen = p.provenance.first_seen.or(Some(p.last_seen));
+                    p.provenance.add(&l.contributor, seen);
                     self.patterns.insert(p.fingerprint.clone(), p);
                 }
                 Some(q) => {
+                    let seen = p.provenance.first_seen.or(Some(p.last_seen));
+                    q.provenance.add(&l.contributor, seen);
                     q.occurrence_count += p.occurrence_count.max(1);
                     q.confidence = confidence_for(q.occurrence_count);
                     let take = !p.resolution_summary.is_empty()
@@ -608,9 +654,11 @@ impl PatternBook {
                 None => {
                     let mut m = m.clone();
                     m.runs_seen = m.runs_seen.max(1);
+                    m.provenance.add(&l.contributor, None);
                     self.mistakes.insert(m.fingerprint.clone(), m);
                 }
                 Some(q) => {
+                    q.provenance.add(&l.contributor, None);
                     q.occurrence_count += m.occurrence_count;
                     q.runs_seen += m.runs_seen.max(1);
                     if let Some(c) = m.correction.as_deref().filter(|c| !c.is_empty()) {

@@ -130,6 +130,10 @@ fn structured(mut l: patterns::RunLearnings) -> patterns::RunLearnings {
 pub struct Scoped<T> {
     /// `private` (the user's own runs) or `shared` (sanitized, from every user).
     pub scope: &'static str,
+    /// For shared advice: how many distinct users taught it. One user's advice is one
+    /// user's word, however many runs repeat it: weigh it accordingly.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub users: Option<usize>,
     /// The pattern or mistake.
     #[serde(flatten)]
     pub item: T,
@@ -174,6 +178,11 @@ impl Store {
             let h = u64::from_le_bytes(digest.as_bytes()[..8].try_into().unwrap_or_default());
             // The run id stays with its user: the shared copy names an opaque hash.
             clean.run_id = format!("r{h:016x}");
+            // Who taught it, as an opaque id of the same key: counts distinct users.
+            let mut who = blake3::Hasher::new_keyed(&key);
+            who.update(b"user\0");
+            who.update(self.user().as_bytes());
+            clean.contributor = format!("u{}", &who.finalize().to_hex()[..16]);
             let rec = Record::Learned {
                 run: format!("r{h:016x}"),
                 learnings: Box::new(clean),
@@ -310,27 +319,34 @@ impl Store {
     /// shared scope's (seed 002's `get_recommended_investigation_strategy`).
     pub fn patterns(&self, symptom: &str) -> Result<Vec<Scoped<InvestigationPattern>>> {
         let (own, shared) = (self.own_book()?, self.shared_book()?);
-        Ok(scoped(own.recommend(symptom), shared.recommend(symptom)))
+        Ok(scoped(
+            own.recommend(symptom),
+            shared.recommend(symptom),
+            |p| p.provenance.contributors.len(),
+        ))
     }
 
     /// Known mistakes of a tool, before calling it: the user's own, then the shared
     /// scope's (seed 002's `MistakeAdvisor`).
     pub fn advise(&self, tool: &str) -> Result<Vec<Scoped<ToolMistake>>> {
         let (own, shared) = (self.own_book()?, self.shared_book()?);
-        Ok(scoped(own.advise(tool), shared.advise(tool)))
+        Ok(scoped(own.advise(tool), shared.advise(tool), |m| {
+            m.provenance.contributors.len()
+        }))
     }
 }
 
 /// The user's own items, then the shared scope's.
-fn scoped<T: Clone>(own: Vec<&T>, shared: Vec<&T>) -> Vec<Scoped<T>> {
-    let tag = |scope: &'static str| {
-        move |item: &T| Scoped {
-            scope,
-            item: item.clone(),
-        }
-    };
-    own.into_iter()
-        .map(tag("private"))
-        .chain(shared.into_iter().map(tag("shared")))
-        .collect()
+fn scoped<T: Clone>(own: Vec<&T>, shared: Vec<&T>, users: impl Fn(&T) -> usize) -> Vec<Scoped<T>> {
+    let mine = own.into_iter().map(|item| Scoped {
+        scope: "private",
+        users: None,
+        item: item.clone(),
+    });
+    let theirs = shared.into_iter().map(|item| Scoped {
+        scope: "shared",
+        users: Some(users(item)),
+        item: item.clone(),
+    });
+    mine.chain(theirs).collect()
 }
