@@ -1,8 +1,10 @@
 //! The sanitizer (seed 002's `MemorySanitizer`): every record copied to the shared
 //! `system_shared_patterns` scope passes through it first.
 //!
-//! Size: one hand-written byte scanner per secret shape, with its tests (about 760 lines);
-//! issue 10 replaces the scanners with a `regex::RegexSet` of detectors.
+//! Size: one hand-written byte scanner per secret shape, with their tests (about 800
+//! lines). The newer detectors (prefixed keys, phone numbers, listed names) are `regex`
+//! patterns (`Detectors`); moving the older scanners onto `regex` too would shrink this
+//! file and is open work (issue 10).
 //!
 //! CONTRACT: [`Sanitizer::text`] returns the text with every e-mail address, IP address
 //! (v4 and v6), token or key, the user's own identifiers, project ids and
