@@ -313,6 +313,12 @@ enum Cmd {
         /// Another fixture file, same format.
         #[arg(long)]
         fixture: Option<PathBuf>,
+        /// Instead: a labelled set of agent findings (data/fixtures/semantic/*.jsonl),
+        /// measured end to end: appended to fresh stores (a temporary data dir),
+        /// synthesized, and compared with its labels (pairs, look-alikes merged,
+        /// contradictions, changes over time flagged as contradictions).
+        #[arg(long, conflicts_with = "fixture")]
+        set: Option<PathBuf>,
         /// JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -634,7 +640,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Patterns { symptom } => synth::patterns(&store, &symptom),
         Cmd::Advise { tool } => synth::advise(&store, &tool),
         Cmd::Metrics { run, json } => synth::metrics(&store, &run, json),
-        Cmd::Quality { fixture, json } => synth::quality(fixture, json),
+        Cmd::Quality {
+            set: Some(set),
+            json,
+            ..
+        } => synth::quality_set(&set, json),
+        Cmd::Quality { fixture, json, .. } => synth::quality(fixture, json),
         Cmd::Demo { run } => {
             demo::run(&cli.data_dir, &checkpoint_dir, &archive_dir, &cli.user, run)
         }

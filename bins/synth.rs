@@ -222,6 +222,73 @@ pub fn metrics(store: &Store, run: &str, json: bool) -> anyhow::Result<ExitCode>
     Ok(ExitCode::SUCCESS)
 }
 
+/// `swarm quality --set FILE`: the synthesizer end to end on a labelled set.
+pub fn quality_set(set: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
+    let text = std::fs::read_to_string(set)
+        .map_err(|e| invalid("set", format!("{}: {e}", set.display())))?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let root = std::env::temp_dir().join(format!("swarm-eval-{}-{nanos}", std::process::id()));
+    let r = swarm_memory::synth::eval::evaluate_set(&text, &root, &SynthOptions::default());
+    let _ = std::fs::remove_dir_all(&root);
+    let r = r?;
+    if json {
+        return print_json(&r);
+    }
+    let out = io::stdout();
+    let mut out = out.lock();
+    let rows = [
+        ("events / users", format!("{} / {}", r.events, r.users)),
+        (
+            "facts labelled / made",
+            format!("{} / {}", r.facts_labelled, r.facts_made),
+        ),
+        (
+            "pair precision",
+            format!(
+                "{:.3} ({} of {})",
+                r.pair_precision, r.correct_pairs, r.predicted_pairs
+            ),
+        ),
+        (
+            "pair recall",
+            format!(
+                "{:.3} ({} of {})",
+                r.pair_recall, r.correct_pairs, r.true_pairs
+            ),
+        ),
+        (
+            "hard negatives merged",
+            format!("{} of {}", r.hard_negatives_merged, r.hard_negatives),
+        ),
+        (
+            "contradiction precision",
+            format!(
+                "{:.3} ({} of {})",
+                r.contradiction_precision, r.contradictions_correct, r.contradictions_reported
+            ),
+        ),
+        (
+            "contradiction recall",
+            format!(
+                "{:.3} ({} of {})",
+                r.contradiction_recall, r.contradictions_found, r.contradictions_labelled
+            ),
+        ),
+        (
+            "changes flagged as contradictions",
+            format!("{} of {}", r.temporal_flagged, r.temporal_changes),
+        ),
+        ("cross-user merges", r.cross_user_merges.to_string()),
+    ];
+    for (k, v) in rows {
+        writeln!(out, "{k:<34} {v}")?;
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn quality(fixture: Option<PathBuf>, json: bool) -> anyhow::Result<ExitCode> {
     let text = match &fixture {
         Some(p) => std::fs::read_to_string(p)

@@ -25,6 +25,7 @@
 
 pub mod dedup;
 mod driver;
+pub mod eval;
 pub mod facts;
 pub mod judge;
 pub mod metrics;
