@@ -145,7 +145,10 @@ pub fn run(
         data_dir.display()
     );
 
-    // A fourth agent follows the run live from its own process before anything is written.
+    // A fourth agent follows the run live from its own process before anything is written
+    // (in a data dir that exists: read-only commands refuse a missing one).
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("creating the data dir {}", data_dir.display()))?;
     let mut tail = Command::new(&exe)
         .arg("--data-dir")
         .arg(data_dir)

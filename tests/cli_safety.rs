@@ -393,10 +393,11 @@ fn fifty_demos_under_cpu_load_all_exit_0() {
             .filter(|i| round * 4 + i < 50)
             .map(|_| {
                 let dir = tempfile::tempdir().expect("tempdir");
+                // A data dir that does not exist yet, as a new user's would be.
                 let child = std::process::Command::new(crate::util::SWARM)
                     .env_remove("SWARM_DATA_DIR")
                     .arg("--data-dir")
-                    .arg(dir.path())
+                    .arg(dir.path().join("data"))
                     .arg("demo")
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
