@@ -683,6 +683,31 @@ impl Store {
             )),
             Some(Ok(_)) => {}
         }
+        // Derived files: reported when damaged, never trusted, rebuilt as needed.
+        let ck_dir = self.checkpoint_dir(run);
+        let run_dir = self.run_dir(run)?;
+        for seq in checkpoint::list(&*self.storage, &ck_dir)? {
+            let p = ck_dir.join(checkpoint::checkpoint_name(seq));
+            match checkpoint::load(&*self.storage, &p) {
+                Err(e) => report.rebuilt.push(format!(
+                    "{}: damaged ({e}); ignored, the next checkpoint replaces it",
+                    p.display()
+                )),
+                Ok((_, info)) if !checkpoint::matches_log(&*self.storage, &run_dir, &info)? => {
+                    report
+                        .rebuilt
+                        .push(format!("{}: does not match the log; ignored", p.display()))
+                }
+                Ok(_) => {}
+            }
+        }
+        if let Ok(stats) = self.index_stats(run) {
+            for d in stats.discarded {
+                report
+                    .rebuilt
+                    .push(format!("index: {d}; rebuilt from the log"));
+            }
+        }
         if let Err(e) = meta::read_meta(&*self.storage, &self.run_dir(run)?) {
             report.ok = false;
             report

@@ -392,6 +392,11 @@ fn lost_or_garbled_auxiliary_files_hide_nothing() {
     }
     // Index files and checkpoints: deleted, then garbled; reads and replay agree.
     for garble in [false, true] {
+        // Fresh derived files each round, so there is something to delete or garble.
+        env.swarm(&["checkpoint", "--run", run]).ok();
+        env.swarm(&["index", "rebuild", "--run", run]).ok();
+        let files = |d: &std::path::Path| std::fs::read_dir(d).map_or(0, |r| r.count());
+        assert!(files(&dir.join("index")) > 0);
         for sub in ["index"] {
             for f in std::fs::read_dir(dir.join(sub)).unwrap() {
                 let p = f.unwrap().path();
@@ -410,6 +415,15 @@ fn lost_or_garbled_auxiliary_files_hide_nothing() {
             } else {
                 std::fs::remove_file(&p).unwrap()
             }
+        }
+        let (code, rep) = env.verify(run);
+        assert_eq!(code, 0, "{rep}");
+        if garble {
+            let listed = rep["rebuilt"].to_string();
+            assert!(
+                listed.contains("ckpt-") && listed.contains("index"),
+                "garbled files not reported: {rep}"
+            );
         }
         assert_eq!(
             env.swarm(&["read", "--run", run, "--agent", "a1"])

@@ -41,7 +41,8 @@ pub struct VerifyReport {
     /// Damaged records (never dropped silently).
     pub corrupt: Vec<Skipped>,
     /// Auxiliary files found lost or unreadable: the `SYNCED` marks (rebuilt from the
-    /// log before the check) and `run.json` (then `ok` is false: `swarm repair`).
+    /// log before the check), damaged or stale checkpoints and index files (derived:
+    /// ignored and rebuilt), and `run.json` (then `ok` is false: `swarm repair`).
     pub rebuilt: Vec<String>,
 }
 
