@@ -13,75 +13,45 @@ fn ev(agent: &str, kind: &str, subject: &str, content: &str) -> serde_json::Valu
     json!({"agent_id": agent, "type": kind, "subject": subject, "content": content})
 }
 
+/// `swarm append` of one evidence entry to run `r`, with extra flags.
+fn append_evidence<'a>(agent: &'a str, content: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
+        "append",
+        "--run",
+        "r",
+        "--agent",
+        agent,
+        "--type",
+        "evidence",
+        "--content",
+        content,
+    ];
+    v.extend_from_slice(extra);
+    v
+}
+
 #[test]
 fn a_reused_id_with_another_event_is_a_conflict_naming_the_stored_seq() {
     let env = Env::new();
+    let id = ["--id", "a-1"];
     let first = env
-        .swarm(&[
-            "append",
-            "--run",
-            "r",
-            "--agent",
-            "a",
-            "--type",
-            "evidence",
-            "--content",
-            "disk full",
-            "--id",
-            "a-1",
-        ])
+        .swarm(&append_evidence("a", "disk full", &id))
         .ok()
         .events();
     assert_eq!(first[0].seq, 1);
     // The same event again: an idempotent retry, answered with the stored event.
     let again = env
-        .swarm(&[
-            "append",
-            "--run",
-            "r",
-            "--agent",
-            "a",
-            "--type",
-            "evidence",
-            "--content",
-            "disk full",
-            "--id",
-            "a-1",
-        ])
+        .swarm(&append_evidence("a", "disk full", &id))
         .ok()
         .events();
     assert_eq!((again.len(), again[0].seq), (1, 1));
     // Another event under the same id: refused, and the stored one is named.
-    env.swarm(&[
-        "append",
-        "--run",
-        "r",
-        "--agent",
-        "a",
-        "--type",
-        "evidence",
-        "--content",
-        "disk fine",
-        "--id",
-        "a-1",
-    ])
-    .code(4)
-    .one_line_error(&["\"a-1\"", "seq 1", "content"]);
-    env.swarm(&[
-        "append",
-        "--run",
-        "r",
-        "--agent",
-        "b",
-        "--type",
-        "evidence",
-        "--content",
-        "disk full",
-        "--id",
-        "a-1",
-    ])
-    .code(4)
-    .one_line_error(&["seq 1", "agent_id"]);
+    env.swarm(&append_evidence("a", "disk fine", &id))
+        .code(4)
+        .one_line_error(&["\"a-1\"", "seq 1", "content"]);
+    env.swarm(&append_evidence("b", "disk full", &id))
+        .code(4)
+        .one_line_error(&["seq 1", "agent_id"]);
     let all = env.read("r");
     assert_eq!(all.len(), 1);
     assert_eq!(all[0].content, json!("disk full"));
