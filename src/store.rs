@@ -568,7 +568,15 @@ impl Store {
             Visibility::Visible => Some(marks.visible),
             Visibility::Written => None,
         };
-        let it = EventIter::with_index(self.storage.clone(), dir, run, opts, limit, snap)?;
+        let it = EventIter::with_index(
+            self.storage.clone(),
+            dir,
+            run,
+            opts,
+            limit,
+            marks.durable,
+            snap,
+        )?;
         Ok(match (rules, opts_reader) {
             (Some(r), Some(agent)) => {
                 it.with_permission(Box::new(move |e: &Event| r.may_read_event(&agent, e)))

@@ -143,27 +143,29 @@ impl EventIter {
         run_id: &str,
         opts: ReadOptions,
     ) -> Result<EventIter> {
+        let marks = read_marks(&*storage, &dir)?;
         let limit = match opts.visibility {
-            Visibility::Visible => Some(read_marks(&*storage, &dir)?.visible),
+            Visibility::Visible => Some(marks.visible),
             Visibility::Written => None,
         };
-        EventIter::with_index(storage, dir, run_id, opts, limit, None)
+        EventIter::with_index(storage, dir, run_id, opts, limit, marks.durable, None)
     }
 
     /// A read up to `limit` (`None`: everything written), through `index` when given.
+    /// `durable` is the durable mark read before anything else of the read (before the
+    /// segments are listed): every byte below it was durable before this read began, so
+    /// damage there is real, never a write in progress.
     pub(crate) fn with_index(
         storage: Arc<dyn Storage>,
         dir: PathBuf,
         run_id: &str,
         opts: ReadOptions,
         limit: Option<Pos>,
+        durable: Pos,
         index: Option<IndexSnapshot>,
     ) -> Result<EventIter> {
-        // Read before anything else: every byte below it was durable before this read
-        // began, so damage there is real, never a write in progress.
         // Never past the read's own limit: stopping there is not a short segment.
-        let acked = read_marks(&*storage, &dir)?.durable;
-        let acked = limit.map_or(acked, |l| acked.min(l));
+        let acked = limit.map_or(durable, |l| durable.min(l));
         let bases = match &index {
             // The index listed the segments up to what it covers, which is the limit.
             Some(snap) if limit.is_some() && snap.covered().map(|c| c.0) == limit => {
