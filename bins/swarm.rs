@@ -610,7 +610,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let bar = progress("checkpoint");
             let info = store.checkpoint(&run, bar)?;
             let out = serde_json::json!({"run": run, "checkpoint": info, "dir": store.checkpoint_dir(&run)});
-            println!("{out}");
+            if let Err(e) = writeln!(io::stdout(), "{out}") {
+                eprintln!(
+                    "swarm: checkpoint written, but the acknowledgement could not be written: {e}"
+                );
+                return Ok(ExitCode::from(EXIT_ACK_LOST));
+            }
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Replay(a) => replay(&store, a),
@@ -629,7 +634,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Verify { run } => verify(&store, run),
         Cmd::Repair { run } => {
             let repaired = store.repair(&run)?;
-            println!("{}", serde_json::to_string(&repaired)?);
+            if let Err(e) = writeln!(io::stdout(), "{}", serde_json::to_string(&repaired)?) {
+                eprintln!("swarm: repaired, but the acknowledgement could not be written: {e}");
+                return Ok(ExitCode::from(EXIT_ACK_LOST));
+            }
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Runs { json } => runs(&store, json),

@@ -104,6 +104,23 @@ fn an_acknowledgement_that_cannot_be_written_exits_7_naming_the_stored_seq() {
     assert_eq!(out.status.code(), Some(7), "stderr: {stderr}");
     assert!(stderr.contains("stored as seqs 2..3"), "{stderr}");
     assert_eq!(env.read("r").len(), 3);
+    // Other commands that write, then print: never a panic (exit 101).
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = env
+        .cmd(&["checkpoint", "--run", "r"])
+        .stdin(Stdio::null())
+        .stdout(full)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
