@@ -1,0 +1,183 @@
+//! The detectors: one pattern each, in one [`RegexSet`] (which detectors match at all)
+//! and one [`Regex`] each (where), compiled once per process.
+
+use std::sync::OnceLock;
+
+use regex::{Regex, RegexSet};
+
+use super::tables::{PROJECT_KEYS, SECRET_EXACT, SECRET_SUFFIXES, ZONE_DIRECTIONS, ZONE_PREFIXES};
+use super::PLACEHOLDER_NAMES;
+
+/// One detector per pattern, in [`patterns`] order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Det {
+    Placeholder,
+    Pem,
+    UrlCredentials,
+    Email,
+    Ipv4,
+    Ipv6,
+    Uuid,
+    Zone,
+    Vendor,
+    Prefixed,
+    Entropy,
+    Host,
+    Arn,
+    Gke,
+    GkeNode,
+    Home,
+    KeyValue,
+    Bearer,
+    AuthHeader,
+    ProjectPath,
+    Phone,
+}
+
+pub(super) const DETS: [Det; 21] = [
+    Det::Placeholder,
+    Det::Pem,
+    Det::UrlCredentials,
+    Det::Email,
+    Det::Ipv4,
+    Det::Ipv6,
+    Det::Uuid,
+    Det::Zone,
+    Det::Vendor,
+    Det::Prefixed,
+    Det::Entropy,
+    Det::Host,
+    Det::Arn,
+    Det::Gke,
+    Det::GkeNode,
+    Det::Home,
+    Det::KeyValue,
+    Det::Bearer,
+    Det::AuthHeader,
+    Det::ProjectPath,
+    Det::Phone,
+];
+
+/// `a[-_.]?b[-_.]?c`: a key word as written with any separators (`api_key`, `API-KEY`).
+pub(super) fn spaced(word: &str) -> String {
+    let chars: Vec<String> = word.chars().map(|c| c.to_string()).collect();
+    chars.join("[-_.]?")
+}
+
+pub(super) fn alternation(words: &[&str], f: impl Fn(&str) -> String) -> String {
+    let mut w: Vec<&str> = words.to_vec();
+    // Longer first: `northeast` before `north`, `europe` before `eu`.
+    w.sort_by_key(|x| std::cmp::Reverse(x.len()));
+    w.iter().map(|x| f(x)).collect::<Vec<_>>().join("|")
+}
+
+/// The detectors' patterns, in [`DETS`] order.
+pub(super) fn patterns() -> Vec<String> {
+    const HEX: &str = "[0-9A-Fa-f]";
+    let zone = format!(
+        "(?:{})-(?:{})(?:[0-9]{{1,2}}(?:-[a-z])?|-[0-9]{{1,2}}[a-z]?)",
+        alternation(ZONE_PREFIXES, str::to_string),
+        alternation(ZONE_DIRECTIONS, str::to_string)
+    );
+    let key_value = format!(
+        concat!(
+            r#"(?i:(?P<key>[A-Za-z0-9_.-]*(?:{suffixes})|-{{0,2}}(?:{exact})|-{{0,2}}(?:{projects})))"#,
+            r#"(?P<q>["']?)(?P<sp0>[ \t]{{0,4}})(?P<sep>[=:]?)[ \t]{{0,4}}"#,
+            r#"(?:"(?P<dq>(?:[^"\\\n]|\\.)*)"?|'(?P<sq>(?:[^'\\\n]|\\.)*)'?|(?P<v>[^\s"'`,;&)\]}}<>]+))"#
+        ),
+        suffixes = alternation(SECRET_SUFFIXES, spaced),
+        exact = alternation(SECRET_EXACT, str::to_string),
+        projects = alternation(PROJECT_KEYS, spaced),
+    );
+    let placeholder = format!("<(?:{})>", PLACEHOLDER_NAMES.join("|"));
+    let p: [(Det, String); 21] = [
+        (Det::Placeholder, placeholder),
+        (
+            Det::Pem,
+            r"(?s)-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]{0,64}-----|\z)"
+                .into(),
+        ),
+        (Det::UrlCredentials, r#"[A-Za-z]://([^\s/?#@"'<>]+)@"#.into()),
+        (
+            Det::Email,
+            r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+".into(),
+        ),
+        (Det::Ipv4, r"[0-9]{1,3}(?:\.[0-9]{1,3}){3}".into()),
+        (
+            Det::Ipv6,
+            format!(r"(?:{HEX}{{1,4}})?(?::{HEX}{{0,4}}){{2,}}(?:\.[0-9]{{1,3}}){{0,3}}"),
+        ),
+        (
+            Det::Uuid,
+            format!("{HEX}{{8}}-{HEX}{{4}}-{HEX}{{4}}-{HEX}{{4}}-{HEX}{{12}}"),
+        ),
+        (Det::Zone, zone),
+        (
+            Det::Vendor,
+            concat!(
+                r"gh[posur]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{16,}",
+                r"|xox[bpars]-[A-Za-z0-9_-]{10,}|xapp-[A-Za-z0-9_-]{10,}|sk-[A-Za-z0-9_-]{20,}",
+                r"|AIza[A-Za-z0-9_-]{30,}|ya29\.[A-Za-z0-9_.=-]{20,}|eyJ[A-Za-z0-9_.=-]{17,}",
+                r"|npm_[A-Za-z0-9]{30,}|hf_[A-Za-z0-9]{30,}",
+                r"|A(?:KIA|SIA|GPA|IDA|ROA|NPA|NVA|IPA)[A-Z0-9]{16}"
+            )
+            .into(),
+        ),
+        (
+            Det::Prefixed,
+            r"[A-Za-z]{2,12}[-_](?:live|test|prod)[-_][A-Za-z0-9]{10,}|[a-z]{2,8}_[A-Za-z0-9]{16,}"
+                .into(),
+        ),
+        (Det::Entropy, r"[A-Za-z0-9+/_-]{20,}={0,2}".into()),
+        (Det::Host, r"[A-Za-z0-9-]*\.[A-Za-z0-9.-]*".into()),
+        (
+            Det::Arn,
+            r#"arn:aws(?:-cn|-us-gov)?:[\x21-\x7E&&[^"'`,;)\]}<>]]*"#.into(),
+        ),
+        (Det::Gke, r"gke_[A-Za-z0-9_-]+".into()),
+        (Det::GkeNode, r"gke-[a-z0-9-]+".into()),
+        (
+            Det::Home,
+            r#"(?:/home/|/Users/|\\Users\\)([^\s/\\"'`:,;)\]}<>]+)"#.into(),
+        ),
+        (Det::KeyValue, key_value),
+        (Det::Bearer, r"(?i:bearer) {1,4}([A-Za-z0-9._~+/=-]+)".into()),
+        (
+            Det::AuthHeader,
+            r#"(?i:authorization|cookie)["']?[:=][ "']*"#.into(),
+        ),
+        (Det::ProjectPath, r"(?i:projects)/([a-z0-9-]+)".into()),
+        (
+            Det::Phone,
+            concat!(
+                r"\+[1-9][0-9]{0,3}(?:[ .-]?\(?[0-9]{1,4}\)?){2,6}",
+                r"|\([0-9]{3}\) ?[0-9]{3}[-. ][0-9]{4}|[0-9]{3}[-.][0-9]{3}[-.][0-9]{4}",
+                r"|0[1-9][0-9]{0,3}(?: [0-9]{2,4}){2,4}"
+            )
+            .into(),
+        ),
+    ];
+    debug_assert!(p.iter().zip(DETS).all(|((d, _), e)| *d == e));
+    p.into_iter().map(|(_, s)| s).collect()
+}
+
+pub(super) struct Engine {
+    pub(super) set: RegexSet,
+    pub(super) res: Vec<Regex>,
+    /// A whole label that is a region or zone (`us-east-1`), for `amazonaws.com` hosts.
+    pub(super) zone_label: Regex,
+}
+
+pub(super) fn engine() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| {
+        let p = patterns();
+        // The patterns are constants of this file (a unit test compiles them), not input.
+        let compile = |s: &str| Regex::new(s).expect("sanitizer pattern compiles");
+        Engine {
+            set: RegexSet::new(&p).expect("sanitizer patterns compile"),
+            res: p.iter().map(|s| compile(s)).collect(),
+            zone_label: compile(&format!("^(?:{})$", p[Det::Zone as usize])),
+        }
+    })
+}

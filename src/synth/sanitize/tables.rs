@@ -1,0 +1,450 @@
+//! Word lists of the sanitizer (key names, TLDs, public domains, cloud regions) and the
+//! checks built on them that accept or refuse a detector's candidate.
+
+use regex::Regex;
+
+pub(super) const SECRET_SUFFIXES: &[&str] = &[
+    "password",
+    "passwd",
+    "passphrase",
+    "secret",
+    "token",
+    "apikey",
+    "accesskey",
+    "accesskeyid",
+    "secretkey",
+    "privatekey",
+    "signingkey",
+    "encryptionkey",
+    "masterkey",
+    "accountkey",
+    "licensekey",
+    "subscriptionkey",
+    "credential",
+    "credentials",
+    "connectionstring",
+    "sessionid",
+    "sessioncookie",
+];
+
+pub(super) const SECRET_EXACT: &[&str] = &["pass", "sig", "pw", "dbpwd", "auth"];
+
+pub(super) const PROJECT_KEYS: &[&str] = &[
+    "project",
+    "projectid",
+    "googlecloudproject",
+    "gcloudproject",
+    "cloudsdkcoreproject",
+    "gcpproject",
+    "gcpprojectid",
+    "gcloudprojectid",
+];
+
+/// Words that follow `token:` or `--project` in prose rather than a value.
+pub(super) const STOPWORDS: &[&str] = &[
+    "a",
+    "an",
+    "and",
+    "are",
+    "argument",
+    "as",
+    "at",
+    "by",
+    "empty",
+    "env",
+    "expired",
+    "false",
+    "field",
+    "flag",
+    "flags",
+    "for",
+    "from",
+    "header",
+    "id",
+    "if",
+    "in",
+    "incorrect",
+    "invalid",
+    "is",
+    "it",
+    "missing",
+    "must",
+    "name",
+    "needed",
+    "nil",
+    "none",
+    "not",
+    "null",
+    "of",
+    "on",
+    "option",
+    "or",
+    "parameter",
+    "provided",
+    "required",
+    "rejected",
+    "set",
+    "should",
+    "that",
+    "the",
+    "this",
+    "to",
+    "true",
+    "unset",
+    "value",
+    "variable",
+    "was",
+    "were",
+    "when",
+    "with",
+    "wrong",
+];
+
+pub(super) const WELL_KNOWN_V4: &[&str] =
+    &["0.0.0.0", "127.0.0.1", "255.255.255.255", "169.254.169.254"];
+
+pub(super) const ZONE_PREFIXES: &[&str] = &[
+    "us",
+    "europe",
+    "asia",
+    "australia",
+    "northamerica",
+    "southamerica",
+    "me",
+    "africa",
+    "eu",
+    "ap",
+    "sa",
+    "ca",
+    "af",
+    "il",
+    "mx",
+    "cn",
+];
+
+pub(super) const ZONE_DIRECTIONS: &[&str] = &[
+    "central",
+    "east",
+    "west",
+    "north",
+    "south",
+    "northeast",
+    "southeast",
+    "northwest",
+    "southwest",
+];
+
+/// TLDs under which a 3+ label name is taken for a host (file extensions left out).
+pub(super) const TLDS: &[&str] = &[
+    "com", "net", "org", "io", "dev", "app", "cloud", "ai", "co", "us", "uk", "de", "fr", "eu",
+    "jp", "cn", "in", "ru", "br", "au", "ca", "nl", "se", "ch", "es", "it", "info", "biz", "me",
+    "tv", "xyz", "tech", "site", "online", "gov", "edu", "mil", "int", "gg", "ly", "nz", "za",
+    "kr", "tw", "hk", "sg", "ie", "be", "at", "dk", "no", "fi", "cz", "pt", "gr", "ro", "hu", "il",
+    "mx", "ar", "cl", "systems", "services", "network", "company", "team", "tools", "run", "page",
+    "host", "link",
+];
+
+pub(super) const INTERNAL_SUFFIXES: &[&str] = &[
+    "internal",
+    "local",
+    "corp",
+    "lan",
+    "localdomain",
+    "intranet",
+    "intra",
+    "svc",
+    "home.arpa",
+    "private",
+];
+
+/// Public documentation and service domains kept as they are (and their subdomains).
+pub(super) const PUBLIC_DOMAINS: &[&str] = &[
+    "googleapis.com",
+    "google.com",
+    "gstatic.com",
+    "kubernetes.io",
+    "k8s.io",
+    "github.com",
+    "githubusercontent.com",
+    "gitlab.com",
+    "docker.com",
+    "docker.io",
+    "gcr.io",
+    "pkg.dev",
+    "quay.io",
+    "aws.amazon.com",
+    "amazon.com",
+    "microsoft.com",
+    "azure.com",
+    "stackoverflow.com",
+    "python.org",
+    "pypi.org",
+    "rust-lang.org",
+    "crates.io",
+    "npmjs.com",
+    "npmjs.org",
+    "mozilla.org",
+    "wikipedia.org",
+    "readthedocs.io",
+    "readthedocs.org",
+    "grafana.com",
+    "prometheus.io",
+    "hashicorp.com",
+    "terraform.io",
+    "istio.io",
+    "elastic.co",
+    "postgresql.org",
+    "mysql.com",
+    "redis.io",
+    "nginx.org",
+    "nginx.com",
+    "apache.org",
+    "golang.org",
+    "go.dev",
+    "cncf.io",
+    "ubuntu.com",
+    "debian.org",
+    "redhat.com",
+    "anthropic.com",
+    "openai.com",
+    "slack.com",
+    "atlassian.com",
+    "pagerduty.com",
+    "datadoghq.com",
+    "sentry.io",
+    "cloudflare.com",
+    "letsencrypt.org",
+    "ietf.org",
+    "w3.org",
+    "opentelemetry.io",
+    "envoyproxy.io",
+    "argoproj.io",
+    "linkerd.io",
+    "cert-manager.io",
+    "example.com",
+    "example.org",
+    "example.net",
+    "x-k8s.io",
+    "gke.io",
+    "openshift.io",
+    "knative.dev",
+    "crossplane.io",
+    "fluxcd.io",
+    "cilium.io",
+    "tekton.dev",
+    "googlesource.com",
+    "vaultproject.io",
+    "consul.io",
+    "gserviceaccount.com",
+];
+
+/// First labels of Java/Kotlin package names (`com.google.cloud`), never host names.
+pub(super) const REVERSE_DNS_ROOTS: &[&str] = &[
+    "com", "org", "net", "io", "dev", "java", "javax", "jakarta", "android", "kotlin", "scala",
+];
+
+/// AWS service labels under `amazonaws.com` that name no customer resource.
+pub(super) const AWS_SERVICES: &[&str] = &[
+    "s3",
+    "ec2",
+    "eks",
+    "sts",
+    "iam",
+    "ecr",
+    "api",
+    "logs",
+    "monitoring",
+    "lambda",
+    "rds",
+    "sqs",
+    "sns",
+    "dynamodb",
+    "elasticloadbalancing",
+    "autoscaling",
+    "cloudformation",
+    "ssm",
+    "secretsmanager",
+    "kms",
+    "route53",
+    "elasticache",
+    "ecs",
+    "events",
+    "states",
+    "apigateway",
+    "ssmmessages",
+    "ec2messages",
+    "elasticfilesystem",
+    "glue",
+    "athena",
+    "kinesis",
+    "firehose",
+    "cloudwatch",
+    "xray",
+    "codebuild",
+    "codecommit",
+    "es",
+    "sagemaker",
+    "bedrock",
+    "dkr",
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum KeyClass {
+    Secret,
+    Project,
+}
+
+/// Whether a key names a secret or a project: lowercased with `-`, `_`, `.` removed.
+pub(super) fn key_class(key: &str) -> Option<KeyClass> {
+    if key.len() > 64 {
+        return None;
+    }
+    let norm: String = key
+        .bytes()
+        .filter(|c| !matches!(c, b'-' | b'_' | b'.' | b' '))
+        .map(|c| c.to_ascii_lowercase() as char)
+        .collect();
+    if norm.is_empty() {
+        None
+    } else if PROJECT_KEYS.contains(&norm.as_str()) {
+        Some(KeyClass::Project)
+    } else if SECRET_EXACT.contains(&norm.as_str())
+        || SECRET_SUFFIXES.iter().any(|s| norm.ends_with(s))
+    {
+        Some(KeyClass::Secret)
+    } else {
+        None
+    }
+}
+
+pub(super) fn is_stopword(v: &str) -> bool {
+    v.len() <= 10 && STOPWORDS.iter().any(|w| w.eq_ignore_ascii_case(v))
+}
+
+/// `$VAR` / `${VAR}` (upper-case environment reference), a template or a mask.
+pub(super) fn is_reference(v: &str) -> bool {
+    if v.starts_with("{{") || v.starts_with('<') || v.chars().all(|c| c == '*') {
+        return true;
+    }
+    let Some(r) = v.strip_prefix('$') else {
+        return false;
+    };
+    let r = r
+        .strip_prefix('{')
+        .map(|x| x.strip_suffix('}').unwrap_or(x))
+        .unwrap_or(r);
+    !r.is_empty()
+        && r.bytes()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == b'_')
+}
+
+/// A project id candidate (lowercased) if `v` looks like one.
+pub(super) fn project_like(v: &str) -> Option<String> {
+    let v = v.trim();
+    if v.len() < 3 || v.len() > 100 || is_stopword(v) || is_reference(v) || v.starts_with('-') {
+        return None;
+    }
+    v.bytes()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b':' | b'_'))
+        .then(|| v.to_ascii_lowercase())
+}
+
+/// Whether a lowercased dotted name is a host that identifies someone.
+pub(super) fn is_host(name: &str, zone_label: &Regex) -> bool {
+    let labels: Vec<&str> = name.split('.').collect();
+    if labels.len() < 2
+        || labels
+            .iter()
+            .any(|l| l.is_empty() || l.len() > 63 || l.starts_with('-') || l.ends_with('-'))
+    {
+        return false;
+    }
+    let tld = labels[labels.len() - 1];
+    if !tld.bytes().all(|c| c.is_ascii_lowercase()) {
+        return false;
+    }
+    let under = |suffix: &str| {
+        name == suffix
+            || (name.len() > suffix.len()
+                && name.ends_with(suffix)
+                && name.as_bytes()[name.len() - suffix.len() - 1] == b'.')
+    };
+    if INTERNAL_SUFFIXES.iter().any(|s| under(s)) {
+        return !name.starts_with("kubernetes.default.svc");
+    }
+    if labels.len() < 3 || !TLDS.contains(&tld) || REVERSE_DNS_ROOTS.contains(&labels[0]) {
+        return false;
+    }
+    if under("amazonaws.com") {
+        // service endpoints (`eks.amazonaws.com`, `sts.us-east-1.amazonaws.com`) are
+        // public; anything naming a bucket, database or account is not
+        return !labels[..labels.len() - 2]
+            .iter()
+            .all(|l| AWS_SERVICES.contains(l) || zone_label.is_match(l));
+    }
+    !PUBLIC_DOMAINS.iter().any(|d| under(d))
+}
+
+/// Whether a piece (no `/`) of a token-like run looks random: a credential.
+pub(super) fn random_piece(p: &[u8]) -> bool {
+    let mut p = p;
+    while let [rest @ .., b'='] = p {
+        p = rest;
+    }
+    if p.len() >= 32 && p.iter().all(u8::is_ascii_hexdigit) {
+        return true;
+    }
+    if p.len() < 24 {
+        return false;
+    }
+    let segs: Vec<&[u8]> = p.split(|&c| c == b'_' || c == b'-').collect();
+    for seg in &segs {
+        if seg.len() < 16 {
+            continue;
+        }
+        let l = seg.iter().filter(|c| c.is_ascii_lowercase()).count();
+        let u = seg.iter().filter(|c| c.is_ascii_uppercase()).count();
+        let d = seg.iter().filter(|c| c.is_ascii_digit()).count();
+        let sw = switches(seg);
+        if l + u > 0 && d > 0 && sw * 4 >= seg.len() {
+            return true;
+        }
+        if d == 0 && l > 0 && u > 0 && seg.len() >= 20 && sw * 3 >= seg.len() {
+            return true;
+        }
+    }
+    let mixed = |s: &&[u8]| {
+        s.len() >= 4 && s.iter().any(u8::is_ascii_alphabetic) && s.iter().any(u8::is_ascii_digit)
+    };
+    segs.len() >= 4 && segs.iter().all(mixed)
+}
+
+/// Standard base64 with `/` (no `-`/`_`), mixing classes, not a path of words.
+pub(super) fn base64_with_slashes(run: &[u8]) -> bool {
+    if run.len() < 32 || !run.contains(&b'/') || run.iter().any(|&c| c == b'_' || c == b'-') {
+        return false;
+    }
+    for piece in run.split(|&c| c == b'/') {
+        let lower_word = piece.len() >= 3 && piece.iter().all(u8::is_ascii_lowercase);
+        let cap_word = piece.len() >= 3
+            && piece[0].is_ascii_uppercase()
+            && piece[1..].iter().all(u8::is_ascii_lowercase);
+        if lower_word || cap_word {
+            return false;
+        }
+    }
+    let letters = run.iter().filter(|c| c.is_ascii_alphabetic()).count();
+    let alnums = run.iter().filter(|c| c.is_ascii_alphanumeric()).count();
+    letters > 0 && alnums > letters && switches(run) * 3 >= run.len()
+}
+
+/// How often the character class changes (lower, upper, digit, other) along `s`.
+pub(super) fn switches(s: &[u8]) -> usize {
+    let class = |c: u8| match c {
+        b'a'..=b'z' => 0,
+        b'A'..=b'Z' => 1,
+        b'0'..=b'9' => 2,
+        _ => 3,
+    };
+    s.windows(2).filter(|w| class(w[0]) != class(w[1])).count()
+}
