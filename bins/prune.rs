@@ -62,18 +62,13 @@ pub fn prune(store: &Store, a: PruneArgs) -> anyhow::Result<ExitCode> {
         }),
         None => Box::new(Builtin),
     };
-    let out = io::stdout();
-    let mut out = out.lock();
-    match store.prune(&a.run, &a.agent, &*s, a.force)? {
-        Some(e) => serde_json::to_writer(&mut out, &e)?,
-        None => serde_json::to_writer(
-            &mut out,
+    Ok(match store.prune(&a.run, &a.agent, &*s, a.force)? {
+        Some(e) => crate::scratch::print_ack(&e, &format!("summary stored as seq {}", e.seq)),
+        None => crate::scratch::print_ack(
             &serde_json::json!({"pruned": false, "reason": "working view under the threshold (or empty)"}),
-        )?,
-    }
-    out.write_all(b"\n")?;
-    out.flush()?;
-    Ok(ExitCode::SUCCESS)
+            "nothing pruned",
+        ),
+    })
 }
 
 pub fn context(store: &Store, a: ContextArgs) -> anyhow::Result<ExitCode> {

@@ -1,6 +1,5 @@
 //! `swarm run close|restore`.
 
-use std::io::{self, Write};
 use std::process::ExitCode;
 
 use clap::Subcommand;
@@ -31,14 +30,9 @@ pub enum RunCmd {
 }
 
 pub fn run(store: &Store, cmd: RunCmd) -> anyhow::Result<ExitCode> {
-    let info = match cmd {
-        RunCmd::Close { run, by } => store.close_run(&run, &by)?,
-        RunCmd::Restore { run } => store.restore_run(&run)?,
+    let (info, what) = match cmd {
+        RunCmd::Close { run, by } => (store.close_run(&run, &by)?, "run closed"),
+        RunCmd::Restore { run } => (store.restore_run(&run)?, "run restored"),
     };
-    let out = io::stdout();
-    let mut out = out.lock();
-    serde_json::to_writer(&mut out, &info)?;
-    out.write_all(b"\n")?;
-    out.flush()?;
-    Ok(ExitCode::SUCCESS)
+    Ok(crate::scratch::print_ack(&info, what))
 }

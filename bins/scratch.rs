@@ -25,6 +25,29 @@ pub(crate) fn print_json(v: &impl Serialize) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Exit code when a write was stored but its acknowledgement could not be written
+/// (stdout closed or full): the caller must not retry it as if it had failed.
+pub(crate) const EXIT_ACK_LOST: u8 = 7;
+
+/// Prints `v`, the acknowledgement of a stored write (`what` names it), as one JSON line.
+/// The write already happened: a stdout failure is [`EXIT_ACK_LOST`] with `what` on
+/// stderr, never exit 1 (which tells a script to retry) and never a panic.
+pub(crate) fn print_ack(v: &impl Serialize, what: &str) -> ExitCode {
+    let written = (|| -> io::Result<()> {
+        let mut out = io::stdout().lock();
+        serde_json::to_writer(&mut out, v)?;
+        out.write_all(b"\n")?;
+        out.flush()
+    })();
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("swarm: {what}, but the acknowledgement could not be written: {e}");
+            ExitCode::from(EXIT_ACK_LOST)
+        }
+    }
+}
+
 /// `swarm policy ...`
 #[derive(Subcommand)]
 pub enum PolicyCmd {
@@ -206,7 +229,10 @@ pub fn policy(store: &Store, cmd: PolicyCmd) -> anyhow::Result<ExitCode> {
             };
             let p: Policy =
                 serde_json::from_str(&text).map_err(|e| invalid("policy", e.to_string()))?;
-            print_json(&store.set_policy(&run, &agent, &p)?)
+            Ok(print_ack(
+                &store.set_policy(&run, &agent, &p)?,
+                "policy set",
+            ))
         }
         PolicyCmd::Show { run } => print_json(&store.policy(&run)?),
     }
@@ -239,7 +265,10 @@ pub fn channel(store: &Store, cmd: ChannelCmd) -> anyhow::Result<ExitCode> {
                 on_conflict,
                 max_size_kb,
             };
-            print_json(&store.declare_channel(&run, &agent, &d)?)
+            Ok(print_ack(
+                &store.declare_channel(&run, &agent, &d)?,
+                "channel declared",
+            ))
         }
         ChannelCmd::Write {
             run,
@@ -249,7 +278,10 @@ pub fn channel(store: &Store, cmd: ChannelCmd) -> anyhow::Result<ExitCode> {
             base_version,
         } => {
             let v = serde_json::from_str(&value).unwrap_or(Value::String(value));
-            print_json(&store.write_channel(&run, &agent, &channel, v, base_version)?)
+            Ok(print_ack(
+                &store.write_channel(&run, &agent, &channel, v, base_version)?,
+                "channel written",
+            ))
         }
         ChannelCmd::Read {
             run,
@@ -309,7 +341,10 @@ pub fn board(store: &Store, a: BoardArgs) -> anyhow::Result<ExitCode> {
 
 pub fn pick(store: &Store, a: PickArgs) -> anyhow::Result<ExitCode> {
     let r = store.pick(&a.run, &a.agent, &a.subject)?;
-    print_json(&r)?;
+    let acked = print_ack(&r, "pick stored");
+    if acked != ExitCode::SUCCESS {
+        return Ok(acked);
+    }
     Ok(match r {
         swarm_memory::PickOutcome::Picked { .. } => ExitCode::SUCCESS,
         swarm_memory::PickOutcome::Escalated { .. } => ExitCode::from(6),
@@ -317,7 +352,8 @@ pub fn pick(store: &Store, a: PickArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub fn resolve(store: &Store, a: ResolveArgs) -> anyhow::Result<ExitCode> {
-    print_json(&store.resolve(&a.run, &a.by, a.escalation, a.winner, &a.note)?)
+    let r = store.resolve(&a.run, &a.by, a.escalation, a.winner, &a.note)?;
+    Ok(print_ack(&r, "resolution stored"))
 }
 
 pub fn escalations(store: &Store, run: &str, all: bool) -> anyhow::Result<ExitCode> {

@@ -29,8 +29,8 @@ Exit codes:
   5  forbidden (another user's run, the run's policy, a closed run)
   4  also: an --id reused with a different event (the message names the stored seq)
   6  escalated: actions on the subject wait for a human (swarm resolve)
-  7  stored, but the acknowledgement could not be written (stderr names the seqs):
-     do not retry with new ids
+  7  written, but the acknowledgement could not be written (any command that writes;
+     stderr names what was stored): do not retry with new ids
 
 Colours: only when stderr is a terminal and NO_COLOR is unset.
 
@@ -610,13 +610,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let bar = progress("checkpoint");
             let info = store.checkpoint(&run, bar)?;
             let out = serde_json::json!({"run": run, "checkpoint": info, "dir": store.checkpoint_dir(&run)});
-            if let Err(e) = writeln!(io::stdout(), "{out}") {
-                eprintln!(
-                    "swarm: checkpoint written, but the acknowledgement could not be written: {e}"
-                );
-                return Ok(ExitCode::from(EXIT_ACK_LOST));
-            }
-            Ok(ExitCode::SUCCESS)
+            Ok(scratch::print_ack(&out, "checkpoint written"))
         }
         Cmd::Replay(a) => replay(&store, a),
         Cmd::Policy(c) => scratch::policy(&store, c),
@@ -634,11 +628,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Verify { run } => verify(&store, run),
         Cmd::Repair { run } => {
             let repaired = store.repair(&run)?;
-            if let Err(e) = writeln!(io::stdout(), "{}", serde_json::to_string(&repaired)?) {
-                eprintln!("swarm: repaired, but the acknowledgement could not be written: {e}");
-                return Ok(ExitCode::from(EXIT_ACK_LOST));
-            }
-            Ok(ExitCode::SUCCESS)
+            Ok(scratch::print_ack(&repaired, "repaired"))
         }
         Cmd::Runs { json } => runs(&store, json),
         Cmd::Index(IndexCmd::Rebuild { run }) => index_rebuild(&store, run),
@@ -765,12 +755,8 @@ fn append(store: &Store, a: AppendArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Exit code when events were stored but their acknowledgement could not be written
-/// (stdout closed or full): the caller must not retry with new ids.
-const EXIT_ACK_LOST: u8 = 7;
-
 /// Prints stored events as JSON lines. When stdout fails after the events are durable,
-/// says on stderr which seqs were stored and returns [`EXIT_ACK_LOST`]: the write
+/// says on stderr which seqs were stored and returns [`scratch::EXIT_ACK_LOST`]: the write
 /// happened, and a script must be able to tell that from a failed append.
 fn acknowledge(out: &mut impl Write, stored: &[swarm_memory::Event]) -> Result<(), ExitCode> {
     let written = (|| -> io::Result<()> {
@@ -789,7 +775,7 @@ fn acknowledge(out: &mut impl Write, stored: &[swarm_memory::Event]) -> Result<(
                 _ => "nothing".into(),
             };
             eprintln!("swarm: stored as {seqs}, but the acknowledgement could not be written: {e}");
-            Err(ExitCode::from(EXIT_ACK_LOST))
+            Err(ExitCode::from(scratch::EXIT_ACK_LOST))
         }
     }
 }

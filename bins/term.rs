@@ -6,7 +6,10 @@
 //! output is exact and needs nothing (serde_json escapes control characters).
 
 /// `s` with every control character (C0 but `\n` and `\t` where `keep_lines`, DEL, C1)
-/// written as a visible escape: `\x1b`, `\r`, `\u{9b}`.
+/// and every Unicode format character that reorders or hides text (bidi embeddings,
+/// overrides and isolates, zero-width characters, the BOM) written as a visible escape:
+/// `\x1b`, `\r`, `\u{9b}`, `\u{202e}`. A right-to-left override would otherwise make
+/// `exe.txt` of `txt.exe` in the reader's terminal.
 pub fn escape(s: &str, keep_lines: bool) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
@@ -18,7 +21,9 @@ pub fn escape(s: &str, keep_lines: bool) -> String {
             c if (c as u32) < 0x20 || c as u32 == 0x7f => {
                 out.push_str(&format!("\\x{:02x}", c as u32));
             }
-            c if (0x80..0xa0).contains(&(c as u32)) => {
+            c if (0x80..0xa0).contains(&(c as u32))
+                || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}') =>
+            {
                 out.push_str(&format!("\\u{{{:x}}}", c as u32));
             }
             c => out.push(c),
@@ -44,5 +49,9 @@ mod tests {
         );
         assert_eq!(escape("one\ntwo\tx\x1b", true), "one\ntwo\tx\\x1b");
         assert_eq!(safe("plain ünïcode ✓"), "plain ünïcode ✓");
+        assert_eq!(
+            safe("invoice\u{202e}fdp.exe zero\u{200b}width \u{2066}iso\u{2069}\u{feff}"),
+            "invoice\\u{202e}fdp.exe zero\\u{200b}width \\u{2066}iso\\u{2069}\\u{feff}"
+        );
     }
 }

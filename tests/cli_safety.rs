@@ -104,23 +104,75 @@ fn an_acknowledgement_that_cannot_be_written_exits_7_naming_the_stored_seq() {
     assert_eq!(out.status.code(), Some(7), "stderr: {stderr}");
     assert!(stderr.contains("stored as seqs 2..3"), "{stderr}");
     assert_eq!(env.read("r").len(), 3);
-    // Other commands that write, then print: never a panic (exit 101).
-    let full = std::fs::OpenOptions::new()
-        .write(true)
-        .open("/dev/full")
-        .unwrap();
-    let out = env
-        .cmd(&["checkpoint", "--run", "r"])
-        .stdin(Stdio::null())
-        .stdout(full)
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(7),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    // Every other command that writes, then prints: exit 7 once the write is stored, never
+    // exit 1 (a script would retry it) nor a panic (exit 101).
+    env.append_lines(
+        "r",
+        &[
+            json!({"agent_id": "a", "type": "hypothesis", "subject": "cause", "content": "disk", "confidence": 0.9}),
+            json!({"agent_id": "b", "type": "hypothesis", "subject": "cause", "content": "dns", "confidence": 0.4}),
+        ],
     );
+    let policy_file = tempfile::NamedTempFile::new().unwrap();
+    let policy = policy_file.path();
+    std::fs::write(&policy, r#"{"permissions": {"*": {"read_channels": ["*"], "write_channels": ["*"], "read_types": ["*"], "write_types": ["*"], "admin": true}}}"#).unwrap();
+    let policy = policy.to_str().unwrap();
+    let writes: [&[&str]; 7] = [
+        &["checkpoint", "--run", "r"],
+        &[
+            "policy", "set", "--run", "r", "--agent", "lead", "--file", policy,
+        ],
+        &[
+            "channel",
+            "declare",
+            "--run",
+            "r",
+            "--agent",
+            "lead",
+            "--channel",
+            "notes",
+            "--kind",
+            "replace",
+        ],
+        &[
+            "channel",
+            "write",
+            "--run",
+            "r",
+            "--agent",
+            "lead",
+            "--channel",
+            "notes",
+            "--value",
+            "\"v1\"",
+        ],
+        &["pick", "--run", "r", "--subject", "cause"],
+        &["prune", "--run", "r", "--force"],
+        &["run", "close", "r", "--by", "lead"],
+    ];
+    for args in writes {
+        let before = env.read("r").len();
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let out = env
+            .cmd(args)
+            .stdin(Stdio::null())
+            .stdout(full)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(7), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("acknowledgement could not be written"),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        if args[0] != "checkpoint" {
+            assert!(env.read("r").len() > before, "{args:?} stored nothing");
+        }
+    }
 }
 
 #[test]
