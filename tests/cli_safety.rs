@@ -115,7 +115,7 @@ fn an_acknowledgement_that_cannot_be_written_exits_7_naming_the_stored_seq() {
     );
     let policy_file = tempfile::NamedTempFile::new().unwrap();
     let policy = policy_file.path();
-    std::fs::write(&policy, r#"{"permissions": {"*": {"read_channels": ["*"], "write_channels": ["*"], "read_types": ["*"], "write_types": ["*"], "admin": true}}}"#).unwrap();
+    std::fs::write(policy, r#"{"permissions": {"*": {"read_channels": ["*"], "write_channels": ["*"], "read_types": ["*"], "write_types": ["*"], "admin": true}}}"#).unwrap();
     let policy = policy.to_str().unwrap();
     let writes: [&[&str]; 7] = [
         &["checkpoint", "--run", "r"],
