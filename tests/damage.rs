@@ -456,3 +456,59 @@ fn lost_or_garbled_auxiliary_files_hide_nothing() {
         assert_eq!(env.verify(run).0, 0);
     }
 }
+
+/// Records appended with `none` durability are shown to readers before their fsync; a power
+/// loss can take them while `SYNCED` (which is not fsynced either) survives. Their seqs
+/// were seen, so the next append declares them lost with a `log_damaged` event and goes on
+/// after them: a tailer whose cursor is past them misses nothing, no seq means two things.
+#[test]
+fn seqs_readers_saw_that_a_power_loss_took_are_never_reused() {
+    let env = Env::new();
+    let run = "unsynced";
+    let store = env.store();
+    for i in 1..=3 {
+        lib_append(&store, run, &format!("durable {i}"));
+    }
+    for i in 4..=5 {
+        store
+            .append(
+                run,
+                new_ev(None, &format!("seen, never synced {i}")),
+                Durability::None,
+            )
+            .unwrap();
+    }
+    let seen: Vec<u64> = lib_read(&store, run).iter().map(|e| e.seq).collect();
+    assert_eq!(seen, [1, 2, 3, 4, 5], "readers saw the unsynced records");
+    drop(store);
+    // The power loss: the unsynced frames are gone, SYNCED's newer marks survived.
+    let seg = env.segments(run).remove(0);
+    let b = frame_boundaries(&std::fs::read(&seg).unwrap());
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .unwrap()
+        .set_len(b[3] as u64)
+        .unwrap();
+    let store = env.store();
+    let next = lib_append(&store, run, "after the power loss");
+    let events = lib_read(&store, run);
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [1, 2, 3, 6, 7], "{events:?}");
+    assert_eq!(next.seq, 7);
+    let gap = &events[3];
+    assert_eq!(gap.kind, swarm_memory::EventType::LogDamaged);
+    assert_eq!(gap.content["lost_from"], 4);
+    assert_eq!(gap.content["lost_to"], 5);
+    assert!(
+        gap.content["reason"].as_str().unwrap().contains("fsync"),
+        "{gap:?}"
+    );
+    let (code, rep) = env.verify(run);
+    assert_eq!(code, 0, "{rep}");
+    // A reopened store finds the declared gap and does not declare it again.
+    drop(store);
+    let store = env.store();
+    assert_eq!(lib_append(&store, run, "later").seq, 8);
+    env.check_run(run);
+}

@@ -89,14 +89,52 @@ struct Sent {
 }
 
 struct Model {
-    /// Acknowledged events still in the log, in seq order (seq = index + 1).
+    /// Acknowledged events still in the log, in seq order: 1, 2, 3, ... but for the gaps
+    /// `log_damaged` events declare (seqs readers saw that a crash took).
     events: Vec<Event>,
+    /// The highest seq ever handed out: no seq at or below it is handed out again.
+    max_seq: u64,
     /// `events[..durable]` survive any crash.
     durable: usize,
     sent: Vec<Sent>,
     /// False after a crash until the next write: readers may see a prefix only.
     settled: bool,
     next_id: u64,
+}
+
+fn head_of(m: &Model) -> u64 {
+    m.events.last().map_or(0, |e| e.seq)
+}
+
+/// After a crash that took records readers had seen, the next write of any kind first
+/// appends a `log_damaged` event declaring them lost: take it into the model, checking it
+/// comes right after the model's head, only after a crash, and covers only seqs that
+/// were handed out.
+fn absorb_gap(store: &Store, m: &mut Model) -> Result<(), TestCaseError> {
+    let h = head_of(m);
+    let opts = ReadOptions {
+        visibility: Visibility::Written,
+        from_seq: Some(h + 1),
+        limit: Some(1),
+        ..ReadOptions::default()
+    };
+    let next = match store.read(RUN, opts) {
+        Err(Error::RunNotFound(_)) => return Ok(()),
+        Err(e) => return Err(TestCaseError::fail(format!("read: {e}"))),
+        Ok(it) => it
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| TestCaseError::fail(format!("read: {e}")))?,
+    };
+    if let Some(e) = next.first().filter(|e| e.kind == EventType::LogDamaged) {
+        prop_assert!(!m.settled, "a gap declared without a crash: {:?}", e);
+        prop_assert_eq!(&e.content["lost_from"], &serde_json::json!(h + 1));
+        prop_assert_eq!(&e.content["lost_to"], &serde_json::json!(e.seq - 1));
+        prop_assert!(e.seq - 1 <= m.max_seq, "declared seqs never handed out");
+        m.max_seq = m.max_seq.max(e.seq);
+        m.events.push(e.clone());
+        m.durable = m.events.len();
+    }
+    Ok(())
 }
 
 fn mix(seed: u64, path: &Path) -> u64 {
@@ -143,6 +181,7 @@ fn run_ops(small_segments: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut store = open();
     let mut m = Model {
         events: Vec::new(),
+        max_seq: 0,
         durable: 0,
         sent: Vec::new(),
         settled: true,
@@ -157,7 +196,7 @@ fn run_ops(small_segments: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 expect,
                 len,
             } => {
-                let head = m.events.len() as u64;
+                let head = head_of(&m);
                 let evs: Vec<NewEvent> = (0..n)
                     .map(|j| {
                         m.next_id += 1;
@@ -181,11 +220,17 @@ fn run_ops(small_segments: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     Expect::Wrong(d) => Some(head + d),
                 };
                 let r = store.append_batch(RUN, evs.clone(), expect_seq, durability(sync));
+                absorb_gap(&store, &mut m)?;
                 if let Expect::Wrong(_) = expect {
                     prop_assert!(matches!(r, Err(Error::SeqConflict { .. })), "{r:?}");
                     continue;
                 }
+                if let (Err(Error::SeqConflict { .. }), true) = (&r, head_of(&m) > head) {
+                    // The expected head was the model's; a declared gap moved it.
+                    continue;
+                }
                 let got = r.map_err(|e| TestCaseError::fail(format!("append: {e}")))?;
+                let head = head_of(&m);
                 prop_assert_eq!(got.len(), n);
                 for (i, (g, e)) in got.iter().zip(&evs).enumerate() {
                     prop_assert_eq!(g.seq, head + 1 + i as u64);
@@ -199,6 +244,7 @@ fn run_ops(small_segments: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         prop_assert!(g.ts >= last.ts);
                     }
                 }
+                m.max_seq = m.max_seq.max(head + n as u64);
                 m.events.extend(got);
                 if sync {
                     m.durable = m.events.len();
@@ -218,15 +264,18 @@ fn run_ops(small_segments: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     continue;
                 }
                 let s = live[pick % live.len()];
-                let first = s.first_seq as usize;
-                let want = m.events[first - 1..first - 1 + s.events.len()].to_vec();
+                let Some(first) = m.events.iter().position(|e| e.seq == s.first_seq) else {
+                    return Err(TestCaseError::fail("a live request is not in the model"));
+                };
+                let want = m.events[first..first + s.events.len()].to_vec();
                 let got = store
                     .append_batch(RUN, s.events.clone(), None, durability(sync))
                     .map_err(|e| TestCaseError::fail(format!("retry: {e}")))?;
                 prop_assert_eq!(&got, &want, "a retry is not the stored event");
                 if sync {
-                    m.durable = m.durable.max(first - 1 + want.len());
+                    m.durable = m.durable.max(first + want.len());
                 }
+                absorb_gap(&store, &mut m)?;
             }
             Op::RetryLost { pick } => {
                 let lost: Vec<usize> = (0..m.sent.len()).filter(|&i| m.sent[i].lost).collect();
@@ -238,11 +287,13 @@ fn run_ops(small_segments: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 for e in &mut evs {
                     e.refs.clear();
                 }
-                let head = m.events.len() as u64;
                 let got = store
                     .append_batch(RUN, evs.clone(), None, Durability::Sync)
                     .map_err(|e| TestCaseError::fail(format!("retry of a lost one: {e}")))?;
+                absorb_gap(&store, &mut m)?;
+                let head = head_of(&m);
                 prop_assert_eq!(got[0].seq, head + 1, "a lost event's id is free again");
+                m.max_seq = m.max_seq.max(head + got.len() as u64);
                 m.events.extend(got);
                 m.durable = m.events.len();
                 m.settled = true;
@@ -272,6 +323,7 @@ fn run_ops(small_segments: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     matches!(&r, Err(Error::Invalid { field, .. }) if field == "id"),
                     "{r:?}"
                 );
+                absorb_gap(&store, &mut m)?;
             }
             Op::Reopen => {
                 drop(store);
@@ -302,8 +354,9 @@ fn run_ops(small_segments: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     "not a prefix of the model"
                 );
                 m.events.truncate(got.len());
+                let kept = head_of(&m);
                 for s in &mut m.sent {
-                    if s.first_seq as usize > got.len() {
+                    if s.first_seq > kept {
                         s.lost = true;
                     }
                 }
@@ -345,6 +398,8 @@ fn run_ops(small_segments: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 Durability::Sync,
             )
             .map_err(|e| TestCaseError::fail(format!("closing append: {e}")))?;
+        absorb_gap(&store, &mut m)?;
+        prop_assert_eq!(last.seq, head_of(&m) + 1);
         m.events.push(last);
         prop_assert_eq!(read(&store, ReadOptions::default())?, m.events.clone());
         let rep = store.verify(RUN, |_| {}).unwrap();

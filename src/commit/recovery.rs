@@ -121,6 +121,30 @@ impl RunLog {
         self.clamp_watermark(end)?;
         w.ids_upto = Pos::default();
         w.loaded = true;
+        // Records readers saw but a power loss took before their fsync (`batch`, `none`):
+        // never acknowledged as durable, but their seqs were seen, so they are declared
+        // lost rather than handed out again with other content.
+        let m = watermark::read(&*self.synced, &self.synced_path).unwrap_or_default();
+        if m.visible_seq > w.head_seq {
+            let lost_from = w.head_seq + 1;
+            let lost_to = m.visible_seq;
+            let segment = segment::segment_name(w.seg_base);
+            let offset = w.end;
+            tracing::warn!(run = %self.run_id, lost_from, lost_to, "records readers had seen were lost before their fsync; declaring their seqs lost");
+            self.record_loss(
+                w,
+                lost_to,
+                LogDamaged {
+                    lost_from,
+                    lost_to,
+                    segment,
+                    offset,
+                    bytes: 0,
+                    kept_in: String::new(),
+                    reason: "records readers had seen (batch or none durability) were lost before their fsync".into(),
+                },
+            )?;
+        }
         Ok(())
     }
 
@@ -356,7 +380,37 @@ impl RunLog {
         let (kept, bytes) = self.keep_aside(w, at, len, "damaged", true)?;
         w.seg.set_len(at).ctx("truncate", &seg_path)?;
         self.fsync_segment(&*w.seg, &seg_path)?;
-        let damaged_seg = w.seg_base;
+        let kept_in = kept
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let damaged = self.record_loss(
+            w,
+            lost_to,
+            LogDamaged {
+                lost_from,
+                lost_to,
+                segment: segment::segment_name(w.seg_base),
+                offset: at,
+                bytes: bytes.len() as u64,
+                kept_in,
+                reason: "acknowledged bytes damaged or missing".into(),
+            },
+        )?;
+        tracing::warn!(
+            run = %self.run_id,
+            lost_from,
+            lost_to,
+            kept_in = %kept.display(),
+            "repaired: damaged bytes moved aside, the lost seqs recorded"
+        );
+        Ok(Some(damaged))
+    }
+
+    /// Declares `record`'s seqs lost: starts a new segment at `lost_to + 1` whose first
+    /// event is the `log_damaged` record (the gap rule readers check), durably. Under
+    /// `LOCK`, with the current segment already cut to its intact end.
+    fn record_loss(&self, w: &mut Writer, lost_to: u64, record: LogDamaged) -> Result<Event> {
         let base = lost_to + 1;
         self.switch_segment(w, base)?;
         self.storage
@@ -367,18 +421,6 @@ impl RunLog {
         w.loaded = true;
         w.ids_upto = Pos::default();
         w.ids.clear();
-        let record = LogDamaged {
-            lost_from,
-            lost_to,
-            segment: segment::segment_name(damaged_seg),
-            offset: at,
-            bytes: bytes.len() as u64,
-            kept_in: kept
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            reason: "acknowledged bytes damaged or missing".into(),
-        };
         let content = serde_json::to_value(&record)
             .map_err(|e| Error::invalid("log_damaged", e.to_string()))?;
         let req = Request {
@@ -397,18 +439,15 @@ impl RunLog {
             .write_group_locked(w, vec![&req])?
             .into_iter()
             .next()
-            .ok_or_else(|| Error::invalid("repair", "no outcome"))??;
+            .ok_or_else(|| Error::invalid("log_damaged", "no outcome"))??;
         if let Some(seg) = &outcome.seg {
             self.wait_durable(outcome.end, base, seg)?;
         }
-        tracing::warn!(
-            run = %self.run_id,
-            lost_from,
-            lost_to,
-            kept_in = %kept.display(),
-            "repaired: damaged bytes moved aside, the lost seqs recorded"
-        );
-        Ok(outcome.events.into_iter().next())
+        outcome
+            .events
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::invalid("log_damaged", "no event"))
     }
 
     /// Rebuilds lost or unreadable marks (`SYNCED` deleted, garbled, emptied) from the
