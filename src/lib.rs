@@ -46,6 +46,7 @@ pub mod store;
 pub mod synth;
 pub mod tail;
 
+pub use commit::SyncCounters;
 pub use error::{Error, Result};
 pub use event::ts::Ts;
 pub use event::{Event, EventType, NewEvent};

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
-use crate::commit::{Request, RunLog};
+use crate::commit::{Request, RunLog, SyncCounters};
 use crate::error::{Error, IoContext, Result};
 use crate::event::ts::Ts;
 use crate::event::{
@@ -327,6 +327,15 @@ impl Store {
     pub fn run_dir(&self, run: &str) -> Result<PathBuf> {
         check_run_id(run)?;
         Ok(self.root.join(&self.user).join(run))
+    }
+
+    /// This process's counters of a run's durable path (fsyncs made, fsyncs another
+    /// process's flush saved, durable events acknowledged) since this store first
+    /// appended to it; zeros when it has not. `durable_events / fsyncs` is the group
+    /// commit's events per fsync.
+    pub fn sync_counters(&self, run: &str) -> SyncCounters {
+        let logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+        logs.get(run).map(|l| l.counters()).unwrap_or_default()
     }
 
     fn writer(&self, run: &str, user: &str) -> Result<Arc<RunLog>> {

@@ -9,11 +9,17 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crate::error::{Error, IoContext, Result};
-use crate::log::segment::{self};
+use crate::log::segment::{self, FrameReader, Step};
 use crate::log::storage::StorageFile;
 use crate::log::watermark::{self, Pos};
 
-use crate::commit::{lock, InFlight, RunLog, SyncLocal};
+use crate::commit::{lock, InFlight, LiteEvent, RunLog, SyncLocal};
+
+/// The seq of the last event of a frame's payload (a JSON array of events).
+fn last_seq(payload: &[u8]) -> Option<u64> {
+    let events: Vec<LiteEvent> = serde_json::from_slice(payload).ok()?;
+    events.last().map(|e| e.seq)
+}
 
 impl RunLog {
     /// The marks in `SYNCED`. Unreadable marks (garbage, not a torn write: writers update
@@ -43,6 +49,12 @@ impl RunLog {
     }
 
     /// Waits until everything before `end` is durable, syncing if nobody else has.
+    ///
+    /// At most one data fsync is in flight per run and process: a thread whose frame is
+    /// not durable yet waits for the fsync in flight (it may cover the frame), and the
+    /// first one left uncovered leads the next fsync, which covers every frame this
+    /// process wrote before it began (`written`), so that one fsync serves everybody who
+    /// queued during the previous one.
     pub(super) fn wait_durable(
         &self,
         end: Pos,
@@ -58,12 +70,7 @@ impl RunLog {
                 if self.poisoned.load(Ordering::Acquire) {
                     return Err(Error::Poisoned(self.run_id.clone()));
                 }
-                // An fsync of ours in flight covers this frame: wait for it rather than
-                // start another.
-                if s.inflight
-                    .iter()
-                    .any(|f| f.covers.is_some_and(|c| c >= end))
-                {
+                if s.inflight.iter().any(|f| f.covers.is_some()) {
                     let me = std::thread::current();
                     let id = me.id();
                     s.waiters.push((end, me));
@@ -90,7 +97,7 @@ impl RunLog {
             });
             (id, cover, cover_seq, file)
         };
-        let r = self.sync_and_publish(id, cover, cover_seq, &*file);
+        let r = self.sync_and_publish(id, cover, cover_seq, &file);
         let mut s = lock(&self.sync);
         s.inflight.retain(|f| f.id != id);
         if let Ok(p) = &r {
@@ -101,14 +108,15 @@ impl RunLog {
         r.map(|_| ())
     }
 
-    /// Unparks the waiting threads whose frame is now durable, and every one when the
-    /// writer is poisoned or no fsync in flight covers its frame any more.
+    /// Unparks the waiting threads whose frame is now durable, every one when the writer
+    /// is poisoned, and, when no data fsync is in flight any more, the first uncovered
+    /// one, to lead the next fsync (which covers the others: they wrote before it).
     pub(super) fn wake_waiters(&self, s: &mut SyncLocal) {
         let poisoned = self.poisoned.load(Ordering::Acquire);
-        let (durable, inflight) = (s.durable, &s.inflight);
+        let durable = s.durable;
+        let mut leader_woken = s.inflight.iter().any(|f| f.covers.is_some());
         s.waiters.retain(|(end, t)| {
-            let covered = inflight.iter().any(|f| f.covers.is_some_and(|c| c >= *end));
-            let wake = poisoned || durable >= *end || !covered;
+            let wake = poisoned || durable >= *end || !std::mem::replace(&mut leader_woken, true);
             if wake {
                 t.unpark();
             }
@@ -118,24 +126,62 @@ impl RunLog {
 
     /// Makes everything before `cover` (the end of a frame this process wrote, in
     /// `file`) durable and publishes it. Returns the durable position now known.
+    ///
+    /// Across processes, fsyncs of a run are taken one at a time under the `SYNC_LOCK`
+    /// file (a leader/follower flush, as PostgreSQL's WAL flush lock): a process that
+    /// waited for the lock first re-reads the durable mark, which the fsync before it may
+    /// have moved past its frame; if not, it extends `cover` over the whole frames other
+    /// processes wrote after it in the same segment (written before this fsync begins, so
+    /// it makes them durable too), fsyncs, and publishes the extended mark.
     pub(super) fn sync_and_publish(
         &self,
         id: u64,
         cover: Pos,
         cover_seq: u64,
-        file: &dyn StorageFile,
+        file: &Arc<dyn StorageFile>,
     ) -> Result<Pos> {
         // Another process's fsync may have covered it already.
         let m = self.synced_marks();
         if m.durable >= cover {
             return Ok(m.durable);
         }
+        self.sync_lock.lock().ctx("lock", &self.sync_lock_path)?;
+        let r = self.sync_and_publish_locked(id, cover, cover_seq, file);
+        if let Err(e) = self.sync_lock.unlock() {
+            tracing::error!(error = %e, "cannot release the fsync lock");
+        }
+        r
+    }
+
+    fn sync_and_publish_locked(
+        &self,
+        id: u64,
+        cover: Pos,
+        cover_seq: u64,
+        file: &Arc<dyn StorageFile>,
+    ) -> Result<Pos> {
+        let m = self.synced_marks();
+        if m.durable >= cover {
+            self.stats.coalesced.fetch_add(1, Ordering::Relaxed);
+            return Ok(m.durable);
+        }
         let path = segment::segment_path(&self.dir, cover.seg);
+        let own = (cover, cover_seq);
+        let (cover, cover_seq) = self.whole_frames_after(file, &path, cover, cover_seq);
         let r = file.sync_data().ctx("fsync", &path);
+        self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
         self.end_fsync(id, r)?;
         let _io = lock(&self.sync_io);
         self.synced.lock().ctx("lock", &self.synced_path)?;
         let r = (|| {
+            // A writer whose `pwrite` failed part-way cuts its frames off again (and then
+            // lowers the marks under this lock): publish others' frames only while they
+            // are still there.
+            let (cover, cover_seq) = if cover > own.0 && file.len().is_ok_and(|l| l < cover.off) {
+                own
+            } else {
+                (cover, cover_seq)
+            };
             let mut m = self.synced_marks();
             if m.durable < cover {
                 m.advance_durable(cover, cover_seq);
@@ -145,6 +191,44 @@ impl RunLog {
         })();
         let _ = self.synced.unlock();
         r
+    }
+
+    /// The end of the last whole frame at or after `from` in `file` (and the seq of its
+    /// last event): frames other processes wrote after this process's last one. Frames
+    /// are written whole by one `pwrite` under `LOCK`, so a CRC-valid frame is complete;
+    /// the scan stops at the first incomplete or invalid one (a write in progress, or a
+    /// torn tail the next writer will cut). Best effort: any error keeps `from`.
+    fn whole_frames_after(
+        &self,
+        file: &Arc<dyn StorageFile>,
+        path: &Path,
+        from: Pos,
+        from_seq: u64,
+    ) -> (Pos, u64) {
+        let Ok(len) = file.len() else {
+            return (from, from_seq);
+        };
+        if len <= from.off {
+            return (from, from_seq);
+        }
+        let Ok(mut r) = FrameReader::new(file.clone(), path.to_path_buf(), from.off, Some(len))
+        else {
+            return (from, from_seq);
+        };
+        let mut best = (from, from_seq);
+        while let Ok(Step::Frame { offset, len }) = r.step() {
+            let Some(seq) = last_seq(r.payload()) else {
+                break;
+            };
+            best = (
+                Pos {
+                    seg: from.seg,
+                    off: offset + len,
+                },
+                seq,
+            );
+        }
+        best
     }
 
     /// fsyncs a segment outside `wait_durable` (rotation, tail repair), in the same
@@ -162,6 +246,7 @@ impl RunLog {
             id
         };
         let r = file.sync_data().ctx("fsync", path);
+        self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
         let r = self.end_fsync(id, r);
         let mut s = lock(&self.sync);
         s.inflight.retain(|f| f.id != id);

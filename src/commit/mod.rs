@@ -3,7 +3,7 @@
 //! - `writer`: the append path: validation under the lock, rules check, seq and ts
 //!   assignment, one `pwrite` per group, rotation.
 //! - `group`: durability: the `fdatasync`s that make appends durable, shared by every
-//!   thread (and, opportunistically, process) waiting on them; the `SYNCED` marks.
+//!   thread and process waiting on them (one fsync in flight per process, one per run across processes under `SYNC_LOCK`); the `SYNCED` marks.
 //! - `recovery`: catching up with other processes' frames, loading the rules from a
 //!   checkpoint, and repairing a torn tail (bytes after the last whole frame).
 //!
@@ -15,25 +15,30 @@
 //! writes every frame of its group in one `pwrite` at the end of the last segment.
 //!
 //! Durability is then reached *outside* the append lock, so that other writers can append
-//! while one waits for the disk. A waiting append first looks at the durable position in
-//! `SYNCED` (without a lock, as readers do); if it is not covered yet, it `fdatasync`s the
-//! segment and then, under the `SYNCED` file's lock, advances the durable position to the
-//! end of the last frame its process wrote. One fsync thus covers every frame its process
-//! wrote before it began; across processes the sharing is opportunistic: a process whose
-//! frame a published position already covers skips its fsync, and the kernel merges the
-//! concurrent fsyncs of one file. fsyncs are not serialized: a writer whose frame is not
-//! covered by an fsync already in flight starts its own at once instead of queueing behind
-//! it (a single leader at a time, with the others waiting on it, was measured slower on
-//! the 2-core VM this was tuned on; see `benches/README.md`). Inside a process, threads
-//! first combine their appends into one write (a leader writes for all waiting threads)
-//! and then wait for one fsync that covers them all.
+//! while one waits for the disk (group commit):
+//! - **Threads.** Appending threads combine: the first in leads, writes every waiting
+//!   request in one `pwrite`, hands the write lead to the next arrival, then makes its
+//!   whole group durable with one wait and wakes the group's threads with durable
+//!   results. At most one data fsync is in flight per run and process; it covers every
+//!   frame the process wrote before it began, and whoever is left uncovered when it ends
+//!   leads the next one, so each fsync serves everybody who queued during the last.
+//! - **Processes.** fsyncs of a run are taken one at a time under the `SYNC_LOCK` file. A
+//!   process that waited for it first re-reads the durable mark in `SYNCED`, which the
+//!   flush before it may have moved past its frame (then it has nothing to do); otherwise
+//!   it extends its cover over the whole (CRC-valid) frames other processes wrote after
+//!   its own in the segment, `fdatasync`s, and, under the `SYNCED` file's lock, publishes
+//!   the end of the last of them. A leader/follower flush, as PostgreSQL's WAL flush lock:
+//!   while one process syncs, the others' frames pile up and the next fsync covers them all.
 //!
-//! The published position is always the end of a whole frame this process wrote (all
-//! bytes before it were written before the fsync began: catch-up repaired any torn tail
-//! first), never the file's length, which may include a torn frame of a writer that died
-//! mid-`write`; so a tail repair never has to take back a durable position.
+//! The published position is always the end of a whole frame written before the fsync
+//! began (this process's, or a CRC-valid one of another process found after it), never the
+//! file's length, which may include a torn frame of a writer that died mid-`write`; so a
+//! tail repair never has to take back a durable position. (A writer whose `pwrite` fails
+//! part-way cuts its frames off again and lowers the marks under the `SYNCED` lock; a
+//! flush publishes another process's frames only if they are still there under that lock.)
 //!
-//! Lock order, always: writer mutex, then `LOCK`, then the `sync_io` mutex, then `SYNCED`.
+//! Lock order, always: writer mutex, then `LOCK`, then `SYNC_LOCK`, then the `sync_io`
+//! mutex, then `SYNCED`.
 //! The `sync` state mutex is innermost and never held across I/O.
 
 //!
@@ -90,7 +95,11 @@ enum PlanEnd {
 
 struct Slot {
     req: Mutex<Option<Request>>,
+    /// The request asks for `sync` durability.
+    sync: bool,
     result: Mutex<Option<Result<Outcome>>>,
+    /// `result` is final (for `sync`, durable): the thread may return.
+    done: AtomicBool,
     /// The appending thread, woken (unparked) when its result is set or when it is to
     /// lead the next group: waking only the threads concerned, rather than every waiting
     /// one, matters with dozens of threads on two cores.
@@ -153,6 +162,29 @@ struct SyncLocal {
     waiters: Vec<(Pos, std::thread::Thread)>,
 }
 
+/// Counters of a run's durable path in this process, since it opened the run.
+#[derive(Default)]
+pub(crate) struct SyncStats {
+    /// `fdatasync`s of segments this process made (appends, rotations, repairs).
+    pub fsyncs: AtomicU64,
+    /// Times this process found, after waiting for `SYNC_LOCK`, that another process's
+    /// fsync had already made its frames durable (an fsync saved).
+    pub coalesced: AtomicU64,
+    /// Events appended with `sync` durability and acknowledged.
+    pub durable_events: AtomicU64,
+}
+
+/// A snapshot of [`SyncStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SyncCounters {
+    /// `fdatasync`s this process made on the run's segments.
+    pub fsyncs: u64,
+    /// fsyncs saved because another process's fsync covered the frames first.
+    pub coalesced: u64,
+    /// Events appended with `sync` durability and acknowledged.
+    pub durable_events: u64,
+}
+
 /// The writer handle of one run, shared by the threads of a process.
 pub(crate) struct RunLog {
     run_id: String,
@@ -173,6 +205,11 @@ pub(crate) struct RunLog {
     sync_io: Mutex<()>,
     synced: Box<dyn StorageFile>,
     synced_path: PathBuf,
+    /// `SYNC_LOCK`: one data fsync of this run at a time across processes.
+    sync_lock: Box<dyn StorageFile>,
+    sync_lock_path: PathBuf,
+    /// Counters of the durable path (for benchmarks and metrics).
+    stats: SyncStats,
     poisoned: AtomicBool,
     /// A background prune of this process is running.
     prune_running: AtomicBool,

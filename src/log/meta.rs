@@ -76,6 +76,10 @@ impl Default for LogOptions {
 }
 
 pub(crate) const LOCK_FILE: &str = "LOCK";
+/// Taken (`flock`) around each data fsync of the run, so that processes take turns and a
+/// process that waited re-reads the durable mark before syncing (cross-process group
+/// commit). Holds no data.
+pub(crate) const SYNC_LOCK_FILE: &str = "SYNC_LOCK";
 pub(crate) const SYNCED_FILE: &str = "SYNCED";
 pub(crate) const META_FILE: &str = "run.json";
 
