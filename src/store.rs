@@ -452,11 +452,7 @@ impl Store {
             )));
         }
         let log = self.writer(run, &self.user)?;
-        let stored = log.append(Request {
-            batch,
-            expect_seq,
-            durability,
-        })?;
+        let stored = log.append(Request::new(batch, expect_seq, durability))?;
         self.maybe_checkpoint(&log, run, &stored);
         if log.claim_prune() {
             // Off the append path, with the built-in summariser; a concurrent pruner in

@@ -74,6 +74,24 @@ pub(crate) struct Request {
     pub batch: Vec<Checked>,
     pub expect_seq: Option<u64>,
     pub durability: Durability,
+    /// Each event's JSON after `id` ([`Checked::encode_tail`]), encoded by the appending
+    /// thread before it queues; empty until then.
+    pub tails: Vec<Vec<u8>>,
+}
+
+impl Request {
+    pub(crate) fn new(
+        batch: Vec<Checked>,
+        expect_seq: Option<u64>,
+        durability: Durability,
+    ) -> Request {
+        Request {
+            batch,
+            expect_seq,
+            durability,
+            tails: Vec::new(),
+        }
+    }
 }
 
 struct Outcome {
@@ -188,6 +206,8 @@ pub struct SyncCounters {
 /// The writer handle of one run, shared by the threads of a process.
 pub(crate) struct RunLog {
     run_id: String,
+    /// `run_id` as JSON, for the pre-encoded events.
+    run_id_json: Vec<u8>,
     dir: PathBuf,
     /// Where checkpoints are, to start the rules from one.
     ck_dir: Option<PathBuf>,

@@ -423,8 +423,8 @@ impl RunLog {
         w.ids.clear();
         let content = serde_json::to_value(&record)
             .map_err(|e| Error::invalid("log_damaged", e.to_string()))?;
-        let req = Request {
-            batch: vec![Checked::engine(
+        let req = Request::new(
+            vec![Checked::engine(
                 ENGINE_AGENT,
                 &self.meta.user_id,
                 EventType::LogDamaged,
@@ -432,11 +432,11 @@ impl RunLog {
                 None,
                 Vec::new(),
             )],
-            expect_seq: None,
-            durability: Durability::Sync,
-        };
+            None,
+            Durability::Sync,
+        );
         let outcome = self
-            .write_group_locked(w, vec![&req])?
+            .write_group_locked(w, vec![req])?
             .into_iter()
             .next()
             .ok_or_else(|| Error::invalid("log_damaged", "no outcome"))??;

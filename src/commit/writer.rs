@@ -10,7 +10,9 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use crate::error::{Error, IoContext, Result};
 use crate::event::ts::Ts;
-use crate::event::{Event, EventType, ENGINE_AGENT, GENERATED_ID_PREFIX};
+use crate::event::{
+    write_event_json, Checked, Event, EventType, ENGINE_AGENT, GENERATED_ID_PREFIX,
+};
 use crate::fold::rules::Rules;
 use crate::log::frame::{self, PAYLOAD_BYTES_MAX};
 use crate::log::meta::{
@@ -64,6 +66,7 @@ impl RunLog {
             .finish();
         Ok(RunLog {
             run_id: run_id.to_string(),
+            run_id_json: serde_json::to_vec(run_id).unwrap_or_default(),
             dir,
             ck_dir,
             storage,
@@ -177,8 +180,12 @@ impl RunLog {
     /// write while this group's fsync runs), waits for the group's durability once for
     /// all of it, and only then wakes the group's threads. A follower is woken once, with
     /// a durable result: two context switches per append, not one per step.
-    pub(crate) fn append(self: &Arc<Self>, req: Request) -> Result<Vec<Event>> {
+    pub(crate) fn append(self: &Arc<Self>, mut req: Request) -> Result<Vec<Event>> {
         let durability = req.durability;
+        // Encoding is most of an event's cost: done here, in parallel, not under the lock.
+        if req.tails.len() != req.batch.len() {
+            req.tails = req.batch.iter().map(Checked::encode_tail).collect();
+        }
         let slot = Arc::new(Slot {
             req: Mutex::new(Some(req)),
             sync: durability == Durability::Sync,
@@ -283,35 +290,35 @@ impl RunLog {
     /// The leader's work: one lock, one catch-up, one write for a group of requests.
     pub(super) fn write_group(&self, group: &[Arc<Slot>]) {
         let mut w = lock(&self.writer);
-        let reqs: Vec<(Arc<Slot>, Request)> = group
+        let (slots, reqs): (Vec<Arc<Slot>>, Vec<Request>) = group
             .iter()
             .filter_map(|s| lock(&s.req).take().map(|r| (s.clone(), r)))
-            .collect();
+            .unzip();
         if self.poisoned.load(Ordering::Acquire) {
-            for (s, _) in &reqs {
+            for s in &slots {
                 *lock(&s.result) = Some(Err(Error::Poisoned(self.run_id.clone())));
             }
             return;
         }
         let lock_path = self.dir.join(LOCK_FILE);
         if let Err(e) = w.lock_file.lock().ctx("lock", &lock_path) {
-            for (s, _) in &reqs {
+            for s in &slots {
                 *lock(&s.result) = Some(Err(io_copy(&e)));
             }
             return;
         }
-        let results = self.write_group_locked(&mut w, reqs.iter().map(|(_, r)| r).collect());
+        let results = self.write_group_locked(&mut w, reqs);
         if let Err(e) = w.lock_file.unlock().ctx("unlock", &lock_path) {
             tracing::error!(error = %e, "cannot release the append lock");
         }
         match results {
             Ok(list) => {
-                for ((s, _), r) in reqs.iter().zip(list) {
+                for (s, r) in slots.iter().zip(list) {
                     *lock(&s.result) = Some(r);
                 }
             }
             Err(e) => {
-                for (s, _) in &reqs {
+                for s in &slots {
                     *lock(&s.result) = Some(Err(io_copy(&e)));
                 }
             }
@@ -321,7 +328,7 @@ impl RunLog {
     pub(super) fn write_group_locked(
         &self,
         w: &mut Writer,
-        reqs: Vec<&Request>,
+        reqs: Vec<Request>,
     ) -> Result<Vec<Result<Outcome>>> {
         self.catch_up(w)?;
         if w.end >= self.meta.segment_bytes {
@@ -338,10 +345,13 @@ impl RunLog {
         let now = Ts::now();
         let mut plans: Vec<Result<(Vec<Event>, PlanEnd)>> = Vec::with_capacity(reqs.len());
         let mut last_visible_end: Option<(u64, u64)> = None;
-        for r in &reqs {
-            let plan = self.prepare(w, r, now, &mut buf, &mut added_ids);
+        let group_ts = now.max(w.head_ts);
+        let ts_json = serde_json::to_vec(&group_ts).unwrap_or_default();
+        for r in reqs {
+            let durability = r.durability;
+            let plan = self.prepare(w, r, (group_ts, &ts_json), &mut buf, &mut added_ids);
             if let Ok((events, PlanEnd::InBuf(end_in_buf))) = &plan {
-                if r.durability != Durability::Sync {
+                if durability != Durability::Sync {
                     let seq = events.iter().map(|e| e.seq).max().unwrap_or(0);
                     last_visible_end = Some((*end_in_buf, seq));
                 }
@@ -476,8 +486,8 @@ impl RunLog {
     pub(super) fn prepare(
         &self,
         w: &mut Writer,
-        r: &Request,
-        now: Ts,
+        r: Request,
+        (now, now_json): (Ts, &[u8]),
         buf: &mut Vec<u8>,
         added_ids: &mut Vec<String>,
     ) -> Result<(Vec<Event>, PlanEnd)> {
@@ -573,7 +583,24 @@ impl RunLog {
         });
         let mut scratch: Option<Rules> =
             (r.batch.len() > 1 && !independent).then(|| w.rules.clone());
-        for c in &r.batch {
+        // The frame's payload, `[event,event,...]`: client events from their pre-encoded
+        // tails (the lock holder copies bytes), engine events through serde.
+        let ts_json = if ts == now {
+            std::borrow::Cow::Borrowed(now_json)
+        } else {
+            std::borrow::Cow::Owned(serde_json::to_vec(&ts).unwrap_or_default())
+        };
+        let mut payload: Vec<u8> =
+            Vec::with_capacity(2 + r.tails.iter().map(|t| t.len() + 96).sum::<usize>());
+        payload.push(b'[');
+        let encode = |payload: &mut Vec<u8>, e: &Event| -> Result<()> {
+            if payload.len() > 1 {
+                payload.push(b',');
+            }
+            serde_json::to_writer(payload, e).map_err(|e| Error::invalid("event", e.to_string()))
+        };
+        let mut tails = r.tails.into_iter();
+        for mut c in r.batch {
             let seq = first + events.len() as u64;
             if let Some(bad) = c.refs.iter().find(|&&x| x == 0 || x >= seq) {
                 return Err(Error::invalid(
@@ -581,11 +608,13 @@ impl RunLog {
                     format!("seq {bad} does not name an earlier event (this one gets seq {seq})"),
                 ));
             }
-            let id = c.id.clone().unwrap_or_else(|| self.generated_id());
-            let ev = c.clone().into_event(&self.run_id, seq, ts, id);
+            let id = c.id.take().unwrap_or_else(|| self.generated_id());
+            let expect_subject_seq = c.expect_subject_seq;
+            let tail = tails.next();
+            let ev = c.into_event(&self.run_id, seq, ts, id);
             let on_copy = scratch.is_some();
             let rules = scratch.as_mut().unwrap_or(&mut w.rules);
-            let fx = rules.check(&rule_event(&ev), c.expect_subject_seq)?;
+            let fx = rules.check(&rule_event(&ev), expect_subject_seq)?;
             if let Some(refusal) = fx.refuse {
                 // Refused, but what the refusal records (a channel conflict) is stored.
                 let mut recorded = Vec::new();
@@ -609,6 +638,22 @@ impl RunLog {
             if on_copy {
                 rules.apply(&rule_event(&ev));
             }
+            match tail {
+                Some(tail) => {
+                    if payload.len() > 1 {
+                        payload.push(b',');
+                    }
+                    write_event_json(
+                        &mut payload,
+                        &self.run_id_json,
+                        ev.seq,
+                        &ts_json,
+                        &ev.id,
+                        &tail,
+                    );
+                }
+                None => encode(&mut payload, &ev)?,
+            }
             let subject = ev.subject.clone();
             events.push(ev);
             for (kind, content) in fx.after {
@@ -617,11 +662,16 @@ impl RunLog {
                 if on_copy {
                     rules.apply(&rule_event(&e));
                 }
+                encode(&mut payload, &e)?;
                 events.push(e);
             }
         }
-        let payload =
-            serde_json::to_vec(&events).map_err(|e| Error::invalid("event", e.to_string()))?;
+        payload.push(b']');
+        debug_assert_eq!(
+            std::str::from_utf8(&payload).ok(),
+            serde_json::to_string(&events).ok().as_deref(),
+            "pre-encoded frame differs from serde's"
+        );
         if payload.len() > BATCH_BYTES_MAX.min(PAYLOAD_BYTES_MAX) {
             return Err(Error::invalid(
                 "batch",

@@ -386,7 +386,71 @@ pub(crate) struct Checked {
     pub meta: Option<Map<String, Value>>,
 }
 
+/// The fields of a stored event after `id`, borrowed from a [`Checked`]: serialized
+/// exactly as [`Event`] serializes them (same names, order and skips; a unit test holds
+/// the two together).
+#[derive(Serialize)]
+struct EventTail<'a> {
+    agent_id: &'a str,
+    user_id: &'a str,
+    #[serde(rename = "type")]
+    kind: EventType,
+    content: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    confidence: Option<f64>,
+    #[serde(skip_serializing_if = "<[u64]>::is_empty")]
+    refs: &'a [u64],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    subject: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    meta: Option<&'a Map<String, Value>>,
+}
+
+/// Writes the JSON of a stored event whose fields after `id` were encoded beforehand by
+/// [`Checked::encode_tail`]: byte for byte what `serde_json` writes for the [`Event`].
+/// `run_id` and `ts` are JSON already (the same for a whole group, encoded once).
+pub(crate) fn write_event_json(
+    out: &mut Vec<u8>,
+    run_id: &[u8],
+    seq: u64,
+    ts: &[u8],
+    id: &str,
+    tail: &[u8],
+) {
+    out.extend_from_slice(b"{\"run_id\":");
+    out.extend_from_slice(run_id);
+    out.extend_from_slice(b",\"seq\":");
+    out.extend_from_slice(itoa::Buffer::new().format(seq).as_bytes());
+    out.extend_from_slice(b",\"ts\":");
+    out.extend_from_slice(ts);
+    out.extend_from_slice(b",\"id\":");
+    // A string always serializes.
+    let _ = serde_json::to_writer(&mut *out, id);
+    out.push(b',');
+    out.extend_from_slice(&tail[1..]);
+}
+
 impl Checked {
+    /// This event's fields after `id` as JSON (`{"agent_id":...}`), encoded before the
+    /// append lock is taken so that the lock holder only copies bytes.
+    pub(crate) fn encode_tail(&self) -> Vec<u8> {
+        let t = EventTail {
+            agent_id: &self.agent_id,
+            user_id: &self.user_id,
+            kind: self.kind,
+            content: &self.content,
+            confidence: self.confidence,
+            refs: &self.refs,
+            subject: self.subject.as_deref(),
+            session_id: self.session_id.as_deref(),
+            meta: self.meta.as_ref(),
+        };
+        // Values and strings always serialize.
+        serde_json::to_vec(&t).unwrap_or_else(|_| b"{}".to_vec())
+    }
+
     /// The first field in which the stored event `e` (with the same id) says something
     /// else than this one, if any: a retry must carry the same event, and a reused id
     /// with other content is refused rather than silently answered with the old event.
@@ -563,6 +627,47 @@ pub(crate) struct EventHead<'a> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The pre-encoded path writes exactly what serde_json writes for the whole event.
+    #[test]
+    fn pre_encoded_events_are_byte_identical_to_serde() {
+        let mut meta = Map::new();
+        meta.insert("tool".into(), json!("kubectl \"get\"\n"));
+        let full = NewEvent {
+            id: Some("client-1@x".into()),
+            confidence: Some(0.25),
+            refs: vec![1, 7],
+            subject: Some("orders-db/pool \u{2603}".into()),
+            session_id: Some("s-1".into()),
+            meta: Some(meta),
+            ..NewEvent::new(
+                "db",
+                EventType::Hypothesis,
+                json!({"text": "p99 \u{1f525} 2.3 s\t\u{1}", "n": [1, 2.5, null, true]}),
+            )
+        };
+        let plain = NewEvent::new("a1", EventType::Evidence, "disk full on db-1");
+        for (i, ne) in [full, plain].into_iter().enumerate() {
+            let c = ne.check().unwrap();
+            let tail = c.encode_tail();
+            let ts = Ts(1_795_600_726_007_288 + i as u64);
+            let id = c.id.clone().unwrap_or_else(|| "swarm:00ff.1".into());
+            let ev = c.into_event("run \"x\"", 42 + i as u64, ts, id.clone());
+            let mut out = Vec::new();
+            write_event_json(
+                &mut out,
+                &serde_json::to_vec("run \"x\"").unwrap(),
+                ev.seq,
+                &serde_json::to_vec(&ts).unwrap(),
+                &id,
+                &tail,
+            );
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                serde_json::to_string(&ev).unwrap()
+            );
+        }
+    }
 
     fn ok() -> NewEvent {
         NewEvent::new("a1", EventType::Evidence, "disk full on db-1")

@@ -352,15 +352,18 @@ impl IndexCell {
                     None => base,
                     Some(prev) => prev.head + 1,
                 };
-                if base != expected {
+                let file: Arc<dyn StorageFile> =
+                    Arc::from(storage.open(&path, OpenMode::Read).ctx("open", &path)?);
+                // The gap rule: a segment may start after a gap its first event declares.
+                if base != expected
+                    && !(base > expected && declares_gap(&file, &path, expected, base))
+                {
                     st.stopped = Some(format!(
                         "segment {} starts at seq {base}, expected {expected}",
                         path.display()
                     ));
                     break;
                 }
-                let file: Arc<dyn StorageFile> =
-                    Arc::from(storage.open(&path, OpenMode::Read).ctx("open", &path)?);
                 let seg = match st.spare.remove(&base) {
                     Some(s) => match s.check_position(&*file, &path)? {
                         Ok(()) => s,
@@ -630,4 +633,29 @@ pub(crate) fn remove_index_files(storage: &Arc<dyn Storage>, dir: &Path) -> Resu
         }
     }
     storage.sync_dir(&idx_dir).ctx("fsync dir", &idx_dir)
+}
+
+/// Whether the segment at `path` (first seq `base`) starts with a `log_damaged` event
+/// declaring exactly the seqs `from..base` lost (the gap rule). Unreadable: no.
+fn declares_gap(file: &Arc<dyn StorageFile>, path: &Path, from: u64, base: u64) -> bool {
+    #[derive(serde::Deserialize)]
+    struct First {
+        #[serde(rename = "type")]
+        kind: crate::event::EventType,
+        content: serde_json::Value,
+    }
+    let Ok(len) = file.len() else { return false };
+    let Ok(mut r) = segment::FrameReader::new(file.clone(), path.to_path_buf(), 0, Some(len))
+    else {
+        return false;
+    };
+    let Ok(segment::Step::Frame { .. }) = r.step() else {
+        return false;
+    };
+    let Ok(events) = serde_json::from_slice::<Vec<First>>(r.payload()) else {
+        return false;
+    };
+    events.first().is_some_and(|e| {
+        crate::event::LogDamaged::declared(e.kind, &e.content) == Some((from, base - 1))
+    })
 }
