@@ -338,7 +338,7 @@ impl Store {
         logs.get(run).map(|l| l.counters()).unwrap_or_default()
     }
 
-    fn writer(&self, run: &str, user: &str) -> Result<Arc<RunLog>> {
+    pub(crate) fn writer(&self, run: &str, user: &str) -> Result<Arc<RunLog>> {
         let mut logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(l) = logs.get(run) {
             return Ok(l.clone());

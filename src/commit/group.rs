@@ -145,7 +145,20 @@ impl RunLog {
         if m.durable >= cover {
             return Ok(m.durable);
         }
-        self.sync_lock.lock().ctx("lock", &self.sync_lock_path)?;
+        let path = &self.sync_lock_path;
+        if !self.sync_lock.try_lock().ctx("lock", path)? {
+            // Another process is flushing: wait for it to end (the shared lock is granted
+            // to every waiter at once when it does, so the processes it covered leave
+            // together instead of filing through the exclusive lock one by one).
+            self.sync_lock.lock_shared().ctx("lock", path)?;
+            let m = self.synced_marks();
+            self.sync_lock.unlock().ctx("unlock", path)?;
+            if m.durable >= cover {
+                self.stats.coalesced.fetch_add(1, Ordering::Relaxed);
+                return Ok(m.durable);
+            }
+            self.sync_lock.lock().ctx("lock", path)?;
+        }
         let r = self.sync_and_publish_locked(id, cover, cover_seq, file);
         if let Err(e) = self.sync_lock.unlock() {
             tracing::error!(error = %e, "cannot release the fsync lock");
@@ -168,6 +181,7 @@ impl RunLog {
         let path = segment::segment_path(&self.dir, cover.seg);
         let own = (cover, cover_seq);
         let (cover, cover_seq) = self.whole_frames_after(file, &path, cover, cover_seq);
+        tracing::trace!(own = ?own, extended = ?cover, seq_from = own.1, seq_to = cover_seq, "fsync cover");
         let r = file.sync_data().ctx("fsync", &path);
         self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
         self.end_fsync(id, r)?;
@@ -198,7 +212,7 @@ impl RunLog {
     /// are written whole by one `pwrite` under `LOCK`, so a CRC-valid frame is complete;
     /// the scan stops at the first incomplete or invalid one (a write in progress, or a
     /// torn tail the next writer will cut). Best effort: any error keeps `from`.
-    fn whole_frames_after(
+    pub(super) fn whole_frames_after(
         &self,
         file: &Arc<dyn StorageFile>,
         path: &Path,

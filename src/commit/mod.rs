@@ -277,6 +277,10 @@ fn io_copy(e: &Error) -> Error {
 impl Drop for RunLog {
     fn drop(&mut self) {
         self.flush_batch();
+        let c = self.counters();
+        if c.fsyncs + c.durable_events > 0 {
+            tracing::debug!(run = %self.run_id, fsyncs = c.fsyncs, coalesced = c.coalesced, durable_events = c.durable_events, "group commit");
+        }
     }
 }
 
@@ -321,6 +325,31 @@ mod tests {
     use crate::store::Store;
 
     use crate::log::meta::{Durability, LogOptions};
+
+    /// A flush extends its cover over the whole frames another process wrote after this
+    /// process's last one (and stops before a torn one).
+    #[test]
+    fn a_flush_covers_other_processes_later_frames() {
+        let mem = MemStorage::new();
+        let (a, b) = (store(&mem, 1 << 20), store(&mem, 1 << 20));
+        let ev = || NewEvent::new("x", EventType::Evidence, "e");
+        a.append("r", ev(), Durability::None).unwrap();
+        b.append("r", ev(), Durability::None).unwrap();
+        b.append("r", ev(), Durability::None).unwrap();
+        let log = a.writer("r", "anonymous").unwrap();
+        let (own, seg) = {
+            let s = super::lock(&log.sync);
+            let (p, _, f) = s.written.clone().unwrap();
+            (p, f)
+        };
+        let path = crate::log::segment::segment_path(&log.dir, own.seg);
+        let (to, seq) = log.whole_frames_after(&seg, &path, own, 1);
+        assert_eq!(seq, 3);
+        assert_eq!(to.off, seg.len().unwrap());
+        // A torn frame after them is not covered.
+        seg.write_all_at(b"{\"crc\":\"0", to.off).unwrap();
+        assert_eq!(log.whole_frames_after(&seg, &path, own, 1), (to, 3));
+    }
 
     fn store(mem: &MemStorage, segment_bytes: u64) -> Store {
         Store::open_with(

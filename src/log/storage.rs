@@ -33,8 +33,14 @@ pub trait StorageFile: Send + Sync {
     fn sync_data(&self) -> io::Result<()>;
     /// Takes the exclusive advisory lock of this file (blocks). Held until `unlock`.
     fn lock(&self) -> io::Result<()>;
-    /// Releases the lock taken by `lock`.
+    /// Releases the lock taken by `lock` or `lock_shared`.
     fn unlock(&self) -> io::Result<()>;
+    /// Takes the shared advisory lock of this file (blocks while anyone holds the
+    /// exclusive one; any number may share it). The default takes the exclusive lock:
+    /// correct wherever the shared one is only waited on, just less concurrent.
+    fn lock_shared(&self) -> io::Result<()> {
+        self.lock()
+    }
     /// Takes the exclusive advisory lock if nobody holds it; returns whether it did.
     /// Never blocks in the backends of this crate (the index builder uses it so that a
     /// reader never waits for another process's index write); the default, for backends
@@ -120,6 +126,9 @@ impl StorageFile for FsFile {
     }
     fn unlock(&self) -> io::Result<()> {
         self.0.unlock()
+    }
+    fn lock_shared(&self) -> io::Result<()> {
+        self.0.lock_shared()
     }
     fn try_lock(&self) -> io::Result<bool> {
         match self.0.try_lock() {
