@@ -239,7 +239,8 @@ pub(crate) struct RunLog {
     /// Position of the last `batch`-mode write not yet covered by a flush (seg, off).
     batch_dirty: Mutex<Option<FrameEnd>>,
     flusher_started: AtomicBool,
-    id_nonce: u64,
+    /// `swarm:<nonce>.`: generated ids are this and a counter in hex.
+    id_prefix: String,
     id_counter: AtomicU64,
 }
 
@@ -349,6 +350,24 @@ mod tests {
         // A torn frame after them is not covered.
         seg.write_all_at(b"{\"crc\":\"0", to.off).unwrap();
         assert_eq!(log.whole_frames_after(&seg, &path, own, 1), (to, 3));
+    }
+
+    #[test]
+    fn generated_ids_are_the_prefix_and_the_counter_in_hex() {
+        let mem = MemStorage::new();
+        let s = store(&mem, 1 << 20);
+        s.append(
+            "r",
+            NewEvent::new("x", EventType::Evidence, "e"),
+            Durability::None,
+        )
+        .unwrap();
+        let log = s.writer("r", "anonymous").unwrap();
+        for n in [0u64, 9, 10, 255, 4096, u64::MAX] {
+            log.id_counter
+                .store(n, std::sync::atomic::Ordering::Relaxed);
+            assert_eq!(log.generated_id(), format!("{}{n:x}", log.id_prefix));
+        }
     }
 
     fn store(mem: &MemStorage, segment_bytes: u64) -> Store {

@@ -107,7 +107,7 @@ impl RunLog {
             checkpoint_job: Mutex::new((false, false)),
             batch_dirty: Mutex::new(None),
             flusher_started: AtomicBool::new(false),
-            id_nonce: nonce,
+            id_prefix: format!("{GENERATED_ID_PREFIX}{nonce:016x}."),
             id_counter: AtomicU64::new(0),
         })
     }
@@ -161,7 +161,22 @@ impl RunLog {
 
     pub(super) fn generated_id(&self) -> String {
         let n = self.id_counter.fetch_add(1, Ordering::Relaxed);
-        format!("{GENERATED_ID_PREFIX}{:016x}.{n:x}", self.id_nonce)
+        // (Without `format!`: this runs once per event, under the append lock.)
+        let mut digits = [0u8; 16];
+        let mut i = digits.len();
+        let mut v = n;
+        loop {
+            i -= 1;
+            digits[i] = b"0123456789abcdef"[(v & 0xf) as usize];
+            v >>= 4;
+            if v == 0 {
+                break;
+            }
+        }
+        let mut id = String::with_capacity(self.id_prefix.len() + 16);
+        id.push_str(&self.id_prefix);
+        id.extend(digits[i..].iter().map(|&b| b as char));
+        id
     }
 
     /// This process's counters of the run's durable path.
