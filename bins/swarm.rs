@@ -8,6 +8,8 @@ mod demo;
 mod prune;
 mod run;
 mod scratch;
+#[cfg(feature = "server")]
+mod serve;
 mod synth;
 
 use anyhow::{bail, Context};
@@ -301,6 +303,19 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Serve the data directory over HTTP: a JSON API under /v1, a live tail over SSE,
+    /// bearer tokens (`swarm token add`) for identity. Stops on SIGTERM or SIGINT after
+    /// the requests in flight.
+    ///
+    /// Example:
+    ///   swarm serve --listen 127.0.0.1:7700
+    #[cfg(feature = "server")]
+    #[command(verbatim_doc_comment)]
+    Serve(serve::ServeArgs),
+    /// Manage the server's bearer tokens (stored hashed in <data dir>/.tokens.json).
+    #[cfg(feature = "server")]
+    #[command(subcommand)]
+    Token(serve::TokenCmd),
     /// Run the demo: agent processes work an SRE incident together in a new run.
     ///
     /// Four agent processes append hypotheses, evidence, decisions and actions
@@ -525,6 +540,20 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    #[cfg(feature = "server")]
+    match cli.cmd {
+        Cmd::Serve(a) => {
+            return serve::serve(
+                a,
+                &cli.data_dir,
+                &cli.checkpoint_dir,
+                cli.checkpoint_every,
+                &cli.archive_dir,
+            )
+        }
+        Cmd::Token(c) => return serve::token(c, &cli.data_dir, &cli.user),
+        _ => {}
+    }
     let store = Store::open(&cli.data_dir)?
         .with_checkpoints(&cli.checkpoint_dir, cli.checkpoint_every)
         .with_archive_dir(&cli.archive_dir)
@@ -560,6 +589,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Advise { tool } => synth::advise(&store, &tool),
         Cmd::Metrics { run, json } => synth::metrics(&store, &run, json),
         Cmd::Quality { fixture, json } => synth::quality(fixture, json),
+        #[cfg(feature = "server")]
+        Cmd::Serve(_) | Cmd::Token(_) => unreachable!("handled above"),
         Cmd::Demo { run } => demo::run(
             &cli.data_dir,
             &cli.checkpoint_dir,

@@ -20,6 +20,7 @@ mod random_bytes;
 mod replay;
 mod retry;
 mod scratchpad;
+mod serve;
 mod synth;
 mod tail;
 mod truncate;

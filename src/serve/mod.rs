@@ -1,0 +1,224 @@
+//! `swarm serve`: the engine as a network service. An HTTP JSON API under `/v1`, a live
+//! tail over server-sent events, bearer-token identity; one long-lived [`Store`] per
+//! user, so every client shares its group commit and its cached head states.
+//!
+//! - `mod.rs` (this file): options, the shared [`App`] state, the accept loop (limits,
+//!   timeouts, graceful shutdown).
+//! - `token.rs`: the tokens file and `swarm token add | list | revoke`.
+//! - `extract.rs`: identity, JSON body and query extractors (every check before a call).
+//! - `problem.rs`: RFC 9457 error bodies and the map from the library's errors.
+//! - `routes.rs`: the routes, each a thin call into the library on a blocking thread.
+//! - `sse.rs`: the live tail over SSE (bounded buffer per subscriber, resume by seq).
+//!
+//! **Invariant:** the user of a request comes from its token, never from its body or
+//! path; a request reaches only the store of that user, so another user's runs are not
+//! found on any route. Permission checks (run policy, partitions) stay in the library:
+//! this layer only adds the token's own limits (its agents, its role).
+//! **Invariant:** no request body is parsed before its size, content type and nesting
+//! were checked; a refused request writes nothing.
+//! Never imported by any other layer (it is the front door).
+
+pub mod extract;
+pub mod problem;
+pub mod routes;
+pub mod sse;
+pub mod token;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+
+use crate::serve::problem::Problem;
+use crate::serve::token::TokenSet;
+use crate::store::Store;
+
+/// Default address (loopback: exposing the server is a deliberate choice).
+pub const LISTEN_DEFAULT: &str = "127.0.0.1:7700";
+/// Default request body limit: a batch's encoded limit (8 MiB) and room for the JSON
+/// around it.
+pub const BODY_LIMIT_BYTES_DEFAULT: u64 = 9 * 1024 * 1024;
+/// Default time a request may take, from its first byte to its response's headers
+/// (reading its body included).
+pub const REQUEST_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+/// Default interval of SSE heartbeat comments.
+pub const HEARTBEAT_MS_DEFAULT: u64 = 15_000;
+/// Default events buffered per SSE subscriber before it is closed as too slow.
+pub const SSE_BUFFER_EVENTS_DEFAULT: usize = 1024;
+/// Default longest wait for in-flight requests at shutdown.
+pub const SHUTDOWN_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+
+/// How to serve.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// Address to listen on (port 0: any free port; the bound address is printed).
+    pub listen: SocketAddr,
+    /// The data directory (runs, and the tokens file).
+    pub data_dir: PathBuf,
+    /// Where checkpoints go.
+    pub checkpoint_dir: PathBuf,
+    /// Automatic checkpoint interval in events (0: never).
+    pub checkpoint_every: u64,
+    /// Where closed runs are archived.
+    pub archive_dir: PathBuf,
+    /// Largest request body.
+    pub body_limit_bytes: u64,
+    /// Longest time from a request's first byte to its response's headers.
+    pub request_timeout: Duration,
+    /// Interval of SSE heartbeat comments.
+    pub heartbeat: Duration,
+    /// Events buffered per SSE subscriber.
+    pub sse_buffer_events: usize,
+    /// Longest wait for in-flight requests at shutdown.
+    pub shutdown_timeout: Duration,
+}
+
+/// What every request shares: options, tokens, the stores, the shutdown signal.
+pub struct App {
+    /// The options the server runs with.
+    pub opts: ServeOptions,
+    /// The tokens file.
+    pub tokens: TokenSet,
+    stores: Mutex<HashMap<String, Arc<Store>>>,
+    /// Becomes `true` when the server starts shutting down (SSE streams end then).
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+impl App {
+    /// The long-lived store of `user` (opened on first use, then shared).
+    pub fn store_for(&self, user: &str) -> Result<Arc<Store>, Problem> {
+        let mut m = self.stores.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = m.get(user) {
+            return Ok(s.clone());
+        }
+        let s = Store::open(&self.opts.data_dir)?
+            .with_checkpoints(&self.opts.checkpoint_dir, self.opts.checkpoint_every)
+            .with_archive_dir(&self.opts.archive_dir)
+            .with_user(user, true)?;
+        let s = Arc::new(s);
+        m.insert(user.to_string(), s.clone());
+        Ok(s)
+    }
+}
+
+/// Serves until SIGTERM or SIGINT, then stops accepting, lets in-flight requests finish
+/// (at most `shutdown_timeout`), ends live tails with a `shutdown` event, and returns.
+///
+/// The first line on stdout is `listening on http://ADDR` once the socket is bound, so a
+/// script (or a test) that started the server with port 0 learns the port from it.
+pub fn run(opts: ServeOptions) -> std::io::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("swarm-serve")
+        .build()?;
+    rt.block_on(serve(opts))
+}
+
+async fn serve(opts: ServeOptions) -> std::io::Result<()> {
+    let tokens = TokenSet::open(&opts.data_dir).map_err(std::io::Error::other)?;
+    let listener = tokio::net::TcpListener::bind(opts.listen).await?;
+    let addr = listener.local_addr()?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let app = Arc::new(App {
+        opts: opts.clone(),
+        tokens,
+        stores: Mutex::new(HashMap::new()),
+        shutdown: stop_rx,
+    });
+    let router = routes::router(app.clone())
+        .layer(axum::middleware::from_fn_with_state(app.clone(), deadline))
+        .layer(tower_http::trace::TraceLayer::new_for_http());
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "listening on http://{addr}")?;
+        out.flush()?;
+    }
+    tracing::info!(%addr, "listening");
+    let graceful = GracefulShutdown::new();
+    let mut signal = std::pin::pin!(stop_signal());
+    loop {
+        tokio::select! {
+            r = listener.accept() => {
+                let (stream, _) = match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // Out of descriptors, mostly: wait a little instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let svc = TowerToHyperService::new(router.clone());
+                let mut b = hyper::server::conn::http1::Builder::new();
+                // A client that never finishes its request headers is cut off here;
+                // one that never finishes its body, by `deadline`.
+                b.timer(TokioTimer::new()).header_read_timeout(opts.request_timeout);
+                let conn = graceful.watch(b.serve_connection(TokioIo::new(stream), svc));
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                });
+            }
+            _ = &mut signal => break,
+        }
+    }
+    drop(listener);
+    tracing::info!("shutting down: no new connections; waiting for requests in flight");
+    let _ = stop_tx.send(true);
+    if tokio::time::timeout(opts.shutdown_timeout, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("shutdown timeout: closing the connections still open");
+    }
+    Ok(())
+}
+
+/// Resolves at the first SIGTERM or SIGINT.
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    match (term, int) {
+        (Ok(mut t), Ok(mut i)) => {
+            tokio::select! {
+                _ = t.recv() => {}
+                _ = i.recv() => {}
+            }
+        }
+        _ => {
+            tracing::warn!("cannot install signal handlers; stop the server with SIGKILL");
+            std::future::pending::<()>().await
+        }
+    }
+}
+
+/// Cuts off a request whose response headers are not ready in time (a body that never
+/// arrives, mostly) with a 408. A live tail's stream is not limited: its headers are sent
+/// at once.
+async fn deadline(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    match tokio::time::timeout(app.opts.request_timeout, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => Problem::new(
+            axum::http::StatusCode::REQUEST_TIMEOUT,
+            "timeout",
+            "Request timeout",
+            format!(
+                "the request was not complete and answered within {} ms",
+                app.opts.request_timeout.as_millis()
+            ),
+        )
+        .into_response(),
+    }
+}
