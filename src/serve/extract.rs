@@ -11,9 +11,9 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::event::JSON_DEPTH_MAX;
+use crate::serve::app::App;
 use crate::serve::problem::Problem;
 use crate::serve::token::{Role, TokenRecord};
-use crate::serve::App;
 use crate::store::Store;
 
 /// The caller: its token's record and the store of the token's user.

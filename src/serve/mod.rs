@@ -2,8 +2,8 @@
 //! tail over server-sent events, bearer-token identity; one long-lived [`Store`] per
 //! user, so every client shares its group commit and its cached head states.
 //!
-//! - `mod.rs` (this file): options, the shared [`App`] state, the accept loop (limits,
-//!   timeouts, graceful shutdown).
+//! - `mod.rs` (this file): the accept loop (limits, timeouts, graceful shutdown).
+//! - `app.rs`: options and the shared [`App`] state (tokens, one store per user).
 //! - `token.rs`: the tokens file and `swarm token add | list | revoke`.
 //! - `extract.rs`: identity, JSON body and query extractors (every check before a call).
 //! - `problem.rs`: RFC 9457 error bodies and the map from the library's errors.
@@ -18,6 +18,7 @@
 //! were checked; a refused request writes nothing.
 //! Never imported by any other layer (it is the front door).
 
+pub mod app;
 pub mod extract;
 pub mod problem;
 pub mod routes;
@@ -26,8 +27,6 @@ pub mod token;
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -38,9 +37,9 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 
+pub use crate::serve::app::{App, ServeOptions};
 use crate::serve::problem::Problem;
 use crate::serve::token::TokenSet;
-use crate::store::Store;
 
 /// Default address (loopback: exposing the server is a deliberate choice).
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:7700";
@@ -56,59 +55,6 @@ pub const HEARTBEAT_MS_DEFAULT: u64 = 15_000;
 pub const SSE_BUFFER_EVENTS_DEFAULT: usize = 1024;
 /// Default longest wait for in-flight requests at shutdown.
 pub const SHUTDOWN_TIMEOUT_MS_DEFAULT: u64 = 30_000;
-
-/// How to serve.
-#[derive(Clone, Debug)]
-pub struct ServeOptions {
-    /// Address to listen on (port 0: any free port; the bound address is printed).
-    pub listen: SocketAddr,
-    /// The data directory (runs, and the tokens file).
-    pub data_dir: PathBuf,
-    /// Where checkpoints go.
-    pub checkpoint_dir: PathBuf,
-    /// Automatic checkpoint interval in events (0: never).
-    pub checkpoint_every: u64,
-    /// Where closed runs are archived.
-    pub archive_dir: PathBuf,
-    /// Largest request body.
-    pub body_limit_bytes: u64,
-    /// Longest time from a request's first byte to its response's headers.
-    pub request_timeout: Duration,
-    /// Interval of SSE heartbeat comments.
-    pub heartbeat: Duration,
-    /// Events buffered per SSE subscriber.
-    pub sse_buffer_events: usize,
-    /// Longest wait for in-flight requests at shutdown.
-    pub shutdown_timeout: Duration,
-}
-
-/// What every request shares: options, tokens, the stores, the shutdown signal.
-pub struct App {
-    /// The options the server runs with.
-    pub opts: ServeOptions,
-    /// The tokens file.
-    pub tokens: TokenSet,
-    stores: Mutex<HashMap<String, Arc<Store>>>,
-    /// Becomes `true` when the server starts shutting down (SSE streams end then).
-    pub shutdown: tokio::sync::watch::Receiver<bool>,
-}
-
-impl App {
-    /// The long-lived store of `user` (opened on first use, then shared).
-    pub fn store_for(&self, user: &str) -> Result<Arc<Store>, Problem> {
-        let mut m = self.stores.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = m.get(user) {
-            return Ok(s.clone());
-        }
-        let s = Store::open(&self.opts.data_dir)?
-            .with_checkpoints(&self.opts.checkpoint_dir, self.opts.checkpoint_every)
-            .with_archive_dir(&self.opts.archive_dir)
-            .with_user(user, true)?;
-        let s = Arc::new(s);
-        m.insert(user.to_string(), s.clone());
-        Ok(s)
-    }
-}
 
 /// Serves until SIGTERM or SIGINT, then stops accepting, lets in-flight requests finish
 /// (at most `shutdown_timeout`), ends live tails with a `shutdown` event, and returns.

@@ -19,9 +19,10 @@ use crate::fold::rules::{ChannelDecl, ChannelKind, ConflictPolicy, Policy};
 use crate::fold::summary::Builtin;
 use crate::log::meta::Durability;
 use crate::query::options::ReadOptions;
+use crate::serve::app::{blocking, App};
 use crate::serve::extract::{Identity, JsonBody, Q};
 use crate::serve::problem::Problem;
-use crate::serve::{sse, App};
+use crate::serve::sse;
 
 /// A list of events, in stored field order (through `json!` they would be re-sorted).
 #[derive(Serialize)]
@@ -61,19 +62,6 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/runs/{run}/replay", get(replay))
         .fallback(|| async { Problem::not_found("no such route") })
         .with_state(app)
-}
-
-/// Runs a library call on a blocking thread; its error becomes a problem.
-pub async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> crate::error::Result<T> + Send + 'static,
-) -> Result<T, Problem> {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r.map_err(Problem::from),
-        Err(e) => {
-            tracing::error!(error = %e, "a blocking task failed");
-            Err(Problem::internal())
-        }
-    }
 }
 
 /// Deserializes a body value, naming what is wrong.

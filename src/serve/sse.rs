@@ -33,9 +33,8 @@ use tokio::sync::watch;
 
 use crate::event::{Event, EventType};
 use crate::fold::state::State;
+use crate::serve::app::{blocking, App};
 use crate::serve::problem::Problem;
-use crate::serve::routes::blocking;
-use crate::serve::App;
 use crate::store::Store;
 use crate::tail::{Tail, TailOptions};
 
@@ -204,33 +203,29 @@ struct Stream {
     done: bool,
 }
 
-enum Step {
-    Msg(Option<Msg>),
-    Stop,
-}
-
 async fn step(mut st: Stream) -> Option<(Result<SseEvent, Infallible>, Stream)> {
     if st.done {
         return None;
     }
-    let s = {
+    // `None`: the server is stopping; `Some(None)`: the tail thread is gone.
+    let s: Option<Option<Msg>> = {
         let (rx, stop) = (&mut st.rx, &mut st.stop);
         tokio::select! {
             // Buffered events go out before a stop is looked at.
             biased;
-            m = rx.recv() => Step::Msg(m),
-            _ = stop.wait_for(|s| *s) => Step::Stop,
+            m = rx.recv() => Some(m),
+            _ = stop.wait_for(|s| *s) => None,
         }
     };
     let ev = match s {
-        Step::Stop => {
+        None => {
             st.done = true;
             SseEvent::default()
                 .event("shutdown")
                 .data(json!({"resume_from_seq": st.next}).to_string())
         }
-        Step::Msg(None) => return None,
-        Step::Msg(Some(Msg::Event(e))) => {
+        Some(None) => return None,
+        Some(Some(Msg::Event(e))) => {
             st.next = e.seq + 1;
             match SseEvent::default().id(e.seq.to_string()).json_data(&e) {
                 Ok(ev) => ev,
@@ -243,7 +238,7 @@ async fn step(mut st: Stream) -> Option<(Result<SseEvent, Infallible>, Stream)> 
                 }
             }
         }
-        Step::Msg(Some(Msg::Lagged { resume_from })) => {
+        Some(Some(Msg::Lagged { resume_from })) => {
             st.done = true;
             SseEvent::default().event("lagged").data(
                 json!({
@@ -253,7 +248,7 @@ async fn step(mut st: Stream) -> Option<(Result<SseEvent, Infallible>, Stream)> 
                 .to_string(),
             )
         }
-        Step::Msg(Some(Msg::Failed(p))) => {
+        Some(Some(Msg::Failed(p))) => {
             st.done = true;
             SseEvent::default()
                 .event("error")
