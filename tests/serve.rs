@@ -642,3 +642,115 @@ fn serve_closes_a_slow_subscriber_naming_where_to_resume() {
     let mut sse = srv.follow("/v1/runs/inc/events?follow=1", &t, Some(expect - 1));
     assert_eq!(sse.next_seq(), expect);
 }
+
+#[test]
+fn serve_scratchpad_routes_apply_the_runs_policy_to_the_tokens_agent() {
+    let env = Env::fast();
+    let srv = Server::start(&env, &[]);
+    let lead = token(&env, "alice", &["lead"], "agent");
+    let db = token(&env, "alice", &["db"], "agent");
+    let r = "/v1/runs/inc";
+    srv.post(
+        &format!("{r}/events"),
+        Some(&lead),
+        &json!({"agent_id": "lead", "type": "hypothesis", "content": "dns", "subject": "cause"}),
+    );
+    srv.post(
+        &format!("{r}/events"),
+        Some(&db),
+        &json!({"agent_id": "db", "type": "evidence", "content": "disk full", "subject": "db-1"}),
+    );
+    let all = json!(["*"]);
+    let policy = json!({"agent": "lead", "policy": {"permissions": {
+        "lead": {"read_types": all, "write_types": all, "read_channels": all, "write_channels": all, "admin": true},
+        "db": {"read_types": ["evidence"], "write_types": ["evidence"], "read_channels": all, "write_channels": all}}}});
+    let put = srv
+        .http
+        .put(&format!("{}{r}/policy", srv.url))
+        .set("Authorization", &format!("Bearer {lead}"))
+        .set("Content-Type", "application/json")
+        .send_string(&policy.to_string());
+    assert_eq!(Resp::from(put).status, 201);
+    assert!(
+        srv.get(&format!("{r}/policy"), Some(&db)).json()["policy"]["permissions"]["db"]
+            .is_object()
+    );
+    // db's reads, board and tail show only evidence; the policy refuses its hypothesis.
+    let types = |resp: Resp| -> Vec<String> {
+        resp.json()["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["type"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        types(srv.get(&format!("{r}/events?type=hypothesis"), Some(&db))),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        types(srv.get(&format!("{r}/events?type=hypothesis"), Some(&lead))),
+        ["hypothesis"]
+    );
+    let board = srv.get(&format!("{r}/board"), Some(&db)).json();
+    let subjects: Vec<&str> = board["board"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["subject"].as_str().unwrap())
+        .collect();
+    assert_eq!(subjects, ["db-1"]);
+    srv.post(
+        &format!("{r}/events"),
+        Some(&db),
+        &json!({"agent_id": "db", "type": "hypothesis", "content": "x"}),
+    )
+    .problem(403);
+    let mut sse = srv.follow(&format!("{r}/events?follow=1"), &db, None);
+    let m = sse.next().unwrap();
+    assert_eq!(m.id, Some(2), "the hypothesis (seq 1) is not shown: {m:?}");
+    // Channels: declare, write with a base version, read.
+    let ch = srv.post(
+        &format!("{r}/channels"),
+        Some(&lead),
+        &json!({"agent": "lead", "channel": "notes", "kind": "replace", "on_conflict": "reject"}),
+    );
+    assert_eq!(ch.status, 201, "{}", ch.body);
+    let v = srv.get(&format!("{r}/channels/notes"), Some(&db)).json()["version"]
+        .as_u64()
+        .unwrap();
+    let w = srv.post(
+        &format!("{r}/channels/notes"),
+        Some(&db),
+        &json!({"agent": "db", "value": {"cause": "disk"}, "base_version": v}),
+    );
+    assert_eq!(w.status, 201, "{}", w.body);
+    srv.post(
+        &format!("{r}/channels/notes"),
+        Some(&db),
+        &json!({"agent": "db", "value": "stale", "base_version": v}),
+    )
+    .problem(409);
+    assert_eq!(
+        srv.get(&format!("{r}/channels/notes"), Some(&db)).json()["value"]["cause"],
+        "disk"
+    );
+    assert_eq!(
+        srv.get(&format!("{r}/channels"), Some(&db)).json()["channels"],
+        json!(["notes"])
+    );
+    // Context as db: within the budget, and without the hypothesis it may not read.
+    let c = srv
+        .get(&format!("{r}/context?budget_bytes=4000"), Some(&db))
+        .json();
+    assert!(c["used_bytes"].as_u64().unwrap() <= 4000);
+    assert!(
+        c["text"].as_str().unwrap().contains("disk full")
+            && !c["text"].as_str().unwrap().contains("dns"),
+        "{c}"
+    );
+    assert_eq!(
+        srv.get(&format!("{r}/escalations"), Some(&db)).json()["escalations"],
+        json!([])
+    );
+}
