@@ -235,15 +235,22 @@ fn token(env: &Env, user: &str, agents: &[&str], role: &str) -> String {
     stdout.trim().to_string()
 }
 
+/// A data directory, a server on it (with `extra` options) and an agent token of alice's
+/// for `agents`.
+fn alice(agents: &[&str], extra: &[&str]) -> (Env, Server, String) {
+    let env = Env::fast();
+    let srv = Server::start(&env, extra);
+    let t = token(&env, "alice", agents, "agent");
+    (env, srv, t)
+}
+
 fn ev(agent: &str, content: &str) -> Value {
     json!({"agent_id": agent, "type": "evidence", "content": content})
 }
 
 #[test]
 fn serve_append_then_read_round_trip() {
-    let env = Env::fast();
-    let srv = Server::start(&env, &[]);
-    let t = token(&env, "alice", &["db"], "agent");
+    let (env, srv, t) = alice(&["db"], &[]);
     assert_eq!(srv.get("/healthz", None).json()["ok"], true);
     assert_eq!(srv.get("/readyz", None).json()["ready"], true);
 
@@ -298,9 +305,7 @@ fn serve_append_then_read_round_trip() {
 
 #[test]
 fn serve_batch_is_atomic_and_cas_refuses() {
-    let env = Env::fast();
-    let srv = Server::start(&env, &[]);
-    let t = token(&env, "alice", &["db*"], "agent");
+    let (_env, srv, t) = alice(&["db*"], &[]);
     srv.post("/v1/runs/inc/events", Some(&t), &ev("db-1", "first"));
     // The second event is invalid: neither is stored.
     let bad = json!([ev("db-1", "ok"), {"agent_id": "db-1", "type": "evidence", "content": "x", "confidence": 2.0}]);
@@ -329,9 +334,7 @@ fn serve_batch_is_atomic_and_cas_refuses() {
 
 #[test]
 fn serve_tail_gets_appends_from_another_process() {
-    let env = Env::fast();
-    let srv = Server::start(&env, &[]);
-    let t = token(&env, "alice", &["db"], "agent");
+    let (env, srv, t) = alice(&["db"], &[]);
     srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "before"));
     let mut sse = srv.follow("/v1/runs/inc/events?follow=1", &t, None);
     assert_eq!(sse.next_seq(), 1);
@@ -360,9 +363,7 @@ fn serve_tail_gets_appends_from_another_process() {
 
 #[test]
 fn serve_tail_resumes_after_last_event_id_with_no_gap_and_no_repeat() {
-    let env = Env::fast();
-    let srv = Server::start(&env, &[]);
-    let t = token(&env, "alice", &["db"], "agent");
+    let (_env, srv, t) = alice(&["db"], &[]);
     for i in 0..3 {
         srv.post("/v1/runs/inc/events", Some(&t), &ev("db", &format!("e{i}")));
     }
@@ -383,9 +384,7 @@ fn serve_tail_resumes_after_last_event_id_with_no_gap_and_no_repeat() {
 
 #[test]
 fn serve_refuses_missing_and_revoked_tokens() {
-    let env = Env::fast();
-    let srv = Server::start(&env, &[]);
-    let t = token(&env, "alice", &["db"], "agent");
+    let (env, srv, t) = alice(&["db"], &[]);
     assert_eq!(
         srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "x"))
             .status,
@@ -489,9 +488,7 @@ fn serve_token_acts_only_as_its_agents_and_role() {
 
 #[test]
 fn serve_refuses_bad_bodies_and_writes_nothing() {
-    let env = Env::fast();
-    let srv = Server::start(&env, &[]);
-    let t = token(&env, "alice", &["db"], "agent");
+    let (_env, srv, t) = alice(&["db"], &[]);
     let path = "/v1/runs/inc/events";
     srv.post(path, Some(&t), &ev("db", "first"));
     // Over the 9 MiB limit, declared up front or streamed in chunks: 413 either way (a
@@ -559,9 +556,7 @@ fn raw_post(srv: &Server, token: &str, headers: &str, body: Vec<u8>) -> String {
 
 #[test]
 fn serve_cuts_off_a_client_that_never_finishes_its_request() {
-    let env = Env::fast();
-    let srv = Server::start(&env, &["--request-timeout-ms", "300"]);
-    let t = token(&env, "alice", &["db"], "agent");
+    let (_env, srv, t) = alice(&["db"], &["--request-timeout-ms", "300"]);
     let limit = Duration::from_secs(20);
     // Headers never finished: the connection is closed.
     let mut c = TcpStream::connect(srv.addr()).unwrap();
@@ -592,9 +587,7 @@ fn serve_cuts_off_a_client_that_never_finishes_its_request() {
 
 #[test]
 fn serve_ends_tails_and_exits_zero_on_sigterm() {
-    let env = Env::fast();
-    let srv = Server::start(&env, &[]);
-    let t = token(&env, "alice", &["db"], "agent");
+    let (_env, srv, t) = alice(&["db"], &[]);
     srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "x"));
     let mut sse = srv.follow("/v1/runs/inc/events?follow=1", &t, None);
     assert_eq!(sse.next_seq(), 1);
@@ -609,9 +602,7 @@ fn serve_ends_tails_and_exits_zero_on_sigterm() {
 
 #[test]
 fn serve_closes_a_slow_subscriber_naming_where_to_resume() {
-    let env = Env::fast();
-    let srv = Server::start(&env, &["--sse-buffer-events", "4"]);
-    let t = token(&env, "alice", &["db"], "agent");
+    let (_env, srv, t) = alice(&["db"], &["--sse-buffer-events", "4"]);
     srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "x"));
     // A subscriber that does not read while ~20 MiB are appended: the socket buffers
     // fill, then its 4-event buffer.

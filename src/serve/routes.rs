@@ -9,6 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -23,6 +24,7 @@ use crate::serve::app::{blocking, App};
 use crate::serve::extract::{Identity, JsonBody, Q};
 use crate::serve::problem::Problem;
 use crate::serve::sse;
+use crate::store::Store;
 
 /// A list of events, in stored field order (through `json!` they would be re-sorted).
 #[derive(Serialize)]
@@ -67,6 +69,26 @@ pub fn router(app: Arc<App>) -> Router {
 /// Deserializes a body value, naming what is wrong.
 fn from_body<T: serde::de::DeserializeOwned>(what: &str, v: Value) -> Result<T, Problem> {
     serde_json::from_value(v).map_err(|e| Problem::invalid(format!("{what}: {e}")))
+}
+
+/// The steps every write route shares: the body as `B`, the token may write as the agent
+/// `B` names, the library call on a blocking thread, 201 with its result.
+async fn write<B, T>(
+    id: Identity,
+    what: &str,
+    body: Value,
+    agent: fn(&B) -> &str,
+    call: impl FnOnce(&Store, B) -> crate::error::Result<T> + Send + 'static,
+) -> Result<Response, Problem>
+where
+    B: DeserializeOwned + Send + 'static,
+    T: Serialize + Send + 'static,
+{
+    let b: B = from_body(what, body)?;
+    id.write_as(agent(&b))?;
+    let store = id.store;
+    let out = blocking(move || call(&store, b)).await?;
+    Ok((StatusCode::CREATED, Json(out)).into_response())
 }
 
 fn parse_ts(field: &str, s: Option<String>) -> Result<Option<Ts>, Problem> {
@@ -372,11 +394,14 @@ async fn resolve(
     Path((run, seq)): Path<(String, u64)>,
     JsonBody(b): JsonBody,
 ) -> Result<Response, Problem> {
-    let b: ResolveBody = from_body("resolve", b)?;
-    id.write_as(&b.by)?;
-    let store = id.store;
-    let e = blocking(move || store.resolve(&run, &b.by, seq, b.winner, &b.note)).await?;
-    Ok((StatusCode::CREATED, Json(e)).into_response())
+    write(
+        id,
+        "resolve",
+        b,
+        |b: &ResolveBody| &b.by,
+        move |s, b| s.resolve(&run, &b.by, seq, b.winner, &b.note),
+    )
+    .await
 }
 
 async fn channels(
@@ -412,17 +437,22 @@ async fn declare_channel(
     Path(run): Path<String>,
     JsonBody(b): JsonBody,
 ) -> Result<Response, Problem> {
-    let b: DeclareBody = from_body("channel", b)?;
-    id.write_as(&b.agent)?;
-    let store = id.store;
-    let decl = ChannelDecl {
-        channel: b.channel,
-        kind: b.kind,
-        on_conflict: b.on_conflict,
-        max_size_kb: b.max_size_kb,
-    };
-    let e = blocking(move || store.declare_channel(&run, &b.agent, &decl)).await?;
-    Ok((StatusCode::CREATED, Json(e)).into_response())
+    write(
+        id,
+        "channel",
+        b,
+        |b: &DeclareBody| &b.agent,
+        move |s, b| {
+            let decl = ChannelDecl {
+                channel: b.channel,
+                kind: b.kind,
+                on_conflict: b.on_conflict,
+                max_size_kb: b.max_size_kb,
+            };
+            s.declare_channel(&run, &b.agent, &decl)
+        },
+    )
+    .await
 }
 
 async fn channel(
@@ -454,12 +484,14 @@ async fn write_channel(
     Path((run, name)): Path<(String, String)>,
     JsonBody(b): JsonBody,
 ) -> Result<Response, Problem> {
-    let b: WriteBody = from_body("channel write", b)?;
-    id.write_as(&b.agent)?;
-    let store = id.store;
-    let e = blocking(move || store.write_channel(&run, &b.agent, &name, b.value, b.base_version))
-        .await?;
-    Ok((StatusCode::CREATED, Json(e)).into_response())
+    write(
+        id,
+        "channel write",
+        b,
+        |b: &WriteBody| &b.agent,
+        move |s, b| s.write_channel(&run, &b.agent, &name, b.value, b.base_version),
+    )
+    .await
 }
 
 async fn policy(id: Identity, Path(run): Path<String>) -> Result<Json<Value>, Problem> {
@@ -480,11 +512,14 @@ async fn set_policy(
     Path(run): Path<String>,
     JsonBody(b): JsonBody,
 ) -> Result<Response, Problem> {
-    let b: PolicyBody = from_body("policy", b)?;
-    id.write_as(&b.agent)?;
-    let store = id.store;
-    let e = blocking(move || store.set_policy(&run, &b.agent, &b.policy)).await?;
-    Ok((StatusCode::CREATED, Json(e)).into_response())
+    write(
+        id,
+        "policy",
+        b,
+        |b: &PolicyBody| &b.agent,
+        move |s, b| s.set_policy(&run, &b.agent, &b.policy),
+    )
+    .await
 }
 
 #[derive(Deserialize)]
