@@ -427,6 +427,9 @@ fn serve_refuses_missing_and_revoked_tokens() {
     let list = env.swarm(&["token", "list"]);
     assert!(list.stdout.contains("\"revoked\""), "{}", list.stdout);
     assert!(!list.stdout.contains(t.rsplit('_').next().unwrap()));
+    // The tokens file keeps a hash, never the secret.
+    let file = std::fs::read_to_string(env.path().join(".tokens.json")).unwrap();
+    assert!(file.contains("sha256") && !file.contains(t.rsplit('_').next().unwrap()));
     assert_eq!(
         env.store()
             .with_user("alice", true)
@@ -517,6 +520,18 @@ fn serve_token_acts_only_as_its_agents_and_role() {
     srv.post("/v1/runs/inc/events", Some(&reader), &ev("db-1", "reader"))
         .problem(403);
     srv.get("/v1/runs/inc/events?as=net", Some(&db))
+        .problem(403);
+    // Every write route checks the acting agent the same way (the `agent` member).
+    let declare = json!({"agent": "net", "channel": "c", "kind": "replace"});
+    srv.post("/v1/runs/inc/channels", Some(&db), &declare)
+        .problem(403);
+    srv.post(
+        "/v1/runs/inc/pick",
+        Some(&db),
+        &json!({"agent": "net", "subject": "s"}),
+    )
+    .problem(403);
+    srv.post("/v1/runs/inc/close", Some(&db), &json!({"agent": "net"}))
         .problem(403);
     // Nothing of that was written.
     assert_eq!(

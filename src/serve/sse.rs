@@ -211,13 +211,15 @@ async fn step(mut st: Stream) -> Option<(Result<SseEvent, Infallible>, Stream)> 
         }
     };
     let ev = match s {
-        None => {
+        // The tail thread also stops at shutdown, and may be gone before the stop is
+        // seen here: the stream still ends with `shutdown`, never silently.
+        Some(None) if !*st.stop.borrow() => return None,
+        None | Some(None) => {
             st.done = true;
             SseEvent::default()
                 .event("shutdown")
                 .data(json!({"resume_from_seq": st.next}).to_string())
         }
-        Some(None) => return None,
         Some(Some(Msg::Event(e))) => {
             st.next = e.seq + 1;
             match SseEvent::default().id(e.seq.to_string()).json_data(&e) {
