@@ -33,6 +33,10 @@ pub struct ServeArgs {
     /// Longest wait for requests in flight at shutdown (SIGTERM, SIGINT).
     #[arg(long, default_value_t = server::SHUTDOWN_TIMEOUT_MS_DEFAULT)]
     shutdown_timeout_ms: u64,
+    /// Requests per second each token may make (bursts up to one second's worth); over
+    /// it: 429 with Retry-After. 0: no limit.
+    #[arg(long, default_value_t = 0)]
+    rate_limit_per_s: u32,
 }
 
 /// `swarm token ...`
@@ -80,6 +84,7 @@ pub fn serve(
         heartbeat: Duration::from_millis(a.heartbeat_ms.max(1)),
         sse_buffer_events: a.sse_buffer_events.max(1),
         shutdown_timeout: Duration::from_millis(a.shutdown_timeout_ms),
+        rate_limit_per_s: a.rate_limit_per_s,
     })?;
     Ok(ExitCode::SUCCESS)
 }

@@ -821,3 +821,31 @@ fn serve_scratchpad_routes_apply_the_runs_policy_to_the_tokens_agent() {
         json!([])
     );
 }
+
+#[test]
+fn serve_limits_each_tokens_request_rate_with_429_and_retry_after() {
+    let (env, srv, t) = alice(&["db"], &["--rate-limit-per-s", "3"]);
+    let other = token(&env, "alice", &["db"], "agent");
+    let mut limited = None;
+    for _ in 0..20 {
+        let r = srv
+            .http
+            .get(&format!("{}/v1/runs", srv.url))
+            .set("Authorization", &format!("Bearer {t}"))
+            .call();
+        if let Err(ureq::Error::Status(429, r)) = r {
+            limited = Some(r);
+            break;
+        }
+    }
+    let r = limited.expect("a 429 within 20 quick requests at 3 a second");
+    let wait: u64 = r
+        .header("Retry-After")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
+    assert!(wait >= 1);
+    assert_eq!(r.content_type(), "application/problem+json");
+    // The limit is per token: another token of the same user is not held back.
+    assert_eq!(srv.get("/v1/runs", Some(&other)).status, 200);
+}

@@ -4,9 +4,9 @@
 //! HTTP client in its own process) and, when the connection fails or is refused while
 //! the server is down, retries the same body, so the same `id`. It prints the response
 //! of every append that got a 2xx. Meanwhile the test kills the server with SIGKILL at
-//! random moments and restarts it on the same port. At the end every acknowledged event
-//! must be stored exactly once, at the seq its acknowledgement named, and the run's seqs
-//! must be gap-free.
+//! points spread over the run (and a random delay) and restarts it on the same port. At
+//! the end every acknowledged event must be stored exactly once, at the seq its
+//! acknowledgement named, and the run's seqs must be gap-free.
 
 use std::collections::HashMap;
 use std::fs::File;

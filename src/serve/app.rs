@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::serve::metrics::Metrics;
 use crate::serve::problem::Problem;
@@ -35,6 +35,9 @@ pub struct ServeOptions {
     pub sse_buffer_events: usize,
     /// Longest wait for in-flight requests at shutdown.
     pub shutdown_timeout: Duration,
+    /// Requests per second each token may make (a bucket of one second's worth, so
+    /// bursts up to it pass); 0: no limit.
+    pub rate_limit_per_s: u32,
 }
 
 /// What every request shares: options, tokens, the stores, the shutdown signal.
@@ -48,6 +51,8 @@ pub struct App {
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     /// What `/metrics` shows.
     pub metrics: Arc<Metrics>,
+    /// Each token's rate-limit bucket: tokens left, and when it was last filled.
+    pub(crate) buckets: Mutex<HashMap<String, (f64, Instant)>>,
 }
 
 impl App {
@@ -64,6 +69,31 @@ impl App {
         let s = Arc::new(s);
         m.insert(user.to_string(), s.clone());
         Ok(s)
+    }
+}
+
+impl App {
+    /// Takes one request from the bucket of token `id`; 429 with the seconds to wait
+    /// when it is empty.
+    pub fn admit(&self, id: &str) -> Result<(), Problem> {
+        let rate = f64::from(self.opts.rate_limit_per_s);
+        if rate == 0.0 {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let mut m = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        let (left, at) = m.entry(id.to_string()).or_insert((rate, now));
+        *left = (*left + now.duration_since(*at).as_secs_f64() * rate).min(rate);
+        *at = now;
+        if *left >= 1.0 {
+            *left -= 1.0;
+            return Ok(());
+        }
+        let wait_s = ((1.0 - *left) / rate).ceil().max(1.0) as u64;
+        Err(Problem::too_many_requests(
+            self.opts.rate_limit_per_s,
+            wait_s,
+        ))
     }
 }
 

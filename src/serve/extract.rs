@@ -111,6 +111,7 @@ impl FromRequestParts<Arc<App>> for Identity {
             .tokens
             .check(presented)
             .ok_or_else(|| Problem::unauthorized("the token is unknown or revoked"))?;
+        app.admit(&token.id)?;
         let store = app.store_for(&token.user)?;
         Ok(Identity { token, store })
     }

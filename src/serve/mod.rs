@@ -84,6 +84,7 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
         stores: Mutex::new(HashMap::new()),
         shutdown: stop_rx,
         metrics: Arc::default(),
+        buckets: Mutex::new(HashMap::new()),
     });
     let router = routes::router(app.clone())
         .layer(axum::middleware::from_fn_with_state(app.clone(), deadline))

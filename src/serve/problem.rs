@@ -27,6 +27,9 @@ pub struct Problem {
     /// Extra members for some kinds (the seq to retry from, the blocking escalation).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub extra: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Seconds for a `Retry-After` header (429, 503).
+    #[serde(skip)]
+    pub retry_after_s: Option<u64>,
 }
 
 impl Problem {
@@ -43,6 +46,7 @@ impl Problem {
             status: status.as_u16(),
             detail: detail.into(),
             extra: None,
+            retry_after_s: None,
         }
     }
 
@@ -94,6 +98,18 @@ impl Problem {
             "Unsupported media type",
             detail,
         )
+    }
+
+    /// 429: the token made more than `per_s` requests a second; retry after `wait_s`.
+    pub fn too_many_requests(per_s: u32, wait_s: u64) -> Problem {
+        let mut p = Problem::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate-limited",
+            "Too many requests",
+            format!("the token is limited to {per_s} requests a second; retry in {wait_s} s"),
+        );
+        p.retry_after_s = Some(wait_s);
+        p
     }
 
     /// 500, with nothing of the cause (it is logged).
@@ -171,6 +187,10 @@ impl IntoResponse for Problem {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if let Some(s) = self.retry_after_s {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
         if status == StatusCode::UNAUTHORIZED {
             r.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
