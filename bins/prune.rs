@@ -41,16 +41,16 @@ pub struct PruneArgs {
 pub struct ContextArgs {
     /// The run.
     #[arg(long)]
-    run: String,
+    pub(crate) run: String,
     /// The agent whose prompt this is (its read permissions apply).
     #[arg(long)]
-    agent: String,
+    pub(crate) agent: String,
     /// Hard limit on the printed context, in bytes.
     #[arg(long)]
-    budget_bytes: usize,
+    pub(crate) budget_bytes: usize,
     /// Print a JSON object (items, bytes used, what was left out) instead of the text.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
 }
 
 pub fn prune(store: &Store, a: PruneArgs) -> anyhow::Result<ExitCode> {

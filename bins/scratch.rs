@@ -175,13 +175,13 @@ pub enum ChannelCmd {
 pub struct BoardArgs {
     /// The run.
     #[arg(long)]
-    run: String,
+    pub(crate) run: String,
     /// Only this subject.
     #[arg(long)]
-    subject: Option<String>,
+    pub(crate) subject: Option<String>,
     /// Read as this agent.
     #[arg(long)]
-    agent: Option<String>,
+    pub(crate) agent: Option<String>,
 }
 
 /// Arguments of `swarm pick`.

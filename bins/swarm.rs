@@ -6,8 +6,12 @@ use std::process::ExitCode;
 
 mod demo;
 mod prune;
+#[cfg(feature = "server")]
+mod remote;
 mod run;
 mod scratch;
+#[cfg(feature = "server")]
+mod serve;
 mod synth;
 mod term;
 
@@ -323,6 +327,19 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Serve the data directory over HTTP: a JSON API under /v1, a live tail over SSE,
+    /// bearer tokens (`swarm token add`) for identity. Stops on SIGTERM or SIGINT after
+    /// the requests in flight.
+    ///
+    /// Example:
+    ///   swarm serve --listen 127.0.0.1:7700
+    #[cfg(feature = "server")]
+    #[command(verbatim_doc_comment)]
+    Serve(serve::ServeArgs),
+    /// Manage the server's bearer tokens (stored hashed in <data dir>/.tokens.json).
+    #[cfg(feature = "server")]
+    #[command(subcommand)]
+    Token(serve::TokenCmd),
     /// Run the demo: agent processes work an SRE incident together in a new run.
     ///
     /// Four agent processes append hypotheses, evidence, decisions and actions
@@ -524,14 +541,24 @@ fn main() -> ExitCode {
             if is_broken_pipe(&e) {
                 return ExitCode::SUCCESS;
             }
-            let code = e
-                .chain()
-                .find_map(|c| c.downcast_ref::<Error>())
-                .map_or(1, Error::exit_code);
+            let code = e.chain().find_map(exit_code_of).unwrap_or(1);
             eprintln!("swarm: {}", error_message(&e));
             ExitCode::from(code as u8)
         }
     }
+}
+
+/// The exit code an error in the chain names: a library error's class, or (as a client
+/// of a server) the class of the server's refusal.
+fn exit_code_of(c: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    if let Some(e) = c.downcast_ref::<Error>() {
+        return Some(e.exit_code());
+    }
+    #[cfg(feature = "server")]
+    if let Some(r) = c.downcast_ref::<remote::Refused>() {
+        return Some(r.code);
+    }
+    None
 }
 
 /// Colours only when stderr is a terminal and `NO_COLOR` is not set (no-color.org).
@@ -587,12 +614,6 @@ fn reads_only(cmd: &Cmd) -> bool {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    if reads_only(&cli.cmd) && !cli.data_dir.is_dir() {
-        anyhow::bail!(
-            "data directory {} does not exist (set --data-dir or SWARM_DATA_DIR; only commands that write create it)",
-            cli.data_dir.display()
-        );
-    }
     let checkpoint_dir = cli
         .checkpoint_dir
         .clone()
@@ -601,11 +622,38 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         .archive_dir
         .clone()
         .unwrap_or_else(|| cli.data_dir.join(".archive"));
+    #[cfg(feature = "server")]
+    let cmd = match cli.cmd {
+        Cmd::Serve(a) => {
+            return serve::serve(
+                a,
+                &cli.data_dir,
+                &checkpoint_dir,
+                cli.checkpoint_every,
+                &archive_dir,
+            )
+        }
+        Cmd::Token(c) => return serve::token(c, &cli.data_dir, &cli.user),
+        cmd => {
+            if let Some(url) = remote::url() {
+                return remote::run(url, cmd);
+            }
+            cmd
+        }
+    };
+    #[cfg(not(feature = "server"))]
+    let cmd = cli.cmd;
+    if reads_only(&cmd) && !cli.data_dir.is_dir() {
+        anyhow::bail!(
+            "data directory {} does not exist (set --data-dir or SWARM_DATA_DIR; only commands that write create it)",
+            cli.data_dir.display()
+        );
+    }
     let store = Store::open(&cli.data_dir)?
         .with_checkpoints(&checkpoint_dir, cli.checkpoint_every)
         .with_archive_dir(&archive_dir)
         .with_user(&cli.user, !cli.deny_anonymous)?;
-    match cli.cmd {
+    match cmd {
         Cmd::Checkpoint { run } => {
             let bar = progress("checkpoint");
             let info = store.checkpoint(&run, bar)?;
@@ -622,7 +670,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Pick(a) => scratch::pick(&store, a),
         Cmd::Resolve(a) => scratch::resolve(&store, a),
         Cmd::Escalations { run, all } => scratch::escalations(&store, &run, all),
-        Cmd::Append(a) => append(&store, a),
+        Cmd::Append(a) => {
+            let r = append(&store, a);
+            // A background prune this append started finishes before the process exits.
+            if !store.wait_background(std::time::Duration::from_secs(30)) {
+                tracing::warn!("a background prune is still running; exiting without it");
+            }
+            r
+        }
         Cmd::Read(a) => read(&store, a),
         Cmd::Tail(a) => tail(&store, a),
         Cmd::Verify { run } => verify(&store, run),
@@ -647,6 +702,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Demo { run } => {
             demo::run(&cli.data_dir, &checkpoint_dir, &archive_dir, &cli.user, run)
         }
+        #[cfg(feature = "server")]
+        Cmd::Serve(_) | Cmd::Token(_) => unreachable!("handled above"),
     }
 }
 

@@ -6,6 +6,8 @@
 //! # Layout
 //! Folders are layers; imports run one way, from the top of this list to the bottom
 //! (checked in CI by `.ci/layout.py`).
+//! - `serve` (feature `server`): `swarm serve`, the HTTP API, the SSE tail and bearer
+//!   tokens; a front door above every other layer.
 //! - [`synth`]: the batch synthesizer: facts, contradictions, patterns, the shared scope.
 //! - [`tail`]: the live tail: catch up from the log, then follow it (iterator, `Stream`).
 //! - [`scratchpad`]: board, pick, channels, policy, escalations, pruning, context.
@@ -42,6 +44,8 @@ pub mod fold;
 pub mod log;
 pub mod query;
 pub mod scratchpad;
+#[cfg(feature = "server")]
+pub mod serve;
 pub mod store;
 pub mod synth;
 pub mod tail;

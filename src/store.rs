@@ -478,6 +478,27 @@ impl Store {
         Ok(stored)
     }
 
+    /// Waits, at most `limit`, for this process's background prunes to end; returns
+    /// whether they did. A process that exits while its pruner is between the summary's
+    /// write and its fsync leaves the summary past the visible mark until the next append
+    /// (harmless, but surprising): a command-line writer calls this before it exits.
+    pub fn wait_background(&self, limit: std::time::Duration) -> bool {
+        let until = std::time::Instant::now() + limit;
+        let logs: Vec<Arc<RunLog>> = {
+            let logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+            logs.values().cloned().collect()
+        };
+        for l in logs {
+            while l.prune_running() {
+                if std::time::Instant::now() >= until {
+                    return false;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        }
+        true
+    }
+
     /// A new handle with this one's storage, directories, options and user.
     pub(crate) fn same_config(&self) -> Store {
         self.same_config_as(&self.user)

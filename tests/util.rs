@@ -97,22 +97,7 @@ impl Env {
 
     /// Runs `swarm ARGS` with `input` on stdin.
     pub fn swarm_stdin(&self, args: &[&str], input: &str) -> Out {
-        let mut child = self
-            .cmd(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn swarm");
-        let mut stdin = child.stdin.take().expect("stdin");
-        let input = input.to_string();
-        // A writer thread, so a child that stops reading early cannot block us.
-        let feeder = std::thread::spawn(move || {
-            let _ = stdin.write_all(input.as_bytes());
-        });
-        let out = child.wait_with_output().expect("wait swarm");
-        let _ = feeder.join();
-        Out::from(out, args)
+        Out::run(self.cmd(args), args, input)
     }
 
     /// `swarm append --run RUN --stdin` with one NDJSON line per value; must succeed.
@@ -268,6 +253,25 @@ pub struct Out {
 }
 
 impl Out {
+    /// Runs `c` (the command `swarm ARGS`) with `input` on stdin.
+    pub fn run(mut c: Command, args: &[&str], input: &str) -> Out {
+        let mut child = c
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn swarm");
+        let mut stdin = child.stdin.take().expect("stdin");
+        let input = input.to_string();
+        // A writer thread, so a child that stops reading early cannot block us.
+        let feeder = std::thread::spawn(move || {
+            let _ = stdin.write_all(input.as_bytes());
+        });
+        let out = child.wait_with_output().expect("wait swarm");
+        let _ = feeder.join();
+        Out::from(out, args)
+    }
+
     fn from(o: Output, args: &[&str]) -> Out {
         Out {
             code: o.status.code().unwrap_or(-1),

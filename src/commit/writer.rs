@@ -867,4 +867,9 @@ impl RunLog {
     pub(crate) fn release_prune(&self) {
         self.prune_running.store(false, Ordering::Release);
     }
+
+    /// A background prune of this process is running.
+    pub(crate) fn prune_running(&self) -> bool {
+        self.prune_running.load(Ordering::Acquire)
+    }
 }

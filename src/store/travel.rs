@@ -117,7 +117,8 @@ impl Store {
             entries,
         })
     }
-    /// Builds an agent's view of a state.
+    /// Builds an agent's view of a state: only what the run's policy (as of that state)
+    /// lets the agent read.
     pub fn agent_view(&self, run: &str, s: &State, agent: &str) -> Result<AgentView> {
         let own = s.agents.get(agent);
         let last_own = own.map(|a| a.last_seq);
@@ -127,6 +128,7 @@ impl Store {
                 ReadOptions {
                     from_seq: Some(last_own.unwrap_or(0) + 1),
                     to_seq: Some(s.head_seq),
+                    reader: Some(agent.to_string()),
                     ..ReadOptions::default()
                 },
             )?
@@ -143,6 +145,7 @@ impl Store {
             subjects: s
                 .subjects
                 .iter()
+                .filter(|(_, v)| s.rules.may_read_event(agent, &v.latest))
                 .map(|(k, v)| (k.clone(), v.latest.clone()))
                 .collect(),
         })

@@ -1,0 +1,406 @@
+//! The CLI as a client of `swarm serve`: with `SWARM_URL` set (and `SWARM_TOKEN`, the
+//! bearer token), `append`, `read`, `tail`, `board` and `context` talk to the server
+//! instead of the files, with the same flags, the same output and the same exit codes;
+//! the other commands refuse (exit 2) rather than silently use local files.
+//!
+//! The user is the token's (`--user` is not sent: the server takes the user from the
+//! token only). Output is byte-identical to the embedded mode's: the server serializes
+//! the library's own types in their field order, and this client prints events through
+//! the same `Event` type and every other value as the raw JSON the server sent.
+
+use std::io::{self, BufRead, BufReader, BufWriter, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
+use swarm_memory::Event;
+
+use crate::prune::ContextArgs;
+use crate::scratch::BoardArgs;
+use crate::{AppendArgs, Cmd, ReadArgs, TailArgs};
+
+/// The server's address, when the CLI is to be its client.
+pub fn url() -> Option<String> {
+    std::env::var("SWARM_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .map(|u| u.trim_end_matches('/').to_string())
+}
+
+/// A request the server refused: its problem's detail, and the exit code the embedded
+/// mode gives the same error class.
+#[derive(Debug)]
+pub struct Refused {
+    /// The exit code.
+    pub code: i32,
+    detail: String,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// The embedded mode's exit code for each status (`swarm --help`, exit codes).
+fn exit_code(status: u16) -> i32 {
+    match status {
+        400 | 404 | 408 | 413 | 415 => 2,
+        409 | 412 => 4,
+        401 | 403 => 5,
+        423 => 6,
+        _ => 1,
+    }
+}
+
+struct Client {
+    base: String,
+    token: Option<String>,
+    http: ureq::Agent,
+}
+
+impl Client {
+    fn new(base: String) -> Client {
+        let http = ureq::AgentBuilder::new()
+            .timeout_connect(Duration::from_secs(10))
+            .build();
+        Client {
+            base,
+            token: std::env::var("SWARM_TOKEN").ok().filter(|t| !t.is_empty()),
+            http,
+        }
+    }
+
+    fn request(&self, method: &str, path: &str, query: &[(&str, String)]) -> ureq::Request {
+        let mut r = self.http.request(method, &format!("{}{path}", self.base));
+        for (k, v) in query {
+            r = r.query(k, v);
+        }
+        if let Some(t) = &self.token {
+            r = r.set("Authorization", &format!("Bearer {t}"));
+        }
+        r
+    }
+
+    /// The response of a request that succeeded; a refusal becomes [`Refused`].
+    fn send(&self, r: ureq::Request, body: Option<&str>) -> anyhow::Result<ureq::Response> {
+        let sent = match body {
+            Some(b) => r.set("Content-Type", "application/json").send_string(b),
+            None => r.call(),
+        };
+        match sent {
+            Ok(resp) => Ok(resp),
+            Err(ureq::Error::Status(status, resp)) => {
+                let text = resp.into_string().unwrap_or_default();
+                let detail = serde_json::from_str::<Value>(&text)
+                    .ok()
+                    .and_then(|v| v["detail"].as_str().map(str::to_string))
+                    .unwrap_or_else(|| format!("the server answered {status}: {text}"));
+                Err(Refused {
+                    code: exit_code(status),
+                    detail,
+                }
+                .into())
+            }
+            Err(e) => Err(anyhow::Error::new(e).context(format!("cannot reach {}", self.base))),
+        }
+    }
+
+    fn get_text(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<String> {
+        let resp = self.send(self.request("GET", path, query), None)?;
+        Ok(resp.into_string()?)
+    }
+}
+
+fn run_path(run: &str, rest: &str) -> String {
+    let mut p = String::from("/v1/runs/");
+    p.extend(url_escape(run));
+    p.push_str(rest);
+    p
+}
+
+/// Percent-encodes a path segment (run ids are `[A-Za-z0-9._:@-]`, but an invalid one
+/// must reach the server intact to be refused there with the embedded mode's message).
+fn url_escape(s: &str) -> impl Iterator<Item = String> + '_ {
+    s.bytes().map(|b| match b {
+        b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b'-' | b':' | b'@' => {
+            (b as char).to_string()
+        }
+        _ => format!("%{b:02X}"),
+    })
+}
+
+/// Runs `cmd` against the server at `base`.
+pub fn run(base: String, cmd: Cmd) -> anyhow::Result<ExitCode> {
+    let c = Client::new(base);
+    match cmd {
+        Cmd::Append(a) => append(&c, a),
+        Cmd::Read(a) => read(&c, a),
+        Cmd::Tail(a) => tail(&c, a),
+        Cmd::Board(a) => board(&c, a),
+        Cmd::Context(a) => context(&c, a),
+        _ => bail!(Refused {
+            code: 2,
+            detail: "this command is not available through SWARM_URL yet (append, read, tail, board and context are); unset SWARM_URL to use the data directory".into(),
+        }),
+    }
+}
+
+#[derive(Deserialize)]
+struct Events {
+    events: Vec<Event>,
+    #[serde(default)]
+    next_from_seq: Option<u64>,
+}
+
+fn append(c: &Client, a: AppendArgs) -> anyhow::Result<ExitCode> {
+    let query = [("durability", a.durability.clone())];
+    let path = run_path(&a.run, "/events");
+    let out = io::stdout();
+    let mut out = out.lock();
+    let post = |body: &str, out: &mut io::StdoutLock| -> anyhow::Result<Option<ExitCode>> {
+        let resp = c.send(c.request("POST", &path, &query), Some(body))?;
+        let stored: Events = serde_json::from_reader(resp.into_reader())?;
+        Ok(crate::acknowledge(out, &stored.events).err())
+    };
+    if a.stdin {
+        let stdin = io::stdin();
+        for (n, line) in stdin.lock().lines().enumerate() {
+            let line = line.context("reading stdin")?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let r = post(line.trim(), &mut out).map_err(|e| match e.downcast::<Refused>() {
+                Ok(r) => anyhow::Error::new(Refused {
+                    code: r.code,
+                    detail: format!("line {}: {}", n + 1, r.detail),
+                }),
+                Err(e) => e,
+            })?;
+            if let Some(code) = r {
+                return Ok(code);
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let content = match (a.json, a.content) {
+        (true, Some(c)) => serde_json::from_str::<Value>(&c)
+            .map_err(|e| crate::invalid("content", format!("not JSON: {e}")))?,
+        (false, Some(c)) => Value::String(c),
+        (_, None) => bail!(crate::invalid("content", "missing")),
+    };
+    let mut ev = serde_json::json!({
+        "agent_id": a.agent.unwrap_or_default(),
+        "type": a.kind.unwrap_or_default(),
+        "content": content,
+    });
+    let meta = match a.meta {
+        Some(m) => match serde_json::from_str::<Value>(&m) {
+            Ok(v @ Value::Object(_)) => Some(v),
+            _ => bail!(crate::invalid("meta", "must be a JSON object")),
+        },
+        None => None,
+    };
+    let optional = [
+        ("id", a.id.map(Value::from)),
+        ("confidence", a.confidence.map(Value::from)),
+        ("refs", (!a.refs.is_empty()).then(|| Value::from(a.refs))),
+        ("subject", a.subject.map(Value::from)),
+        ("session_id", a.session.map(Value::from)),
+        ("meta", meta),
+        ("expect_seq", a.expect_seq.map(Value::from)),
+        ("expect_subject_seq", a.expect_subject_seq.map(Value::from)),
+    ];
+    for (k, v) in optional {
+        if let Some(v) = v {
+            ev[k] = v;
+        }
+    }
+    Ok(post(&ev.to_string(), &mut out)?.unwrap_or(ExitCode::SUCCESS))
+}
+
+fn read(c: &Client, a: ReadArgs) -> anyhow::Result<ExitCode> {
+    if a.skip_corrupt {
+        bail!(crate::invalid(
+            "skip-corrupt",
+            "not available through SWARM_URL (run it on the server's data directory)"
+        ));
+    }
+    let mut query: Vec<(&str, String)> = Vec::new();
+    let optional = [
+        ("agent", a.agent),
+        ("type", a.kind),
+        ("subject", a.subject),
+        ("last", a.last.map(|n| n.to_string())),
+        ("to_seq", a.to_seq.map(|n| n.to_string())),
+        ("since", a.since),
+        ("until", a.until),
+        ("as", a.as_agent),
+    ];
+    query.extend(optional.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))));
+    let path = run_path(&a.run, "/events");
+    let out = io::stdout();
+    let mut out = BufWriter::with_capacity(1 << 16, out.lock());
+    let (mut from, mut left) = (a.from_seq, a.limit);
+    loop {
+        let mut q = query.clone();
+        q.extend(from.map(|s| ("from_seq", s.to_string())));
+        q.extend(left.map(|n| ("limit", n.to_string())));
+        let page: Events = serde_json::from_str(&c.get_text(&path, &q)?)?;
+        for e in &page.events {
+            serde_json::to_writer(&mut out, e)?;
+            out.write_all(b"\n")?;
+        }
+        left = left.map(|n| n.saturating_sub(page.events.len()));
+        match page.next_from_seq {
+            Some(next) if left != Some(0) => from = Some(next),
+            _ => break,
+        }
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn tail(c: &Client, a: TailArgs) -> anyhow::Result<ExitCode> {
+    if a.cursor_file.is_some() {
+        bail!(crate::invalid(
+            "cursor-file",
+            "not available through SWARM_URL (resume with --from-seq)"
+        ));
+    }
+    let mut query: Vec<(&str, String)> = Vec::new();
+    query.extend(a.agent.map(|v| ("agent", v)));
+    query.extend(a.kind.map(|v| ("type", v)));
+    let path = run_path(&a.run, "/events");
+    let out = io::stdout();
+    let mut out = out.lock();
+    if !a.follow {
+        // What is there now, then the end: a read.
+        let mut from = a.from_seq;
+        loop {
+            let mut q = query.clone();
+            q.extend(from.map(|s| ("from_seq", s.to_string())));
+            let page: Events = serde_json::from_str(&c.get_text(&path, &q)?)?;
+            for e in &page.events {
+                serde_json::to_writer(&mut out, e)?;
+                out.write_all(b"\n")?;
+            }
+            out.flush()?;
+            match page.next_from_seq {
+                Some(next) => from = Some(next),
+                None => return Ok(ExitCode::SUCCESS),
+            }
+        }
+    }
+    query.push(("follow", "1".into()));
+    let mut from = a.from_seq.unwrap_or(1);
+    loop {
+        let mut q = query.clone();
+        q.push(("from_seq", from.to_string()));
+        let resp = c.send(c.request("GET", &path, &q), None)?;
+        match follow(BufReader::new(resp.into_reader()), &mut out, &mut from)? {
+            // Too slow a reader: the server closed the stream naming where to go on, and
+            // nothing was skipped; go on from there.
+            Some(resume) => from = resume,
+            None => bail!(Refused {
+                code: 1,
+                detail: format!("the server closed the stream; resume with --from-seq {from}"),
+            }),
+        }
+    }
+}
+
+/// Prints the events of one SSE stream; `Some(seq)` when it ended with `lagged`.
+fn follow(
+    stream: impl BufRead,
+    out: &mut impl Write,
+    next: &mut u64,
+) -> anyhow::Result<Option<u64>> {
+    let (mut event, mut data) = (String::new(), String::new());
+    for line in stream.lines() {
+        let line = match line {
+            Ok(l) => l,
+            Err(_) => return Ok(None),
+        };
+        if !line.is_empty() {
+            if let Some(v) = line.strip_prefix("data:") {
+                data.push_str(v.strip_prefix(' ').unwrap_or(v));
+            } else if let Some(v) = line.strip_prefix("event:") {
+                event = v.trim().to_string();
+            }
+            continue;
+        }
+        match event.as_str() {
+            "" if !data.is_empty() => {
+                let e: Event = serde_json::from_str(&data)?;
+                let mut line = serde_json::to_vec(&e)?;
+                line.push(b'\n');
+                out.write_all(&line)?;
+                out.flush()?;
+                *next = e.seq + 1;
+            }
+            "lagged" => {
+                let v: Value = serde_json::from_str(&data)?;
+                return Ok(v["resume_from_seq"].as_u64());
+            }
+            "error" => {
+                let v: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+                bail!(Refused {
+                    code: exit_code(v["status"].as_u64().unwrap_or(500) as u16),
+                    detail: v["detail"].as_str().unwrap_or("the stream failed").into(),
+                });
+            }
+            _ => {}
+        }
+        event.clear();
+        data.clear();
+    }
+    Ok(None)
+}
+
+#[derive(Deserialize)]
+struct Board<'a> {
+    #[serde(borrow)]
+    board: Vec<&'a RawValue>,
+}
+
+fn board(c: &Client, a: BoardArgs) -> anyhow::Result<ExitCode> {
+    let mut query: Vec<(&str, String)> = Vec::new();
+    query.extend(a.subject.map(|v| ("subject", v)));
+    query.extend(a.agent.map(|v| ("as", v)));
+    let text = c.get_text(&run_path(&a.run, "/board"), &query)?;
+    let b: Board = serde_json::from_str(&text)?;
+    let out = io::stdout();
+    let mut out = out.lock();
+    for e in b.board {
+        out.write_all(e.get().as_bytes())?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn context(c: &Client, a: ContextArgs) -> anyhow::Result<ExitCode> {
+    let query = [
+        ("as", a.agent.clone()),
+        ("budget_bytes", a.budget_bytes.to_string()),
+    ];
+    let text = c.get_text(&run_path(&a.run, "/context"), &query)?;
+    let out = io::stdout();
+    let mut out = out.lock();
+    if a.json {
+        out.write_all(text.trim_end().as_bytes())?;
+    } else {
+        let v: Value = serde_json::from_str(&text)?;
+        let t = v["text"].as_str().unwrap_or_default();
+        out.write_all(crate::term::escape(t, true).as_bytes())?;
+    }
+    out.write_all(b"\n")?;
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}

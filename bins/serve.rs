@@ -1,0 +1,109 @@
+//! `swarm serve` and `swarm token`: the engine as an HTTP service, and its bearer tokens.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use swarm_memory::serve::token::{self, Role};
+use swarm_memory::serve::{self as server, ServeOptions};
+
+/// Arguments of `swarm serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Address to listen on; port 0 picks a free one. The first line on stdout is
+    /// `listening on http://ADDR`.
+    #[arg(long, env = "SWARM_LISTEN", default_value = server::LISTEN_DEFAULT)]
+    listen: SocketAddr,
+    /// Largest request body, in bytes (413 above it).
+    #[arg(long, default_value_t = server::BODY_LIMIT_BYTES_DEFAULT)]
+    body_limit_bytes: u64,
+    /// Longest a request may take from its first byte to its response headers, body
+    /// included (408, or the connection closed while headers are incomplete).
+    #[arg(long, default_value_t = server::REQUEST_TIMEOUT_MS_DEFAULT)]
+    request_timeout_ms: u64,
+    /// Interval of SSE heartbeat comments.
+    #[arg(long, default_value_t = server::HEARTBEAT_MS_DEFAULT)]
+    heartbeat_ms: u64,
+    /// Events buffered per SSE subscriber; a subscriber that falls further behind gets
+    /// `event: lagged` with the seq to resume from, and its stream ends.
+    #[arg(long, default_value_t = server::SSE_BUFFER_EVENTS_DEFAULT)]
+    sse_buffer_events: usize,
+    /// Longest wait for requests in flight at shutdown (SIGTERM, SIGINT).
+    #[arg(long, default_value_t = server::SHUTDOWN_TIMEOUT_MS_DEFAULT)]
+    shutdown_timeout_ms: u64,
+    /// Requests per second each token may make (bursts up to one second's worth); over
+    /// it: 429 with Retry-After. 0: no limit.
+    #[arg(long, default_value_t = 0)]
+    rate_limit_per_s: u32,
+}
+
+/// `swarm token ...`
+#[derive(Subcommand)]
+pub enum TokenCmd {
+    /// Make a bearer token for the user given with --user. The token is printed once,
+    /// alone on stdout (its record goes to stderr); only its hash is stored.
+    ///
+    /// Example:
+    ///   TOKEN=$(swarm token add --user alice --agent 'db*' --role agent)
+    #[command(verbatim_doc_comment)]
+    Add {
+        /// An agent id the token may act as, or a prefix ending in `*` (repeatable).
+        #[arg(long, required = true)]
+        agent: Vec<String>,
+        /// agent (read, write as its agents), reader (read only), admin (also operator
+        /// calls: replay of whole states, synth).
+        #[arg(long, default_value = "agent")]
+        role: String,
+    },
+    /// List the tokens (no secrets) as NDJSON.
+    List,
+    /// Revoke a token by its id (from `list`); its requests get 401 from then on.
+    Revoke {
+        /// The token's id.
+        id: String,
+    },
+}
+
+pub fn serve(
+    a: ServeArgs,
+    data_dir: &Path,
+    checkpoint_dir: &Path,
+    checkpoint_every: u64,
+    archive_dir: &Path,
+) -> anyhow::Result<ExitCode> {
+    server::run(ServeOptions {
+        listen: a.listen,
+        data_dir: data_dir.to_path_buf(),
+        checkpoint_dir: checkpoint_dir.to_path_buf(),
+        checkpoint_every,
+        archive_dir: archive_dir.to_path_buf(),
+        body_limit_bytes: a.body_limit_bytes,
+        request_timeout: Duration::from_millis(a.request_timeout_ms.max(1)),
+        heartbeat: Duration::from_millis(a.heartbeat_ms.max(1)),
+        sse_buffer_events: a.sse_buffer_events.max(1),
+        shutdown_timeout: Duration::from_millis(a.shutdown_timeout_ms),
+        rate_limit_per_s: a.rate_limit_per_s,
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn token(cmd: TokenCmd, data_dir: &Path, user: &str) -> anyhow::Result<ExitCode> {
+    match cmd {
+        TokenCmd::Add { agent, role } => {
+            let t = token::add(data_dir, user, &agent, Role::parse(&role)?)?;
+            eprintln!("{}", serde_json::to_string(&t.record)?);
+            println!("{}", t.token);
+        }
+        TokenCmd::List => {
+            for t in token::list(data_dir)? {
+                println!("{}", serde_json::to_string(&t)?);
+            }
+        }
+        TokenCmd::Revoke { id } => {
+            println!("{}", serde_json::to_string(&token::revoke(data_dir, &id)?)?);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

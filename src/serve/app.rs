@@ -1,0 +1,112 @@
+//! What every request shares: the server's options, the tokens, one `Store` per user and
+//! the shutdown signal; and the helper that runs a library call on a blocking thread.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::serve::metrics::Metrics;
+use crate::serve::problem::Problem;
+use crate::serve::token::TokenSet;
+use crate::store::Store;
+
+/// How to serve.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// Address to listen on (port 0: any free port; the bound address is printed).
+    pub listen: SocketAddr,
+    /// The data directory (runs, and the tokens file).
+    pub data_dir: PathBuf,
+    /// Where checkpoints go.
+    pub checkpoint_dir: PathBuf,
+    /// Automatic checkpoint interval in events (0: never).
+    pub checkpoint_every: u64,
+    /// Where closed runs are archived.
+    pub archive_dir: PathBuf,
+    /// Largest request body.
+    pub body_limit_bytes: u64,
+    /// Longest time from a request's first byte to its response's headers.
+    pub request_timeout: Duration,
+    /// Interval of SSE heartbeat comments.
+    pub heartbeat: Duration,
+    /// Events buffered per SSE subscriber.
+    pub sse_buffer_events: usize,
+    /// Longest wait for in-flight requests at shutdown.
+    pub shutdown_timeout: Duration,
+    /// Requests per second each token may make (a bucket of one second's worth, so
+    /// bursts up to it pass); 0: no limit.
+    pub rate_limit_per_s: u32,
+}
+
+/// What every request shares: options, tokens, the stores, the shutdown signal.
+pub struct App {
+    /// The options the server runs with.
+    pub opts: ServeOptions,
+    /// The tokens file.
+    pub tokens: TokenSet,
+    pub(crate) stores: Mutex<HashMap<String, Arc<Store>>>,
+    /// Becomes `true` when the server starts shutting down (SSE streams end then).
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// What `/metrics` shows.
+    pub metrics: Arc<Metrics>,
+    /// Each token's rate-limit bucket: tokens left, and when it was last filled.
+    pub(crate) buckets: Mutex<HashMap<String, (f64, Instant)>>,
+}
+
+impl App {
+    /// The long-lived store of `user` (opened on first use, then shared).
+    pub fn store_for(&self, user: &str) -> Result<Arc<Store>, Problem> {
+        let mut m = self.stores.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = m.get(user) {
+            return Ok(s.clone());
+        }
+        let s = Store::open(&self.opts.data_dir)?
+            .with_checkpoints(&self.opts.checkpoint_dir, self.opts.checkpoint_every)
+            .with_archive_dir(&self.opts.archive_dir)
+            .with_user(user, true)?;
+        let s = Arc::new(s);
+        m.insert(user.to_string(), s.clone());
+        Ok(s)
+    }
+}
+
+impl App {
+    /// Takes one request from the bucket of token `id`; 429 with the seconds to wait
+    /// when it is empty.
+    pub fn admit(&self, id: &str) -> Result<(), Problem> {
+        let rate = f64::from(self.opts.rate_limit_per_s);
+        if rate == 0.0 {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let mut m = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        let (left, at) = m.entry(id.to_string()).or_insert((rate, now));
+        *left = (*left + now.duration_since(*at).as_secs_f64() * rate).min(rate);
+        *at = now;
+        if *left >= 1.0 {
+            *left -= 1.0;
+            return Ok(());
+        }
+        let wait_s = ((1.0 - *left) / rate).ceil().max(1.0) as u64;
+        Err(Problem::too_many_requests(
+            self.opts.rate_limit_per_s,
+            wait_s,
+        ))
+    }
+}
+
+/// Runs a library call on a blocking thread (the engine's calls do file I/O and may wait
+/// on locks and fsyncs); its error becomes a problem.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> crate::error::Result<T> + Send + 'static,
+) -> Result<T, Problem> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(Problem::from),
+        Err(e) => {
+            tracing::error!(error = %e, "a blocking task failed");
+            Err(Problem::internal())
+        }
+    }
+}

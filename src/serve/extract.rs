@@ -1,0 +1,360 @@
+//! What a handler gets from a request, each checked before any library call: the caller's
+//! identity (bearer token → user, agents, role, and that user's `Store`), the agent a read
+//! ([`Reading`], `?as=AGENT`) or a write ([`Act`], the body's `agent`) is made as, a JSON
+//! body (content type, size and nesting limits) and query parameters (unknown ones
+//! refused). Every refusal is a [`Problem`].
+
+use std::sync::Arc;
+
+use axum::extract::{FromRequest, FromRequestParts, Query, Request};
+use axum::http::{header, request::Parts, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::event::JSON_DEPTH_MAX;
+use crate::serve::app::{blocking, App};
+use crate::serve::problem::Problem;
+use crate::serve::token::{Role, TokenRecord};
+use crate::store::Store;
+
+/// The caller: its token's record and the store of the token's user.
+pub struct Identity {
+    /// The token's record (never its secret).
+    pub token: TokenRecord,
+    /// The store acting for the token's user.
+    pub store: Arc<Store>,
+}
+
+impl Identity {
+    /// Runs a library call on the store of the token's user, on a blocking thread.
+    pub async fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Store) -> crate::error::Result<T> + Send + 'static,
+    ) -> Result<T, Problem> {
+        let store = self.store.clone();
+        blocking(move || f(&store)).await
+    }
+
+    /// Refuses (403) unless the token may write and may act as `agent`.
+    pub fn write_as(&self, agent: &str) -> Result<(), Problem> {
+        if !self.token.role.may_write() {
+            return Err(Problem::forbidden(format!(
+                "token {} has the reader role: it cannot write",
+                self.token.id
+            )));
+        }
+        self.act_as(agent)
+    }
+
+    /// Refuses (403) unless the token may act as `agent`.
+    pub fn act_as(&self, agent: &str) -> Result<(), Problem> {
+        if self.token.owns_agent(agent) {
+            return Ok(());
+        }
+        Err(Problem::forbidden(format!(
+            "token {} may not act as agent {agent:?}",
+            self.token.id
+        )))
+    }
+
+    /// Refuses (403) unless the token is an admin's.
+    pub fn admin(&self) -> Result<(), Problem> {
+        if self.token.role == Role::Admin {
+            return Ok(());
+        }
+        Err(Problem::forbidden(format!(
+            "token {} is not an admin token",
+            self.token.id
+        )))
+    }
+
+    /// The agent a read is made as, so that the run's policy filters it: `as` when given
+    /// (the token must own it), else the token's only agent. An admin token that names
+    /// none reads unfiltered (`None`); any other token must name one when it owns several.
+    pub fn reader(&self, as_agent: Option<String>) -> Result<Option<String>, Problem> {
+        if let Some(a) = as_agent {
+            self.act_as(&a)?;
+            return Ok(Some(a));
+        }
+        if let Some(a) = self.token.sole_agent() {
+            return Ok(Some(a.to_string()));
+        }
+        if self.token.role == Role::Admin {
+            return Ok(None);
+        }
+        Err(Problem::invalid(
+            "as: the token acts as several agents; name the one this read is made as (?as=AGENT)",
+        ))
+    }
+}
+
+impl FromRequestParts<Arc<App>> for Identity {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Problem> {
+        let value = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .ok_or_else(|| Problem::unauthorized("no Authorization header (Bearer token)"))?;
+        let presented = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .ok_or_else(|| {
+                Problem::unauthorized("the Authorization header is not `Bearer TOKEN`")
+            })?;
+        let token = app
+            .tokens
+            .check(presented)
+            .ok_or_else(|| Problem::unauthorized("the token is unknown or revoked"))?;
+        app.admit(&token.id)?;
+        let store = app.store_for(&token.user)?;
+        Ok(Identity { token, store })
+    }
+}
+
+/// Query parameters as `T` (`T` should deny unknown fields, so that a typo is a 400
+/// rather than a filter silently not applied). `as` is left out: [`Reading`] takes it.
+pub struct Q<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Q<T> {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Problem> {
+        let rest: Vec<&str> = parts
+            .uri
+            .query()
+            .unwrap_or("")
+            .split('&')
+            .filter(|p| !p.is_empty() && *p != "as" && !p.starts_with("as="))
+            .collect();
+        let uri: Uri = format!("/?{}", rest.join("&"))
+            .parse()
+            .map_err(|_| Problem::invalid("query: not a valid query string"))?;
+        match Query::<T>::try_from_uri(&uri) {
+            Ok(Query(t)) => Ok(Q(t)),
+            Err(e) => Err(Problem::invalid(format!("query: {}", e.body_text()))),
+        }
+    }
+}
+
+/// Query parameters that take none but `as`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoParams {}
+
+/// The `as` query parameter alone (the others are `Q`'s).
+#[derive(Deserialize)]
+struct AsParam {
+    #[serde(rename = "as")]
+    agent: Option<String>,
+}
+
+/// A read made as an agent: the caller, and the agent whose read permissions the run's
+/// policy applies (`?as=AGENT`, else the token's only agent; see [`Identity::reader`]).
+pub struct Reading {
+    /// The caller.
+    pub id: Identity,
+    /// The agent the read is made as (`None`: an admin token reading unfiltered).
+    pub reader: Option<String>,
+}
+
+impl FromRequestParts<Arc<App>> for Reading {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Problem> {
+        let id = Identity::from_request_parts(parts, app).await?;
+        let agent = Query::<AsParam>::try_from_uri(&parts.uri)
+            .map_err(|e| Problem::invalid(format!("query: {}", e.body_text())))?
+            .0
+            .agent;
+        let reader = id.reader(agent)?;
+        Ok(Reading { id, reader })
+    }
+}
+
+impl Reading {
+    /// Runs `f` (given the reader) on a blocking thread and answers `{key: result}`.
+    pub async fn view<T: Serialize + Send + 'static>(
+        self,
+        key: &'static str,
+        f: impl FnOnce(&Store, Option<&str>) -> crate::error::Result<T> + Send + 'static,
+    ) -> Result<Response, Problem> {
+        let reader = self.reader;
+        let out = self.id.call(move |s| f(s, reader.as_deref())).await?;
+        Ok(Json(Keyed(key, out)).into_response())
+    }
+}
+
+/// `{key: value}`, serialized as it is: the value's fields keep their declared order
+/// (`json!` would sort them).
+pub struct Keyed<T>(pub &'static str, pub T);
+
+impl<T: Serialize> Serialize for Keyed<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(1))?;
+        m.serialize_entry(self.0, &self.1)?;
+        m.end()
+    }
+}
+
+/// A write made as an agent: the JSON body's `agent` member names it (the token must own
+/// it and may write: else 403, nothing written), the rest of the body is `B`.
+pub struct Act<B> {
+    /// The caller.
+    pub id: Identity,
+    /// The agent the write is made as.
+    pub agent: String,
+    /// The rest of the body.
+    pub body: B,
+}
+
+impl<B: DeserializeOwned + Send> FromRequest<Arc<App>> for Act<B> {
+    type Rejection = Problem;
+
+    async fn from_request(req: Request, app: &Arc<App>) -> Result<Self, Problem> {
+        // The token first: a caller without one never gets its body read.
+        let (mut parts, body) = req.into_parts();
+        let id = Identity::from_request_parts(&mut parts, app).await?;
+        let JsonBody(v) = JsonBody::from_request(Request::from_parts(parts, body), app).await?;
+        let Value::Object(mut m) = v else {
+            return Err(Problem::invalid("the body must be a JSON object"));
+        };
+        let Some(Value::String(agent)) = m.remove("agent") else {
+            return Err(Problem::invalid(
+                "agent: the body must name the agent it acts as (a string)",
+            ));
+        };
+        id.write_as(&agent)?;
+        let body = serde_json::from_value(Value::Object(m))
+            .map_err(|e| Problem::invalid(format!("body: {e}")))?;
+        Ok(Act { id, agent, body })
+    }
+}
+
+impl<B: Send + 'static> Act<B> {
+    /// Runs the library call (given the store, the agent and the body) on a blocking
+    /// thread.
+    pub async fn call<T: Send + 'static>(
+        self,
+        f: impl FnOnce(&Store, &str, B) -> crate::error::Result<T> + Send + 'static,
+    ) -> Result<T, Problem> {
+        let (agent, body) = (self.agent, self.body);
+        self.id.call(move |s| f(s, &agent, body)).await
+    }
+
+    /// [`Act::call`], answered 201 with its result.
+    pub async fn created<T: Serialize + Send + 'static>(
+        self,
+        f: impl FnOnce(&Store, &str, B) -> crate::error::Result<T> + Send + 'static,
+    ) -> Result<Response, Problem> {
+        let out = self.call(f).await?;
+        Ok((StatusCode::CREATED, Json(out)).into_response())
+    }
+}
+
+/// A JSON request body: `Content-Type: application/json` (else 415), at most the
+/// server's body limit (else 413, read no further), nested at most a little deeper than
+/// the events' own limit (else 400), and well-formed (else 400).
+pub struct JsonBody(pub Value);
+
+impl FromRequest<Arc<App>> for JsonBody {
+    type Rejection = Problem;
+
+    async fn from_request(req: Request, app: &Arc<App>) -> Result<Self, Problem> {
+        let ct = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let mime = ct.split(';').next().unwrap_or("").trim();
+        if !mime.eq_ignore_ascii_case("application/json") {
+            return Err(Problem::unsupported_media(format!(
+                "the body must be application/json, not {:?}",
+                ct
+            )));
+        }
+        let limit = app.opts.body_limit_bytes;
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit) {
+            return Err(Problem::too_large(limit));
+        }
+        let max = usize::try_from(limit).unwrap_or(usize::MAX);
+        let bytes = match axum::body::to_bytes(req.into_body(), max).await {
+            Ok(b) => b,
+            Err(e) if is_length_limit(&e) => return Err(Problem::too_large(limit)),
+            Err(e) => return Err(Problem::invalid(format!("cannot read the body: {e}"))),
+        };
+        check_depth(&bytes, BODY_DEPTH_MAX)?;
+        let v = serde_json::from_slice(&bytes)
+            .map_err(|e| Problem::invalid(format!("the body is not JSON: {e}")))?;
+        Ok(JsonBody(v))
+    }
+}
+
+/// Nesting allowed in a body: an event's content or meta (`JSON_DEPTH_MAX`) inside an
+/// event object inside a batch array.
+const BODY_DEPTH_MAX: usize = JSON_DEPTH_MAX + 2;
+
+fn is_length_limit(e: &axum::Error) -> bool {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = src {
+        if s.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        src = s.source();
+    }
+    false
+}
+
+/// Refuses JSON nested deeper than `max` before it is parsed (one pass over the bytes,
+/// skipping strings), so a deep body costs no recursion.
+fn check_depth(bytes: &[u8], max: usize) -> Result<(), Problem> {
+    let (mut depth, mut in_str, mut esc) = (0usize, false, false);
+    for &b in bytes {
+        if in_str {
+            match (esc, b) {
+                (true, _) => esc = false,
+                (false, b'\\') => esc = true,
+                (false, b'"') => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_str = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return Err(Problem::invalid(format!(
+                        "the body is nested deeper than {max} levels"
+                    )));
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn depth_counts_only_outside_strings() {
+        assert!(check_depth(br#"[[{"a":"[[[[[["}]]"#, 3).is_ok());
+        assert!(check_depth(br#"[[[["#, 3).is_err());
+        assert!(check_depth(br#"{"a":"\"[[[[[[[["}"#, 1).is_ok());
+    }
+}

@@ -1,0 +1,182 @@
+//! `swarm serve`: the engine as a network service. An HTTP JSON API under `/v1`, a live
+//! tail over server-sent events, bearer-token identity; one long-lived [`Store`] per
+//! user, so every client shares its group commit and its cached head states.
+//!
+//! - `mod.rs` (this file): the accept loop (limits, timeouts, graceful shutdown).
+//! - `app.rs`: options and the shared [`App`] state (tokens, one store per user).
+//! - `token.rs`: the tokens file and `swarm token add | list | revoke`.
+//! - `extract.rs`: identity, JSON body and query extractors (every check before a call).
+//! - `problem.rs`: RFC 9457 error bodies and the map from the library's errors.
+//! - `routes.rs`: the routes, each a thin call into the library on a blocking thread.
+//! - `sse.rs`: the live tail over SSE (bounded buffer per subscriber, resume by seq).
+//! - `metrics.rs`: the counters `/metrics` shows (Prometheus text).
+//! - `openapi.json`: the API's OpenAPI 3.1 document, served at `/v1/openapi.json`; a
+//!   test checks it names exactly the routes of `routes.rs`.
+//!
+//! **Invariant:** the user of a request comes from its token, never from its body or
+//! path; a request reaches only the store of that user, so another user's runs are not
+//! found on any route. Permission checks (run policy, partitions) stay in the library:
+//! this layer only adds the token's own limits (its agents, its role).
+//! **Invariant:** no request body is parsed before its size, content type and nesting
+//! were checked; a refused request writes nothing.
+//! Never imported by any other layer (it is the front door).
+
+pub mod app;
+pub mod extract;
+pub mod metrics;
+pub mod problem;
+pub mod routes;
+pub mod sse;
+pub mod token;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+
+pub use crate::serve::app::{App, ServeOptions};
+use crate::serve::problem::Problem;
+use crate::serve::token::TokenSet;
+
+/// Default address (loopback: exposing the server is a deliberate choice).
+pub const LISTEN_DEFAULT: &str = "127.0.0.1:7700";
+/// Default request body limit: a batch's encoded limit (8 MiB) and room for the JSON
+/// around it.
+pub const BODY_LIMIT_BYTES_DEFAULT: u64 = 9 * 1024 * 1024;
+/// Default time a request may take, from its first byte to its response's headers
+/// (reading its body included).
+pub const REQUEST_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+/// Default interval of SSE heartbeat comments.
+pub const HEARTBEAT_MS_DEFAULT: u64 = 15_000;
+/// Default events buffered per SSE subscriber before it is closed as too slow.
+pub const SSE_BUFFER_EVENTS_DEFAULT: usize = 1024;
+/// Default longest wait for in-flight requests at shutdown.
+pub const SHUTDOWN_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+
+/// Serves until SIGTERM or SIGINT, then stops accepting, lets in-flight requests finish
+/// (at most `shutdown_timeout`), ends live tails with a `shutdown` event, and returns.
+///
+/// The first line on stdout is `listening on http://ADDR` once the socket is bound, so a
+/// script (or a test) that started the server with port 0 learns the port from it.
+pub fn run(opts: ServeOptions) -> std::io::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("swarm-serve")
+        .build()?;
+    rt.block_on(serve(opts))
+}
+
+async fn serve(opts: ServeOptions) -> std::io::Result<()> {
+    let tokens = TokenSet::open(&opts.data_dir).map_err(std::io::Error::other)?;
+    let listener = tokio::net::TcpListener::bind(opts.listen).await?;
+    let addr = listener.local_addr()?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let app = Arc::new(App {
+        opts: opts.clone(),
+        tokens,
+        stores: Mutex::new(HashMap::new()),
+        shutdown: stop_rx,
+        metrics: Arc::default(),
+        buckets: Mutex::new(HashMap::new()),
+    });
+    let router = routes::router(app.clone())
+        .layer(axum::middleware::from_fn_with_state(app.clone(), deadline))
+        .layer(tower_http::trace::TraceLayer::new_for_http());
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "listening on http://{addr}")?;
+        out.flush()?;
+    }
+    tracing::info!(%addr, "listening");
+    let graceful = GracefulShutdown::new();
+    let mut signal = std::pin::pin!(stop_signal());
+    loop {
+        tokio::select! {
+            r = listener.accept() => {
+                let (stream, _) = match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // Out of descriptors, mostly: wait a little instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let svc = TowerToHyperService::new(router.clone());
+                let mut b = hyper::server::conn::http1::Builder::new();
+                // A client that never finishes its request headers is cut off here;
+                // one that never finishes its body, by `deadline`.
+                b.timer(TokioTimer::new()).header_read_timeout(opts.request_timeout);
+                let conn = graceful.watch(b.serve_connection(TokioIo::new(stream), svc));
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                });
+            }
+            _ = &mut signal => break,
+        }
+    }
+    drop(listener);
+    tracing::info!("shutting down: no new connections; waiting for requests in flight");
+    let _ = stop_tx.send(true);
+    if tokio::time::timeout(opts.shutdown_timeout, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("shutdown timeout: closing the connections still open");
+    }
+    Ok(())
+}
+
+/// Resolves at the first SIGTERM or SIGINT.
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    match (term, int) {
+        (Ok(mut t), Ok(mut i)) => {
+            tokio::select! {
+                _ = t.recv() => {}
+                _ = i.recv() => {}
+            }
+        }
+        _ => {
+            tracing::warn!("cannot install signal handlers; stop the server with SIGKILL");
+            std::future::pending::<()>().await
+        }
+    }
+}
+
+/// Cuts off a request whose response headers are not ready in time (a body that never
+/// arrives, mostly) with a 408, and counts responses by status. A live tail's stream is
+/// not limited: its headers are sent at once.
+async fn deadline(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let r = within_deadline(&app, req, next).await;
+    app.metrics.request(r.status().as_u16());
+    r
+}
+
+async fn within_deadline(app: &App, req: Request, next: Next) -> Response {
+    match tokio::time::timeout(app.opts.request_timeout, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => Problem::new(
+            axum::http::StatusCode::REQUEST_TIMEOUT,
+            "timeout",
+            "Request timeout",
+            format!(
+                "the request was not complete and answered within {} ms",
+                app.opts.request_timeout.as_millis()
+            ),
+        )
+        .into_response(),
+    }
+}

@@ -1,0 +1,254 @@
+//! The live tail over server-sent events: `GET /v1/runs/{run}/events?follow=1`.
+//!
+//! Each subscriber gets the library's [`Tail`] on its own thread (the tail's reads and
+//! waits are blocking), which hands events to the response through a bounded channel of
+//! `sse_buffer_events`. The tail switches from history to live with no gap and no
+//! duplicate; this layer keeps that promise to the client:
+//!
+//! - every event is sent with `id: <seq>`; a client that reconnects with `Last-Event-ID`
+//!   (or `from_seq`) resumes right after it;
+//! - the tail thread never waits for a client: when a subscriber's buffer is full, the
+//!   thread stops and the stream ends, after the buffered events, with
+//!   `event: lagged` whose data names `resume_from_seq` (the first event not sent).
+//!   Nothing is skipped silently, and a slow client never holds back writers or other
+//!   subscribers;
+//! - at shutdown the stream ends with `event: shutdown` naming `resume_from_seq`;
+//! - a failure ends it with `event: error` and a problem body;
+//! - a comment (`: heartbeat`) goes out every `heartbeat` so proxies and clients can tell
+//!   a quiet run from a dead connection.
+//!
+//! Permissions: the run's policy applies to the token's agent as in reads; the rules are
+//! taken again whenever a `policy` event goes by, so a new policy applies from it on.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::HeaderMap;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio::sync::watch;
+
+use crate::event::{Event, EventType};
+use crate::fold::state::State;
+use crate::serve::app::{blocking, App};
+use crate::serve::metrics::Subscribed;
+use crate::serve::problem::Problem;
+use crate::store::Store;
+use crate::tail::{Tail, TailOptions};
+
+/// How long the tail thread waits for an event before it looks whether its subscriber is
+/// still there (and whether the server is stopping).
+const TAIL_CHECK_MS: u64 = 250;
+
+/// What one subscriber follows: the run, the tail's own filters (from seq, agent, type),
+/// the subject, and the agent whose read permissions apply (`None`: unfiltered, admin
+/// tokens only).
+pub(crate) struct Subscription {
+    pub(crate) run: String,
+    pub(crate) tail: TailOptions,
+    pub(crate) subject: Option<String>,
+    pub(crate) reader: Option<String>,
+}
+
+/// What the tail thread hands to the response.
+// A short-lived message: boxing the event would cost an allocation per event.
+#[allow(clippy::large_enum_variant)]
+enum Msg {
+    Event(Event),
+    /// The buffer was full: the stream ends; `resume_from` is the first seq not sent.
+    Lagged {
+        resume_from: u64,
+    },
+    Failed(Problem),
+}
+
+/// The seq in a `Last-Event-ID` header (the last event the client received).
+pub fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, Problem> {
+    let Some(v) = headers.get("last-event-id") else {
+        return Ok(None);
+    };
+    v.to_str()
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .map(Some)
+        .ok_or_else(|| Problem::invalid("Last-Event-ID must be a seq (digits)"))
+}
+
+/// Starts a subscriber and answers with its event stream. A run that does not exist (or
+/// is another user's) is a 404 like any read, before any stream is opened.
+pub(crate) async fn follow(
+    app: Arc<App>,
+    store: Arc<Store>,
+    mut sub: Subscription,
+) -> Result<Response, Problem> {
+    let from = sub.tail.from_seq.unwrap_or(1).max(1);
+    let (tx, rx) = mpsc::channel(app.opts.sse_buffer_events.max(1) + 1);
+    let stop = app.shutdown.clone();
+    let thread_stop = app.shutdown.clone();
+    let counted = app.metrics.subscribe();
+    blocking(move || {
+        store.run_meta(&sub.run)?;
+        let state = match &sub.reader {
+            Some(_) => Some(store.head_state(&sub.run)?.state),
+            None => None,
+        };
+        sub.tail.from_seq = Some(from);
+        sub.tail.follow = true;
+        let tail = Tail::open(&store, &sub.run, std::mem::take(&mut sub.tail))?;
+        std::thread::Builder::new()
+            .name("swarm-sse".into())
+            .spawn(move || pump(tail, store, sub, state, tx, thread_stop, counted))
+            .map_err(|e| crate::error::Error::Io {
+                op: "start the tail thread of",
+                path: "a subscriber".into(),
+                source: e,
+            })?;
+        Ok(())
+    })
+    .await?;
+    let stream = futures_util::stream::unfold(
+        Stream {
+            rx,
+            stop,
+            next: from,
+            done: false,
+        },
+        step,
+    );
+    let sse = Sse::new(stream).keep_alive(
+        KeepAlive::new()
+            .interval(app.opts.heartbeat)
+            .text("heartbeat"),
+    );
+    let mut r = sse.into_response();
+    // Tells proxies (nginx) not to buffer the stream.
+    r.headers_mut().insert(
+        "x-accel-buffering",
+        axum::http::HeaderValue::from_static("no"),
+    );
+    Ok(r)
+}
+
+/// The tail thread of one subscriber: reads the run, filters, and hands events over
+/// without ever waiting for the subscriber.
+fn pump(
+    mut tail: Tail,
+    store: Arc<Store>,
+    sub: Subscription,
+    mut state: Option<Arc<State>>,
+    tx: mpsc::Sender<Msg>,
+    stop: watch::Receiver<bool>,
+    counted: Subscribed,
+) {
+    loop {
+        if tx.is_closed() || *stop.borrow() {
+            return;
+        }
+        let e = match tail.next_timeout(Duration::from_millis(TAIL_CHECK_MS)) {
+            Ok(Some(e)) => e,
+            Ok(None) => continue,
+            Err(err) => {
+                let _ = tx.try_send(Msg::Failed(Problem::from(err)));
+                return;
+            }
+        };
+        if e.kind == EventType::Policy && state.is_some() {
+            match store.head_state(&sub.run) {
+                Ok(h) => state = Some(h.state),
+                Err(err) => {
+                    let _ = tx.try_send(Msg::Failed(Problem::from(err)));
+                    return;
+                }
+            }
+        }
+        if sub
+            .subject
+            .as_ref()
+            .is_some_and(|s| e.subject.as_ref() != Some(s))
+        {
+            continue;
+        }
+        if let (Some(r), Some(s)) = (&sub.reader, &state) {
+            if !s.rules.may_read_event(r, &e) {
+                continue;
+            }
+        }
+        // The last slot is kept for the message that ends the stream.
+        if tx.capacity() <= 1 {
+            counted.lagged();
+            let _ = tx.try_send(Msg::Lagged { resume_from: e.seq });
+            return;
+        }
+        if tx.try_send(Msg::Event(e)).is_err() {
+            return;
+        }
+    }
+}
+
+struct Stream {
+    rx: mpsc::Receiver<Msg>,
+    stop: watch::Receiver<bool>,
+    /// The first seq not sent yet.
+    next: u64,
+    done: bool,
+}
+
+async fn step(mut st: Stream) -> Option<(Result<SseEvent, Infallible>, Stream)> {
+    if st.done {
+        return None;
+    }
+    // `None`: the server is stopping; `Some(None)`: the tail thread is gone.
+    let s: Option<Option<Msg>> = {
+        let (rx, stop) = (&mut st.rx, &mut st.stop);
+        tokio::select! {
+            // Buffered events go out before a stop is looked at.
+            biased;
+            m = rx.recv() => Some(m),
+            _ = stop.wait_for(|s| *s) => None,
+        }
+    };
+    let ev = match s {
+        // The tail thread also stops at shutdown, and may be gone before the stop is
+        // seen here: the stream still ends with `shutdown`, never silently.
+        Some(None) if !*st.stop.borrow() => return None,
+        None | Some(None) => {
+            st.done = true;
+            SseEvent::default()
+                .event("shutdown")
+                .data(json!({"resume_from_seq": st.next}).to_string())
+        }
+        Some(Some(Msg::Event(e))) => {
+            st.next = e.seq + 1;
+            match SseEvent::default().id(e.seq.to_string()).json_data(&e) {
+                Ok(ev) => ev,
+                Err(err) => {
+                    tracing::error!(error = %err, "cannot encode an event");
+                    st.done = true;
+                    SseEvent::default()
+                        .event("error")
+                        .data(json!(Problem::internal()).to_string())
+                }
+            }
+        }
+        Some(Some(Msg::Lagged { resume_from })) => {
+            st.done = true;
+            SseEvent::default().event("lagged").data(
+                json!({
+                    "resume_from_seq": resume_from,
+                    "reason": "the client read too slowly; reconnect from resume_from_seq",
+                })
+                .to_string(),
+            )
+        }
+        Some(Some(Msg::Failed(p))) => {
+            st.done = true;
+            SseEvent::default()
+                .event("error")
+                .data(json!(p).to_string())
+        }
+    };
+    Some((Ok(ev), st))
+}

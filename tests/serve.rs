@@ -1,0 +1,851 @@
+//! `swarm serve` through a real HTTP client against the real server process, started on
+//! an ephemeral port in a temporary data directory (it prints its address first).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::util::Env;
+
+/// A running `swarm serve`; killed at drop unless stopped.
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    /// `http://127.0.0.1:PORT`
+    pub(crate) url: String,
+    pub(crate) http: ureq::Agent,
+}
+
+impl Server {
+    pub(crate) fn start(env: &Env, extra: &[&str]) -> Server {
+        Server::start_at(env, "127.0.0.1:0", extra)
+    }
+
+    /// Starts the server on `listen` (port 0: any free port).
+    pub(crate) fn start_at(env: &Env, listen: &str, extra: &[&str]) -> Server {
+        Server::try_start_at(env, listen, extra)
+            .unwrap_or_else(|| panic!("the server did not start on {listen}"))
+    }
+
+    /// Starts the server on `listen`; `None` when it exits before it listens (the port is
+    /// taken).
+    pub(crate) fn try_start_at(env: &Env, listen: &str, extra: &[&str]) -> Option<Server> {
+        let mut args = vec!["serve", "--listen", listen];
+        args.extend_from_slice(extra);
+        let mut child = env
+            .cmd(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start swarm serve");
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut first)
+            .expect("read the server's first line");
+        let Some(url) = first.trim().strip_prefix("listening on ") else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        };
+        let http = ureq::AgentBuilder::new()
+            .timeout_connect(Duration::from_secs(10))
+            .timeout_read(Duration::from_secs(30))
+            .timeout_write(Duration::from_secs(30))
+            .build();
+        Some(Server {
+            child,
+            url: url.to_string(),
+            http,
+        })
+    }
+
+    pub(crate) fn addr(&self) -> &str {
+        self.url.trim_start_matches("http://")
+    }
+
+    pub(crate) fn get(&self, path: &str, token: Option<&str>) -> Resp {
+        let mut r = self.http.get(&format!("{}{path}", self.url));
+        if let Some(t) = token {
+            r = r.set("Authorization", &format!("Bearer {t}"));
+        }
+        Resp::from(r.call())
+    }
+
+    pub(crate) fn post(&self, path: &str, token: Option<&str>, body: &Value) -> Resp {
+        self.post_raw(path, token, "application/json", body.to_string().as_bytes())
+    }
+
+    pub(crate) fn post_raw(
+        &self,
+        path: &str,
+        token: Option<&str>,
+        ctype: &str,
+        body: &[u8],
+    ) -> Resp {
+        let mut r = self
+            .http
+            .post(&format!("{}{path}", self.url))
+            .set("Content-Type", ctype);
+        if let Some(t) = token {
+            r = r.set("Authorization", &format!("Bearer {t}"));
+        }
+        Resp::from(r.send_bytes(body))
+    }
+
+    /// Opens a live tail; `last_event_id` resumes after that seq.
+    pub(crate) fn follow(&self, path: &str, token: &str, last_event_id: Option<u64>) -> Sse {
+        let mut r = self
+            .http
+            .get(&format!("{}{path}", self.url))
+            .set("Authorization", &format!("Bearer {token}"));
+        if let Some(id) = last_event_id {
+            r = r.set("Last-Event-ID", &id.to_string());
+        }
+        let resp = r.call().expect("open the event stream");
+        assert_eq!(resp.content_type(), "text/event-stream");
+        Sse {
+            lines: BufReader::new(Box::new(resp.into_reader())),
+        }
+    }
+
+    /// SIGTERM, then the exit status.
+    pub(crate) fn stop(mut self) -> std::process::ExitStatus {
+        let ok = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(ok.success());
+        self.child.wait().expect("wait for the server")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An answer: status, content type, body.
+pub(crate) struct Resp {
+    pub(crate) status: u16,
+    pub(crate) ctype: String,
+    pub(crate) body: String,
+}
+
+impl Resp {
+    pub(crate) fn from(r: Result<ureq::Response, ureq::Error>) -> Resp {
+        let r = match r {
+            Ok(r) => r,
+            Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("request failed: {e}"),
+        };
+        let (status, ctype) = (r.status(), r.content_type().to_string());
+        Resp {
+            status,
+            ctype,
+            body: r.into_string().expect("body"),
+        }
+    }
+
+    pub(crate) fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+
+    /// Asserts a problem+json answer with `status`; returns the body.
+    pub(crate) fn problem(&self, status: u16) -> Value {
+        assert_eq!(self.status, status, "{}", self.body);
+        assert_eq!(self.ctype, "application/problem+json", "{}", self.body);
+        let v = self.json();
+        assert_eq!(v["status"], status);
+        assert!(v["type"].is_string() && v["title"].is_string() && v["detail"].is_string());
+        v
+    }
+
+    pub(crate) fn seqs(&self) -> Vec<u64> {
+        assert_eq!(self.status / 100, 2, "{}", self.body);
+        self.json()["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .map(|e| e["seq"].as_u64().expect("seq"))
+            .collect()
+    }
+}
+
+/// One server-sent event.
+#[derive(Debug)]
+pub(crate) struct Msg {
+    event: Option<String>,
+    id: Option<u64>,
+    data: String,
+}
+
+pub(crate) struct Sse {
+    lines: BufReader<Box<dyn Read + Send + Sync>>,
+}
+
+impl Sse {
+    /// The next event (comments skipped); `None` at the end of the stream.
+    pub(crate) fn next(&mut self) -> Option<Msg> {
+        let mut m = Msg {
+            event: None,
+            id: None,
+            data: String::new(),
+        };
+        let mut any = false;
+        loop {
+            let mut line = String::new();
+            if self.lines.read_line(&mut line).expect("read the stream") == 0 {
+                return None;
+            }
+            let line = line.trim_end_matches(['\n', '\r']);
+            if line.is_empty() {
+                if any {
+                    return Some(m);
+                }
+                continue;
+            }
+            if line.starts_with(':') {
+                continue;
+            }
+            any = true;
+            let (k, v) = line.split_once(':').unwrap_or((line, ""));
+            let v = v.strip_prefix(' ').unwrap_or(v);
+            match k {
+                "event" => m.event = Some(v.to_string()),
+                "id" => m.id = Some(v.parse().expect("id is a seq")),
+                "data" => m.data.push_str(v),
+                _ => {}
+            }
+        }
+    }
+
+    /// The next event, which must be a run event: its seq (checked against `id:`).
+    pub(crate) fn next_seq(&mut self) -> u64 {
+        let m = self.next().expect("an event");
+        assert_eq!(m.event, None, "{m:?}");
+        let e: Value = serde_json::from_str(&m.data).expect("event JSON");
+        let seq = e["seq"].as_u64().expect("seq");
+        assert_eq!(m.id, Some(seq));
+        seq
+    }
+}
+
+/// `swarm --user USER token add --agent A... --role ROLE`: the token (last stdout line).
+pub(crate) fn token(env: &Env, user: &str, agents: &[&str], role: &str) -> String {
+    let mut args = vec!["--user", user, "token", "add", "--role", role];
+    for a in agents {
+        args.extend(["--agent", a]);
+    }
+    let out = env
+        .cmd(&args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("token add");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    assert_eq!(stdout.lines().count(), 1, "the token alone: {stdout:?}");
+    stdout.trim().to_string()
+}
+
+/// A data directory, a server on it (with `extra` options) and an agent token of alice's
+/// for `agents`.
+fn alice(agents: &[&str], extra: &[&str]) -> (Env, Server, String) {
+    let env = Env::fast();
+    let srv = Server::start(&env, extra);
+    let t = token(&env, "alice", agents, "agent");
+    (env, srv, t)
+}
+
+fn ev(agent: &str, content: &str) -> Value {
+    json!({"agent_id": agent, "type": "evidence", "content": content})
+}
+
+#[test]
+fn serve_append_then_read_round_trip() {
+    let (env, srv, t) = alice(&["db"], &[]);
+    assert_eq!(srv.get("/healthz", None).json()["ok"], true);
+    assert_eq!(srv.get("/readyz", None).json()["ready"], true);
+
+    let one = srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "disk full"));
+    assert_eq!(one.status, 201, "{}", one.body);
+    let stored = one.json();
+    assert_eq!(stored["events"][0]["seq"], 1);
+    assert_eq!(stored["events"][0]["user_id"], "alice");
+    let batch = json!([ev("db", "disk 100%"), {"agent_id": "db", "type": "hypothesis", "content": "log growth", "subject": "db-1"}]);
+    assert_eq!(
+        srv.post("/v1/runs/inc/events", Some(&t), &batch).seqs(),
+        [2, 3]
+    );
+
+    let all = srv.get("/v1/runs/inc/events", Some(&t));
+    assert_eq!(all.seqs(), [1, 2, 3]);
+    assert_eq!(all.json()["events"][1]["content"], "disk 100%");
+    assert!(all.json()["next_from_seq"].is_null());
+    // The same events as the embedded reader sees, field for field.
+    let embedded = env.swarm(&["--user", "alice", "read", "--run", "inc"]);
+    let lines: Vec<Value> = embedded
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines, *all.json()["events"].as_array().unwrap());
+    // Filters of `swarm read`.
+    let q = |p: &str| {
+        srv.get(&format!("/v1/runs/inc/events?{p}"), Some(&t))
+            .seqs()
+    };
+    assert_eq!(q("type=hypothesis"), [3]);
+    assert_eq!(q("subject=db-1"), [3]);
+    assert_eq!(q("from_seq=2&to_seq=2"), [2]);
+    assert_eq!(q("last=2"), [2, 3]);
+    assert_eq!(q("agent=nobody"), Vec::<u64>::new());
+    let page = srv.get("/v1/runs/inc/events?limit=2", Some(&t));
+    assert_eq!(page.seqs(), [1, 2]);
+    assert_eq!(page.json()["next_from_seq"], 3);
+    srv.get("/v1/runs/inc/events?from-seq=2", Some(&t))
+        .problem(400);
+    srv.get("/v1/runs/inc/events?type=bogus", Some(&t))
+        .problem(400);
+
+    let runs = srv.get("/v1/runs", Some(&t)).json();
+    assert_eq!(runs["runs"][0]["run_id"], "inc");
+    assert_eq!(runs["runs"][0]["events"], 3);
+    let v = srv.get("/v1/runs/inc/verify", Some(&t));
+    assert_eq!(v.json()["ok"], true, "{}", v.body);
+    srv.get("/v1/nothing", Some(&t)).problem(404);
+}
+
+#[test]
+fn serve_batch_is_atomic_and_cas_refuses() {
+    let (_env, srv, t) = alice(&["db*"], &[]);
+    srv.post("/v1/runs/inc/events", Some(&t), &ev("db-1", "first"));
+    // The second event is invalid: neither is stored.
+    let bad = json!([ev("db-1", "ok"), {"agent_id": "db-1", "type": "evidence", "content": "x", "confidence": 2.0}]);
+    let p = srv.post("/v1/runs/inc/events", Some(&t), &bad).problem(400);
+    assert!(p["detail"].as_str().unwrap().contains("confidence"), "{p}");
+    // A stale expect_seq: 412, nothing stored.
+    let p = srv
+        .post(
+            "/v1/runs/inc/events?expect_seq=0",
+            Some(&t),
+            &ev("db-1", "late"),
+        )
+        .problem(412);
+    assert_eq!(p["actual_seq"], 1);
+    let ok = srv.post(
+        "/v1/runs/inc/events?expect_seq=1",
+        Some(&t),
+        &ev("db-2", "next"),
+    );
+    assert_eq!(ok.seqs(), [2]);
+    assert_eq!(
+        srv.get("/v1/runs/inc/events?as=db-1", Some(&t)).seqs(),
+        [1, 2]
+    );
+}
+
+#[test]
+fn serve_tail_gets_appends_from_another_process() {
+    let (env, srv, t) = alice(&["db"], &[]);
+    srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "before"));
+    let mut sse = srv.follow("/v1/runs/inc/events?follow=1", &t, None);
+    assert_eq!(sse.next_seq(), 1);
+    // An embedded-mode writer on the same data directory.
+    let out = env.swarm(&[
+        "--user",
+        "alice",
+        "append",
+        "--run",
+        "inc",
+        "--agent",
+        "net",
+        "--type",
+        "evidence",
+        "--content",
+        "from the CLI",
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let m = sse.next().expect("the CLI's event");
+    let e: Value = serde_json::from_str(&m.data).unwrap();
+    assert_eq!(
+        (m.id, e["content"].as_str()),
+        (Some(2), Some("from the CLI"))
+    );
+}
+
+#[test]
+fn serve_tail_resumes_after_last_event_id_with_no_gap_and_no_repeat() {
+    let (_env, srv, t) = alice(&["db"], &[]);
+    for i in 0..3 {
+        srv.post("/v1/runs/inc/events", Some(&t), &ev("db", &format!("e{i}")));
+    }
+    let mut sse = srv.follow("/v1/runs/inc/events?follow=1", &t, None);
+    assert_eq!([sse.next_seq(), sse.next_seq(), sse.next_seq()], [1, 2, 3]);
+    drop(sse);
+    // Missed while disconnected.
+    let batch = json!([ev("db", "e3"), ev("db", "e4")]);
+    srv.post("/v1/runs/inc/events", Some(&t), &batch);
+    let mut sse = srv.follow("/v1/runs/inc/events?follow=1", &t, Some(3));
+    assert_eq!([sse.next_seq(), sse.next_seq()], [4, 5]);
+    srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "live"));
+    assert_eq!(sse.next_seq(), 6);
+    // from_seq does the same for a client without the header.
+    let mut sse = srv.follow("/v1/runs/inc/events?follow=1&from_seq=5", &t, None);
+    assert_eq!([sse.next_seq(), sse.next_seq()], [5, 6]);
+}
+
+#[test]
+fn serve_refuses_missing_and_revoked_tokens() {
+    let (env, srv, t) = alice(&["db"], &[]);
+    assert_eq!(
+        srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "x"))
+            .status,
+        201
+    );
+    srv.get("/v1/runs/inc/events", None).problem(401);
+    srv.post("/v1/runs/inc/events", None, &ev("db", "y"))
+        .problem(401);
+    srv.get("/v1/runs/inc/events", Some("swm_000000000000_00"))
+        .problem(401);
+    let id = t.split('_').nth(1).unwrap();
+    let out = env.swarm(&["token", "revoke", id]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    srv.get("/v1/runs/inc/events", Some(&t)).problem(401);
+    srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "z"))
+        .problem(401);
+    // `token list` shows the record, revoked, and no secret.
+    let list = env.swarm(&["token", "list"]);
+    assert!(list.stdout.contains("\"revoked\""), "{}", list.stdout);
+    assert!(!list.stdout.contains(t.rsplit('_').next().unwrap()));
+    // The tokens file keeps a hash, never the secret.
+    let file = std::fs::read_to_string(env.path().join(".tokens.json")).unwrap();
+    assert!(file.contains("sha256") && !file.contains(t.rsplit('_').next().unwrap()));
+    assert_eq!(
+        env.store()
+            .with_user("alice", true)
+            .unwrap()
+            .read("inc", Default::default())
+            .unwrap()
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn serve_hides_another_users_runs() {
+    let env = Env::fast();
+    let srv = Server::start(&env, &[]);
+    let alice = token(&env, "alice", &["db"], "agent");
+    let bob = token(&env, "bob", &["db"], "agent");
+    // What "no such run" looks like, before bob's run exists.
+    let missing = srv.get("/v1/runs/secret/events", Some(&bob));
+    missing.problem(404);
+    srv.post(
+        "/v1/runs/secret/events",
+        Some(&bob),
+        &ev("db", "bob's finding"),
+    );
+    let admin = token(&env, "alice", &["*"], "admin");
+    // Read, tail, replay, every view: the same 404 as a run that does not exist, for an
+    // agent token and for an admin token of alice's.
+    for path in [
+        "/v1/runs/secret/events",
+        "/v1/runs/secret/events?follow=1",
+        "/v1/runs/secret/events?follow=1&from_seq=1",
+        "/v1/runs/secret",
+        "/v1/runs/secret/verify",
+        "/v1/runs/secret/board",
+        "/v1/runs/secret/context?budget_bytes=1000&as=db",
+        "/v1/runs/secret/channels",
+        "/v1/runs/secret/escalations",
+        "/v1/runs/secret/policy",
+        "/v1/runs/secret/replay",
+    ] {
+        for t in [&alice, &admin] {
+            let r = srv.get(path, Some(t));
+            assert_eq!((r.status, &r.body), (404, &missing.body), "{path}");
+        }
+    }
+    // Writes that need the run: the same 404.
+    for (path, body) in [
+        (
+            "/v1/runs/secret/pick",
+            json!({"agent": "db", "subject": "s"}),
+        ),
+        (
+            "/v1/runs/secret/escalations/1/resolve",
+            json!({"agent": "db", "note": "n"}),
+        ),
+    ] {
+        let r = srv.post(path, Some(&alice), &body);
+        assert_eq!((r.status, &r.body), (404, &missing.body), "{path}");
+    }
+    // Listing (the only search over runs there is) shows none of bob's.
+    assert_eq!(srv.get("/v1/runs", Some(&alice)).json()["runs"], json!([]));
+    assert_eq!(srv.get("/v1/runs", Some(&admin)).json()["runs"], json!([]));
+    // Alice writing to "secret" writes her own run; bob's is untouched.
+    srv.post("/v1/runs/secret/events", Some(&alice), &ev("db", "alice's"));
+    assert_eq!(srv.get("/v1/runs/secret/events", Some(&bob)).seqs(), [1]);
+    let b = srv.get("/v1/runs/secret/events", Some(&bob)).json();
+    assert_eq!(b["events"][0]["content"], "bob's finding");
+    // A body cannot claim another user.
+    let claim = json!({"agent_id": "db", "type": "evidence", "content": "x", "user_id": "bob"});
+    srv.post("/v1/runs/secret/events", Some(&alice), &claim)
+        .problem(403);
+    assert_eq!(srv.get("/v1/runs/secret/events", Some(&bob)).seqs(), [1]);
+}
+
+#[test]
+fn serve_token_acts_only_as_its_agents_and_role() {
+    let env = Env::fast();
+    let srv = Server::start(&env, &[]);
+    let db = token(&env, "alice", &["db*"], "agent");
+    let reader = token(&env, "alice", &["*"], "reader");
+    srv.post("/v1/runs/inc/events", Some(&db), &ev("db-1", "mine"));
+    srv.post("/v1/runs/inc/events", Some(&db), &ev("net", "not mine"))
+        .problem(403);
+    let mixed = json!([ev("db-2", "mine"), ev("net", "not mine")]);
+    srv.post("/v1/runs/inc/events", Some(&db), &mixed)
+        .problem(403);
+    srv.post("/v1/runs/inc/events", Some(&reader), &ev("db-1", "reader"))
+        .problem(403);
+    srv.get("/v1/runs/inc/events?as=net", Some(&db))
+        .problem(403);
+    // Every write route checks the acting agent the same way (the `agent` member).
+    let declare = json!({"agent": "net", "channel": "c", "kind": "replace"});
+    srv.post("/v1/runs/inc/channels", Some(&db), &declare)
+        .problem(403);
+    srv.post(
+        "/v1/runs/inc/pick",
+        Some(&db),
+        &json!({"agent": "net", "subject": "s"}),
+    )
+    .problem(403);
+    srv.post("/v1/runs/inc/close", Some(&db), &json!({"agent": "net"}))
+        .problem(403);
+    // Nothing of that was written.
+    assert_eq!(
+        srv.get("/v1/runs/inc/events?as=db-1", Some(&db)).seqs(),
+        [1]
+    );
+    assert_eq!(
+        srv.get("/v1/runs/inc/events?as=anyone", Some(&reader))
+            .seqs(),
+        [1]
+    );
+    // Replay: an agent gets its own view, never another agent's; the whole state needs
+    // an admin token.
+    srv.get("/v1/runs/inc/replay?as=net", Some(&db))
+        .problem(403);
+    let view = srv.get("/v1/runs/inc/replay?as=db-1", Some(&db)).json();
+    assert!(
+        view["view"].is_object() && view.get("state").is_none(),
+        "{view}"
+    );
+    let admin = token(&env, "alice", &["*"], "admin");
+    let r = srv.get("/v1/runs/inc/replay?at_seq=1", Some(&admin));
+    assert_eq!(r.json()["state"]["head_seq"], 1, "{}", r.body);
+}
+
+#[test]
+fn serve_refuses_bad_bodies_and_writes_nothing() {
+    let (_env, srv, t) = alice(&["db"], &[]);
+    let path = "/v1/runs/inc/events";
+    srv.post(path, Some(&t), &ev("db", "first"));
+    // Over the 9 MiB limit, declared up front or streamed in chunks: 413 either way (a
+    // raw socket, as the server answers before the client has sent it all).
+    let big =
+        json!({"agent_id": "db", "type": "evidence", "content": "x".repeat(10 << 20)}).to_string();
+    let head = format!("Content-Length: {}\r\n", big.len());
+    assert!(raw_post(&srv, &t, &head, big.clone().into_bytes()).starts_with("HTTP/1.1 413"));
+    let mut chunked = Vec::new();
+    for c in big.as_bytes().chunks(1 << 16) {
+        chunked.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
+        chunked.extend_from_slice(c);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let head = "Transfer-Encoding: chunked\r\n";
+    assert!(raw_post(&srv, &t, head, chunked).starts_with("HTTP/1.1 413"));
+    srv.post_raw(
+        path,
+        Some(&t),
+        "application/json",
+        b"{\"agent_id\": \"db\",",
+    )
+    .problem(400);
+    srv.post_raw(
+        path,
+        Some(&t),
+        "text/plain",
+        ev("db", "x").to_string().as_bytes(),
+    )
+    .problem(415);
+    let deep = format!(
+        "{{\"agent_id\":\"db\",\"type\":\"evidence\",\"content\":{}1{}}}",
+        "[".repeat(500),
+        "]".repeat(500)
+    );
+    srv.post_raw(path, Some(&t), "application/json", deep.as_bytes())
+        .problem(400);
+    srv.post_raw(path, Some(&t), "application/json", b"42")
+        .problem(400);
+    let unknown = json!({"agent_id": "db", "type": "evidence", "content": "x", "colour": "red"});
+    srv.post(path, Some(&t), &unknown).problem(400);
+    assert_eq!(srv.get(path, Some(&t)).seqs(), [1]);
+}
+
+/// POSTs `body` to `/v1/runs/inc/events` on a raw socket (a thread writes it, ignoring a
+/// closed connection) and returns what the server answered.
+fn raw_post(srv: &Server, token: &str, headers: &str, body: Vec<u8>) -> String {
+    let mut c = TcpStream::connect(srv.addr()).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = format!(
+        "POST /v1/runs/inc/events HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\n{headers}\r\n"
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    let mut w = c.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        let _ = w.write_all(&body);
+    });
+    let mut buf = Vec::new();
+    let _ = c.read_to_end(&mut buf);
+    let _ = c.shutdown(std::net::Shutdown::Both);
+    let _ = writer.join();
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+#[test]
+fn serve_cuts_off_a_client_that_never_finishes_its_request() {
+    let (_env, srv, t) = alice(&["db"], &["--request-timeout-ms", "300"]);
+    let limit = Duration::from_secs(20);
+    // Headers never finished: the connection is closed.
+    let mut c = TcpStream::connect(srv.addr()).unwrap();
+    c.set_read_timeout(Some(limit)).unwrap();
+    c.write_all(b"POST /v1/runs/inc/events HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let started = Instant::now();
+    let mut buf = Vec::new();
+    let r = c.read_to_end(&mut buf);
+    assert!(
+        r.is_ok() && started.elapsed() < limit,
+        "not cut off: {r:?} after {:?}",
+        started.elapsed()
+    );
+    // Headers complete, body never finished: 408, and nothing written.
+    let mut c = TcpStream::connect(srv.addr()).unwrap();
+    c.set_read_timeout(Some(limit)).unwrap();
+    let head = format!(
+        "POST /v1/runs/inc/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {t}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"agent_id\""
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    let mut buf = Vec::new();
+    let _ = c.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    srv.get("/v1/runs/inc/events", Some(&t)).problem(404);
+}
+
+#[test]
+fn serve_ends_tails_and_exits_zero_on_sigterm() {
+    let (_env, srv, t) = alice(&["db"], &[]);
+    srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "x"));
+    let mut sse = srv.follow("/v1/runs/inc/events?follow=1", &t, None);
+    assert_eq!(sse.next_seq(), 1);
+    let status = srv.stop();
+    let m = sse.next().expect("a shutdown event");
+    assert_eq!(m.event.as_deref(), Some("shutdown"), "{m:?}");
+    let d: Value = serde_json::from_str(&m.data).unwrap();
+    assert_eq!(d["resume_from_seq"], 2);
+    assert!(sse.next().is_none());
+    assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn serve_closes_a_slow_subscriber_naming_where_to_resume() {
+    let (_env, srv, t) = alice(&["db"], &["--sse-buffer-events", "4"]);
+    srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "x"));
+    // A subscriber that does not read while ~20 MiB are appended: the socket buffers
+    // fill, then its 4-event buffer.
+    let mut sse = srv.follow("/v1/runs/inc/events?follow=1", &t, None);
+    let big = "y".repeat(60_000);
+    for _ in 0..4 {
+        let batch: Vec<Value> = (0..90).map(|_| ev("db", &big)).collect();
+        assert_eq!(
+            srv.post("/v1/runs/inc/events", Some(&t), &json!(batch))
+                .status,
+            201
+        );
+    }
+    let mut expect = 1;
+    loop {
+        let m = sse.next().expect("events, then lagged");
+        if m.event.as_deref() == Some("lagged") {
+            let d: Value = serde_json::from_str(&m.data).unwrap();
+            assert_eq!(d["resume_from_seq"], expect, "no event skipped silently");
+            break;
+        }
+        assert_eq!(m.id, Some(expect));
+        expect += 1;
+    }
+    assert!(expect <= 361, "it fell behind before the end");
+    assert!(sse.next().is_none());
+    // Resuming from there delivers the rest.
+    let mut sse = srv.follow("/v1/runs/inc/events?follow=1", &t, Some(expect - 1));
+    assert_eq!(sse.next_seq(), expect);
+}
+
+#[test]
+fn serve_scratchpad_routes_apply_the_runs_policy_to_the_tokens_agent() {
+    let env = Env::fast();
+    let srv = Server::start(&env, &[]);
+    let lead = token(&env, "alice", &["lead"], "agent");
+    let db = token(&env, "alice", &["db"], "agent");
+    let r = "/v1/runs/inc";
+    srv.post(
+        &format!("{r}/events"),
+        Some(&lead),
+        &json!({"agent_id": "lead", "type": "hypothesis", "content": "dns", "subject": "cause"}),
+    );
+    srv.post(
+        &format!("{r}/events"),
+        Some(&db),
+        &json!({"agent_id": "db", "type": "evidence", "content": "disk full", "subject": "db-1"}),
+    );
+    let all = json!(["*"]);
+    let policy = json!({"agent": "lead", "policy": {"permissions": {
+        "lead": {"read_types": all, "write_types": all, "read_channels": all, "write_channels": all, "admin": true},
+        "db": {"read_types": ["evidence"], "write_types": ["evidence"], "read_channels": all, "write_channels": all}}}});
+    let put = srv
+        .http
+        .put(&format!("{}{r}/policy", srv.url))
+        .set("Authorization", &format!("Bearer {lead}"))
+        .set("Content-Type", "application/json")
+        .send_string(&policy.to_string());
+    assert_eq!(Resp::from(put).status, 201);
+    assert!(
+        srv.get(&format!("{r}/policy"), Some(&db)).json()["policy"]["permissions"]["db"]
+            .is_object()
+    );
+    // db's reads, board and tail show only evidence; the policy refuses its hypothesis.
+    let types = |resp: Resp| -> Vec<String> {
+        resp.json()["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["type"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        types(srv.get(&format!("{r}/events?type=hypothesis"), Some(&db))),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        types(srv.get(&format!("{r}/events?type=hypothesis"), Some(&lead))),
+        ["hypothesis"]
+    );
+    let board = srv.get(&format!("{r}/board"), Some(&db)).json();
+    let subjects: Vec<&str> = board["board"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["subject"].as_str().unwrap())
+        .collect();
+    assert_eq!(subjects, ["db-1"]);
+    // Its replay is its agent view, without the hypothesis either.
+    let v = srv.get(&format!("{r}/replay"), Some(&db)).json();
+    let seen = v["view"]["subjects"].as_object().unwrap();
+    assert_eq!(seen.keys().collect::<Vec<_>>(), ["db-1"], "{v}");
+    assert!(!v.to_string().contains("dns"), "{v}");
+    srv.post(
+        &format!("{r}/events"),
+        Some(&db),
+        &json!({"agent_id": "db", "type": "hypothesis", "content": "x"}),
+    )
+    .problem(403);
+    let mut sse = srv.follow(&format!("{r}/events?follow=1"), &db, None);
+    let m = sse.next().unwrap();
+    assert_eq!(m.id, Some(2), "the hypothesis (seq 1) is not shown: {m:?}");
+    // Channels: declare, write with a base version, read.
+    let ch = srv.post(
+        &format!("{r}/channels"),
+        Some(&lead),
+        &json!({"agent": "lead", "channel": "notes", "kind": "replace", "on_conflict": "reject"}),
+    );
+    assert_eq!(ch.status, 201, "{}", ch.body);
+    let v = srv.get(&format!("{r}/channels/notes"), Some(&db)).json()["version"]
+        .as_u64()
+        .unwrap();
+    let w = srv.post(
+        &format!("{r}/channels/notes"),
+        Some(&db),
+        &json!({"agent": "db", "value": {"cause": "disk"}, "base_version": v}),
+    );
+    assert_eq!(w.status, 201, "{}", w.body);
+    srv.post(
+        &format!("{r}/channels/notes"),
+        Some(&db),
+        &json!({"agent": "db", "value": "stale", "base_version": v}),
+    )
+    .problem(409);
+    assert_eq!(
+        srv.get(&format!("{r}/channels/notes"), Some(&db)).json()["value"]["cause"],
+        "disk"
+    );
+    assert_eq!(
+        srv.get(&format!("{r}/channels"), Some(&db)).json()["channels"],
+        json!(["notes"])
+    );
+    // Context as db: within the budget, and without the hypothesis it may not read.
+    let c = srv
+        .get(&format!("{r}/context?budget_bytes=4000"), Some(&db))
+        .json();
+    assert!(c["used_bytes"].as_u64().unwrap() <= 4000);
+    assert!(
+        c["text"].as_str().unwrap().contains("disk full")
+            && !c["text"].as_str().unwrap().contains("dns"),
+        "{c}"
+    );
+    assert_eq!(
+        srv.get(&format!("{r}/escalations"), Some(&db)).json()["escalations"],
+        json!([])
+    );
+}
+
+#[test]
+fn serve_limits_each_tokens_request_rate_with_429_and_retry_after() {
+    let (env, srv, t) = alice(&["db"], &["--rate-limit-per-s", "3"]);
+    let other = token(&env, "alice", &["db"], "agent");
+    let mut limited = None;
+    for _ in 0..20 {
+        let r = srv
+            .http
+            .get(&format!("{}/v1/runs", srv.url))
+            .set("Authorization", &format!("Bearer {t}"))
+            .call();
+        if let Err(ureq::Error::Status(429, r)) = r {
+            limited = Some(r);
+            break;
+        }
+    }
+    let r = limited.expect("a 429 within 20 quick requests at 3 a second");
+    let wait: u64 = r
+        .header("Retry-After")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
+    assert!(wait >= 1);
+    assert_eq!(r.content_type(), "application/problem+json");
+    // The limit is per token: another token of the same user is not held back.
+    assert_eq!(srv.get("/v1/runs", Some(&other)).status, 200);
+}

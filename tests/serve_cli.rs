@@ -1,0 +1,313 @@
+//! The CLI as a client of the server (`SWARM_URL`, `SWARM_TOKEN`) against the embedded
+//! CLI on the same data directory: the same commands print the same bytes and exit with
+//! the same codes. Also the operator routes (`/healthz`, `/readyz`, `/metrics`,
+//! `/v1/openapi.json`).
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+
+use serde_json::{json, Value};
+
+use crate::serve::{token, Server};
+use crate::util::{Env, Out};
+
+/// `swarm ARGS` as a client of `srv` with `token`.
+fn remote(env: &Env, srv: &Server, token: &str, args: &[&str], input: &str) -> Out {
+    let mut c = env.cmd(args);
+    c.env("SWARM_URL", &srv.url).env("SWARM_TOKEN", token);
+    Out::run(c, args, input)
+}
+
+/// `swarm --user alice ARGS` on the files.
+fn local(env: &Env, args: &[&str], input: &str) -> Out {
+    let mut all = vec!["--user", "alice"];
+    all.extend_from_slice(args);
+    let mut c = env.cmd(&all);
+    c.env_remove("SWARM_URL");
+    Out::run(c, &all, input)
+}
+
+#[test]
+fn serve_cli_through_swarm_url_prints_what_the_embedded_cli_prints() {
+    let env = Env::fast();
+    let srv = Server::start(&env, &[]);
+    // An admin token reads unfiltered, as the embedded CLI does without --as-agent.
+    let t = token(&env, "alice", &["*"], "admin");
+    let r = |args: &[&str]| remote(&env, &srv, &t, args, "");
+    // Appends through the server and on the files, one after the other.
+    let a = r(&[
+        "append",
+        "--run",
+        "inc",
+        "--agent",
+        "db-1",
+        "--type",
+        "hypothesis",
+        "--content",
+        "disk full",
+        "--subject",
+        "db-1",
+        "--confidence",
+        "0.7",
+        "--id",
+        "h1",
+    ])
+    .ok();
+    assert_eq!(a.events()[0].seq, 1);
+    local(
+        &env,
+        &[
+            "append",
+            "--run",
+            "inc",
+            "--agent",
+            "db-2",
+            "--type",
+            "evidence",
+            "--content",
+            "{\"disk\":\"100%\"}",
+            "--json",
+            "--subject",
+            "db-1",
+            "--ref",
+            "1",
+        ],
+        "",
+    )
+    .ok();
+    let lines = "{\"agent_id\":\"db-1\",\"type\":\"evidence\",\"content\":\"wal 40G\",\"subject\":\"db-1\"}\n\
+                 [{\"agent_id\":\"net\",\"type\":\"hypothesis\",\"content\":\"dns\",\"subject\":\"net\"},{\"agent_id\":\"net\",\"type\":\"evidence\",\"content\":\"nxdomain\",\"subject\":\"net\"}]\n";
+    let stdin = remote(
+        &env,
+        &srv,
+        &t,
+        &["append", "--run", "inc", "--stdin"],
+        lines,
+    )
+    .ok();
+    assert_eq!(
+        stdin.events().iter().map(|e| e.seq).collect::<Vec<_>>(),
+        [3, 4, 5]
+    );
+    // A retry with the same id stores nothing new and prints the stored event.
+    let again = r(&[
+        "append",
+        "--run",
+        "inc",
+        "--agent",
+        "db-1",
+        "--type",
+        "hypothesis",
+        "--content",
+        "disk full",
+        "--subject",
+        "db-1",
+        "--confidence",
+        "0.7",
+        "--id",
+        "h1",
+    ])
+    .ok();
+    assert_eq!(again.stdout, a.stdout);
+
+    for args in [
+        vec!["read", "--run", "inc"],
+        vec![
+            "read",
+            "--run",
+            "inc",
+            "--type",
+            "evidence",
+            "--subject",
+            "db-1",
+        ],
+        vec!["read", "--run", "inc", "--last", "2"],
+        vec!["read", "--run", "inc", "--from-seq", "2", "--limit", "2"],
+        vec!["read", "--run", "inc", "--as-agent", "db-1"],
+        vec!["tail", "--run", "inc", "--from-seq", "3"],
+        vec!["board", "--run", "inc"],
+        vec![
+            "board",
+            "--run",
+            "inc",
+            "--subject",
+            "net",
+            "--agent",
+            "net",
+        ],
+        vec![
+            "context",
+            "--run",
+            "inc",
+            "--agent",
+            "db-1",
+            "--budget-bytes",
+            "2000",
+        ],
+        vec![
+            "context",
+            "--run",
+            "inc",
+            "--agent",
+            "db-1",
+            "--budget-bytes",
+            "300",
+            "--json",
+        ],
+    ] {
+        let (over, files) = (r(&args), local(&env, &args, ""));
+        assert_eq!(over.code, 0, "{args:?}: {}", over.stderr);
+        assert!(!over.stdout.is_empty(), "{args:?}");
+        assert_eq!(over.stdout, files.stdout, "{args:?}");
+        assert_eq!(over.code, files.code, "{args:?}");
+    }
+    // Errors: the same exit code, and for a missing run the same message.
+    for args in [
+        vec!["read", "--run", "nope"],
+        vec!["board", "--run", "nope"],
+    ] {
+        let (over, files) = (r(&args), local(&env, &args, ""));
+        assert_eq!((over.code, &over.stderr), (2, &files.stderr), "{args:?}");
+        assert_eq!(files.code, 2);
+    }
+    let bad = [
+        "append",
+        "--run",
+        "inc",
+        "--agent",
+        "db-1",
+        "--type",
+        "bogus",
+        "--content",
+        "x",
+    ];
+    assert_eq!(r(&bad).code, local(&env, &bad, "").code);
+    assert_eq!(r(&bad).code, 2);
+    let cas = [
+        "append",
+        "--run",
+        "inc",
+        "--agent",
+        "db-1",
+        "--type",
+        "evidence",
+        "--content",
+        "x",
+        "--expect-seq",
+        "1",
+    ];
+    assert_eq!((r(&cas).code, local(&env, &cas, "").code), (4, 4));
+    // A token that may not act as the agent: exit 5, as a policy refusal is.
+    let db = token(&env, "alice", &["db*"], "agent");
+    let not_mine = [
+        "append",
+        "--run",
+        "inc",
+        "--agent",
+        "net",
+        "--type",
+        "evidence",
+        "--content",
+        "x",
+    ];
+    assert_eq!(remote(&env, &srv, &db, &not_mine, "").code, 5);
+    assert_eq!(
+        remote(&env, &srv, "swm_0_0", &["read", "--run", "inc"], "").code,
+        5
+    );
+    // Commands not served yet refuse instead of using local files.
+    assert_eq!(r(&["runs"]).code, 2);
+    // Nothing of the refused appends was written.
+    assert_eq!(local(&env, &["read", "--run", "inc"], "").events().len(), 5);
+
+    // A live tail through the server gets what is there, then what comes.
+    let mut c = env.cmd(&["tail", "--run", "inc", "--follow", "--from-seq", "4"]);
+    c.env("SWARM_URL", &srv.url)
+        .env("SWARM_TOKEN", &t)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    let mut child = c.spawn().expect("tail");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let seq = |l: String| serde_json::from_str::<Value>(&l).unwrap()["seq"].as_u64();
+    assert_eq!(seq(lines.next().unwrap().unwrap()), Some(4));
+    assert_eq!(seq(lines.next().unwrap().unwrap()), Some(5));
+    local(
+        &env,
+        &[
+            "append",
+            "--run",
+            "inc",
+            "--agent",
+            "lead",
+            "--type",
+            "decision",
+            "--content",
+            "fix db-1",
+        ],
+        "",
+    )
+    .ok();
+    let live = lines.next().unwrap().unwrap();
+    let files = local(&env, &["read", "--run", "inc", "--from-seq", "6"], "").ok();
+    assert_eq!(format!("{live}\n"), files.stdout);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn serve_operator_routes_health_metrics_and_openapi() {
+    let env = Env::fast();
+    let srv = Server::start(&env, &[]);
+    let t = token(&env, "alice", &["db"], "agent");
+    assert_eq!(srv.get("/healthz", None).json()["ok"], true);
+    assert_eq!(srv.get("/readyz", None).json()["ready"], true);
+    let ev = json!({"agent_id": "db", "type": "evidence", "content": "x"});
+    assert_eq!(srv.post("/v1/runs/inc/events", Some(&t), &ev).status, 201);
+    srv.get("/v1/runs/inc/events", None).problem(401);
+    let m = srv.get("/metrics", None);
+    assert!(m.ctype.starts_with("text/plain"), "{}", m.ctype);
+    for line in [
+        "swarm_http_requests_total{status=\"201\"} 1",
+        "swarm_http_requests_total{status=\"401\"} 1",
+        "swarm_append_seconds_count 1",
+        "swarm_appended_events_total 1",
+        "swarm_tail_subscribers 0",
+    ] {
+        assert!(m.body.lines().any(|l| l == line), "{line} in\n{}", m.body);
+    }
+    // Every documented method of every documented path is routed; the others are 405.
+    // (The server refuses, in debug builds, to route a path the document does not list.)
+    let doc = srv.get("/v1/openapi.json", None).json();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let fallback = srv.get("/no/such/route", Some(&t));
+    fallback.problem(404);
+    let mut checked = 0;
+    for (p, item) in doc["paths"].as_object().unwrap() {
+        let url = format!(
+            "{}{}",
+            srv.url,
+            p.replace("{run}", "inc")
+                .replace("{seq}", "1")
+                .replace("{channel}", "c")
+                .replace("{fact}", "F1")
+        );
+        for method in ["get", "post", "put", "delete"] {
+            let r = srv
+                .http
+                .request(&method.to_uppercase(), &url)
+                .set("Authorization", &format!("Bearer {t}"))
+                .call();
+            let r = crate::serve::Resp::from(r);
+            if item.get(method).is_some() {
+                assert_ne!(r.status, 405, "{method} {p}");
+                assert_ne!(r.body, fallback.body, "{method} {p}");
+                checked += 1;
+            } else {
+                assert_eq!(r.status, 405, "{method} {p}: {}", r.body);
+            }
+        }
+    }
+    assert!(checked >= 30, "{checked} routes");
+    // Nothing was written by those bodiless calls.
+    assert_eq!(srv.get("/v1/runs/inc/events", Some(&t)).seqs(), [1]);
+}
