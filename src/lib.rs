@@ -6,6 +6,7 @@
 //! # Layout
 //! Folders are layers; imports run one way, from the top of this list to the bottom
 //! (checked in CI by `.ci/layout.py`).
+//! - `mcp` (feature `mcp`): the MCP server: memory tools, scratchpad tools, run resources.
 //! - [`synth`]: the batch synthesizer: facts, contradictions, patterns, the shared scope.
 //! - [`tail`]: the live tail: catch up from the log, then follow it (iterator, `Stream`).
 //! - [`scratchpad`]: board, pick, channels, policy, escalations, pruning, context.
@@ -40,6 +41,8 @@ pub mod error;
 pub mod event;
 pub mod fold;
 pub mod log;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 pub mod query;
 pub mod scratchpad;
 pub mod store;
