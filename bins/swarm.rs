@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod demo;
+#[cfg(feature = "mcp")]
+mod mcp;
 mod prune;
 #[cfg(feature = "server")]
 mod remote;
@@ -351,6 +353,17 @@ enum Cmd {
         #[arg(long)]
         run: Option<String>,
     },
+    /// Serve the memory tools, the scratchpad tools and the runs (as resources) over the
+    /// Model Context Protocol on stdin/stdout, for an agent framework or an MCP client.
+    ///
+    /// The tools act as --user (SWARM_USER) and as the --agent ids given; a tool cannot
+    /// name another user. Refusals come back as tool errors naming their cause.
+    ///
+    /// Example (an MCP client's server entry):
+    ///   {"command": "swarm", "args": ["--data-dir", "/var/lib/swarm", "--user", "alice", "mcp", "--agent", "sre-agent"]}
+    #[cfg(feature = "mcp")]
+    #[command(verbatim_doc_comment)]
+    Mcp(mcp::McpArgs),
 }
 
 #[derive(Args)]
@@ -610,7 +623,17 @@ fn reads_only(cmd: &Cmd) -> bool {
             | Cmd::Prune(_)
             | Cmd::Demo { .. }
             | Cmd::Quality { .. }
-    )
+    ) && !is_mcp(cmd)
+}
+
+/// `swarm mcp` writes (its tools append), so it may create the data dir.
+fn is_mcp(cmd: &Cmd) -> bool {
+    #[cfg(feature = "mcp")]
+    if matches!(cmd, Cmd::Mcp(_)) {
+        return true;
+    }
+    let _ = cmd;
+    false
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -699,6 +722,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ..
         } => synth::quality_set(&set, json),
         Cmd::Quality { fixture, json, .. } => synth::quality(fixture, json),
+        #[cfg(feature = "mcp")]
+        Cmd::Mcp(a) => mcp::mcp(store, a),
         Cmd::Demo { run } => {
             demo::run(&cli.data_dir, &checkpoint_dir, &archive_dir, &cli.user, run)
         }

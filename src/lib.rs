@@ -8,6 +8,7 @@
 //! (checked in CI by `.ci/layout.py`).
 //! - `serve` (feature `server`): `swarm serve`, the HTTP API, the SSE tail and bearer
 //!   tokens; a front door above every other layer.
+//! - `mcp` (feature `mcp`): the MCP server: memory tools, scratchpad tools, run resources.
 //! - [`synth`]: the batch synthesizer: facts, contradictions, patterns, the shared scope.
 //! - [`tail`]: the live tail: catch up from the log, then follow it (iterator, `Stream`).
 //! - [`scratchpad`]: board, pick, channels, policy, escalations, pruning, context.
@@ -42,6 +43,8 @@ pub mod error;
 pub mod event;
 pub mod fold;
 pub mod log;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 pub mod query;
 pub mod scratchpad;
 #[cfg(feature = "server")]

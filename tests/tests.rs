@@ -16,6 +16,8 @@ mod fsync_failure;
 mod golden;
 mod index;
 mod kill;
+#[cfg(feature = "mcp")]
+mod mcp;
 mod model;
 mod random_bytes;
 mod replay;

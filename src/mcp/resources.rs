@@ -1,0 +1,201 @@
+//! Resources: each run of the session's user is `swarm://runs/{run}` (its summary and its
+//! latest entries, as the session's first agent may see them). A subscription to a run
+//! follows it with a live tail and sends `notifications/resources/updated` whenever new
+//! events become visible (a burst of events gives one notification).
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use futures_core::Stream;
+use rmcp::model::{
+    ListResourcesResult, ReadResourceResult, Resource, ResourceContents, ResourceTemplate,
+    ResourceUpdatedNotificationParam,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer};
+use serde_json::json;
+
+use crate::error::Error;
+use crate::event::check_run_id;
+use crate::mcp::session::Session;
+use crate::query::options::ReadOptions;
+use crate::tail::TailOptions;
+
+/// The URI prefix of a run.
+pub const RUN_URI_PREFIX: &str = "swarm://runs/";
+/// Latest entries a run resource shows.
+pub const RESOURCE_EVENTS_MAX: usize = 50;
+/// Runs listed at most.
+pub const RESOURCES_LISTED_MAX: usize = 1000;
+
+fn mcp_error(e: Error) -> McpError {
+    match e {
+        Error::RunNotFound(_) => McpError::resource_not_found(e.to_string(), None),
+        Error::Invalid { .. } => McpError::invalid_params(e.to_string(), None),
+        other => McpError::internal_error(other.to_string(), None),
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> crate::error::Result<T> + Send + 'static,
+) -> Result<T, McpError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| McpError::internal_error(e.to_string(), None))?
+        .map_err(mcp_error)
+}
+
+/// The resource subscriptions of one connection: URI → the task that watches the run.
+pub type Watches = Arc<Mutex<HashMap<String, tokio::task::JoinHandle<()>>>>;
+
+/// The run a URI names.
+pub fn run_of(uri: &str) -> crate::error::Result<&str> {
+    let run = uri.strip_prefix(RUN_URI_PREFIX).ok_or_else(|| {
+        Error::invalid(
+            "uri",
+            format!("{uri:?} is not a run resource ({RUN_URI_PREFIX}<run>)"),
+        )
+    })?;
+    check_run_id(run)?;
+    if run.starts_with('@') {
+        return Err(Error::RunNotFound(run.to_string()));
+    }
+    Ok(run)
+}
+
+/// The resource templates: one, the run.
+pub fn templates() -> Vec<ResourceTemplate> {
+    vec![ResourceTemplate::new(format!("{RUN_URI_PREFIX}{{run}}"), "run")
+        .with_title("A run (one investigation) of swarm-memory")
+        .with_description(
+            "A run's summary and its latest entries as JSON; subscribe to be told when new entries are visible",
+        )
+        .with_mime_type("application/json")]
+}
+
+/// The user's runs.
+pub async fn list(s: Arc<Session>) -> Result<ListResourcesResult, McpError> {
+    let ids = blocking(move || s.store.run_ids()).await?;
+    let items = ids
+        .into_iter()
+        .filter(|r| !r.starts_with('@'))
+        .take(RESOURCES_LISTED_MAX)
+        .map(|r| {
+            Resource::new(format!("{RUN_URI_PREFIX}{r}"), r.clone())
+                .with_description(format!("run {r}: its summary and latest entries"))
+                .with_mime_type("application/json")
+        })
+        .collect();
+    Ok(ListResourcesResult::with_all_items(items))
+}
+
+/// One run as JSON.
+pub async fn read(s: Arc<Session>, uri: &str) -> Result<ReadResourceResult, McpError> {
+    let run = run_of(uri).map_err(mcp_error)?.to_string();
+    let uri = uri.to_string();
+    let text = blocking(move || {
+        let info = s.store.run_info(&run)?;
+        let recent: Vec<_> = s
+            .store
+            .read(
+                &run,
+                ReadOptions {
+                    last: Some(RESOURCE_EVENTS_MAX),
+                    reader: Some(s.agents[0].clone()),
+                    ..ReadOptions::default()
+                },
+            )?
+            .collect::<crate::error::Result<_>>()?;
+        Ok(json!({"run": info, "recent": recent}).to_string())
+    })
+    .await?;
+    Ok(ReadResourceResult::new(vec![ResourceContents::text(
+        text, uri,
+    )
+    .with_mime_type("application/json")]))
+}
+
+/// Starts watching a run for this connection (a second subscription to the same URI
+/// replaces the first).
+pub async fn subscribe(
+    s: Arc<Session>,
+    watches: &Watches,
+    uri: String,
+    context: RequestContext<RoleServer>,
+) -> Result<(), McpError> {
+    let run = run_of(&uri).map_err(mcp_error)?.to_string();
+    let store = s.clone();
+    let r = run.clone();
+    let stream = blocking(move || {
+        let head = match store.store.head_state(&r) {
+            Ok(h) => h.state.head_seq,
+            Err(Error::RunNotFound(_)) => 0,
+            Err(e) => return Err(e),
+        };
+        let opts = TailOptions {
+            from_seq: Some(head + 1),
+            ..TailOptions::default()
+        };
+        store.store.tail(&r, opts)?.into_stream()
+    })
+    .await?;
+    let peer = context.peer.clone();
+    let u = uri.clone();
+    let task = tokio::spawn(async move {
+        let mut stream = stream;
+        loop {
+            let next = std::future::poll_fn(|cx| Pin::new(&mut stream).poll_next(cx)).await;
+            match next {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    tracing::warn!(uri = %u, error = %e, "resource watch ended");
+                    return;
+                }
+                None => return,
+            }
+            // Coalesce a burst: take what is already queued, then notify once.
+            while let std::task::Poll::Ready(Some(Ok(_))) = std::future::poll_fn(|cx| {
+                std::task::Poll::Ready(Pin::new(&mut stream).poll_next(cx))
+            })
+            .await
+            {}
+            let note = ResourceUpdatedNotificationParam::new(u.clone());
+            if peer.notify_resource_updated(note).await.is_err() {
+                return; // the client is gone
+            }
+        }
+    });
+    let old = watches
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(uri, task);
+    if let Some(old) = old {
+        old.abort();
+    }
+    Ok(())
+}
+
+/// Stops watching a run.
+pub fn unsubscribe(watches: &Watches, uri: &str) {
+    if let Some(t) = watches
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(uri)
+    {
+        t.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_uris_are_checked() {
+        assert_eq!(run_of("swarm://runs/inc-42").ok(), Some("inc-42"));
+        assert!(run_of("swarm://runs/../bob/x").is_err());
+        assert!(run_of("swarm://runs/@facts").is_err());
+        assert!(run_of("file:///etc/passwd").is_err());
+    }
+}

@@ -1,0 +1,235 @@
+//! The scratchpad as tools: typed entries with their compare-and-swaps, reads from a
+//! cursor, bounded context, the board, the orchestrator's pick, channels, escalations,
+//! facts and advice. Each tool calls the same [`Store`] operation as the CLI, so the
+//! same permission checks apply (the run's policy, for the session's agent).
+
+use serde_json::json;
+
+use crate::error::{Error, Result};
+use crate::event::ts::Ts;
+use crate::event::{EventType, NewEvent};
+use crate::log::meta::Durability;
+use crate::mcp::args::{
+    AdviceArgs, AppendEntryArgs, BoardArgs, ContextArgs, EntryKind, EscalationsArgs, ExplainArgs,
+    FactsArgs, ListRunsArgs, PickArgs, ReadChannelArgs, ReadEntriesArgs, WriteChannelArgs,
+};
+use crate::mcp::reply::{to_json, ToolError, ToolResult};
+use crate::mcp::session::Session;
+use crate::query::options::ReadOptions;
+use crate::store::Store;
+use crate::synth::views::FactsQuery;
+
+/// Entries `read_entries` returns at most per call.
+pub const READ_LIMIT_MAX: usize = 500;
+/// Default byte budget of `get_context`.
+pub const CONTEXT_BUDGET_DEFAULT: usize = 8000;
+/// Largest byte budget of `get_context`.
+pub const CONTEXT_BUDGET_MAX: usize = 1 << 20;
+/// Facts `list_facts` returns at most.
+pub const FACTS_LIMIT_MAX: usize = 500;
+/// Runs `list_runs` lists at most.
+pub const RUNS_LISTED_MAX: usize = 200;
+
+/// Parses an RFC 3339 time argument.
+pub fn parse_time(field: &str, s: &str) -> Result<Ts> {
+    Ts::parse(s).ok_or_else(|| Error::invalid(field, format!("{s:?} is not an RFC 3339 time")))
+}
+
+/// Appends `ev` and returns the stored entry and any engine event written with it (an
+/// escalation). A board CAS conflict carries the subject's current version.
+pub fn append_entry(store: &Store, run: &str, ev: NewEvent, durability: Durability) -> ToolResult {
+    let subject = ev.subject.clone();
+    let cas = ev.expect_subject_seq.is_some();
+    let expect = ev.expect_seq;
+    match store.append_batch(run, vec![ev], expect, durability) {
+        Ok(stored) => {
+            let mut it = stored.into_iter();
+            let entry = it.next();
+            let engine: Vec<_> = it.collect();
+            let escalation = engine
+                .iter()
+                .find(|e| e.kind == EventType::Escalation)
+                .map(|e| e.seq);
+            let mut v = json!({"stored": entry, "engine_events": engine});
+            if let Some(seq) = escalation {
+                v["warning"] = json!(format!(
+                    "your entry was stored, but it disagrees with the standing decision or action on its subject: escalation #{seq} blocks further decisions and actions on it until a human resolves it"
+                ));
+            }
+            Ok(v)
+        }
+        Err(e @ Error::Conflict(_)) if cas => {
+            let current = subject
+                .as_deref()
+                .and_then(|s| store.board(run, None, Some(s)).ok())
+                .and_then(|b| b.first().map(|x| x.version))
+                .unwrap_or(0);
+            Err(ToolError::from(e).with("current_version", current))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn new_entry(s: &Session, a: AppendEntryArgs) -> Result<(String, NewEvent)> {
+    let agent = s.agent(a.agent.as_deref())?;
+    let mut ev = NewEvent::new(&agent, a.kind.event_type(), a.content);
+    ev.subject = a.subject;
+    ev.refs = a.refs;
+    ev.confidence = a.confidence;
+    ev.id = a.client_id;
+    ev.expect_seq = a.expect_seq;
+    ev.expect_subject_seq = a.expect_subject_seq;
+    ev.meta = a.meta;
+    ev.session_id = a.session_id;
+    Ok((a.run, ev))
+}
+
+/// Entries after a cursor, as `agent` may see them.
+pub fn read_entries(s: &Session, a: ReadEntriesArgs) -> ToolResult {
+    let reader = s.agent(a.agent.as_deref())?;
+    let limit = a.limit.unwrap_or(50).clamp(1, READ_LIMIT_MAX);
+    let after = a.after_seq.unwrap_or(0);
+    let opts = ReadOptions {
+        from_seq: Some(after + 1),
+        kind: a.kind.map(EntryKind::event_type),
+        agent: a.from_agent,
+        subject: a.subject,
+        limit: Some(limit + 1),
+        reader: Some(reader),
+        ..ReadOptions::default()
+    };
+    let mut events: Vec<_> = s.store.read(&a.run, opts)?.collect::<Result<_>>()?;
+    let more = events.len() > limit;
+    events.truncate(limit);
+    let next = events.last().map_or(after, |e| e.seq);
+    Ok(json!({"entries": events, "next_cursor": next, "more": more}))
+}
+
+/// `append_entry`.
+pub fn append(s: &Session, a: AppendEntryArgs) -> ToolResult {
+    let (run, ev) = new_entry(s, a)?;
+    append_entry(&s.store, &run, ev, Durability::Sync)
+}
+
+/// `get_context`.
+pub fn context(s: &Session, a: ContextArgs) -> ToolResult {
+    let agent = s.agent(a.agent.as_deref())?;
+    let budget = a
+        .budget_bytes
+        .unwrap_or(CONTEXT_BUDGET_DEFAULT)
+        .min(CONTEXT_BUDGET_MAX);
+    to_json(&s.store.context(&a.run, &agent, budget)?)
+}
+
+/// `get_board`.
+pub fn board(s: &Session, a: BoardArgs) -> ToolResult {
+    let agent = s.agent(a.agent.as_deref())?;
+    let b = s.store.board(&a.run, Some(&agent), a.subject.as_deref())?;
+    Ok(json!({"subjects": b}))
+}
+
+/// `pick_hypothesis`.
+pub fn pick(s: &Session, a: PickArgs) -> ToolResult {
+    let agent = s.agent(a.agent.as_deref())?;
+    to_json(&s.store.pick(&a.run, &agent, &a.subject)?)
+}
+
+/// `write_channel`: a stale base on a `reject` channel is a conflict naming the current
+/// version.
+pub fn write_channel(s: &Session, a: WriteChannelArgs) -> ToolResult {
+    let agent = s.agent(a.agent.as_deref())?;
+    match s
+        .store
+        .write_channel(&a.run, &agent, &a.channel, a.value, a.base_version)
+    {
+        Ok(e) => Ok(json!({"stored": e, "version": e.seq})),
+        Err(e @ Error::Conflict(_)) => {
+            let current = s
+                .store
+                .channel(&a.run, None, &a.channel)
+                .map_or(0, |c| c.version);
+            Err(ToolError::from(e).with("current_version", current))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `read_channel`.
+pub fn read_channel(s: &Session, a: ReadChannelArgs) -> ToolResult {
+    let agent = s.agent(a.agent.as_deref())?;
+    let mut c = s.store.channel(&a.run, Some(&agent), &a.channel)?;
+    let (writes, conflicts) = (c.history.len(), c.conflicts.len());
+    if !a.history {
+        c.history.clear();
+        c.conflicts.clear();
+    }
+    let mut v = to_json(&c)?;
+    v["writes"] = json!(writes);
+    v["conflicts_total"] = json!(conflicts);
+    Ok(v)
+}
+
+/// `list_escalations`.
+pub fn escalations(s: &Session, a: EscalationsArgs) -> ToolResult {
+    let e = s.store.escalations(&a.run, a.include_resolved)?;
+    Ok(json!({"escalations": to_json(&e)?}))
+}
+
+/// `list_facts`: the most confident first, at most `limit`.
+pub fn facts(s: &Session, a: FactsArgs) -> ToolResult {
+    let q = FactsQuery {
+        subject: a.subject,
+        as_of: a
+            .as_of
+            .as_deref()
+            .map(|t| parse_time("as_of", t))
+            .transpose()?,
+        include_superseded: a.include_superseded,
+    };
+    let mut ans = match s.store.facts(&q) {
+        Ok(a) => a,
+        Err(Error::RunNotFound(_)) => {
+            return Ok(json!({"facts": [], "contradictions": [], "facts_total": 0,
+                "note": "no synthesis has run for this user yet"}))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    ans.facts
+        .sort_by(|x, y| y.confidence.total_cmp(&x.confidence));
+    let total = ans.facts.len();
+    ans.facts
+        .truncate(a.limit.unwrap_or(50).clamp(1, FACTS_LIMIT_MAX));
+    let mut v = to_json(&ans)?;
+    v["facts_total"] = json!(total);
+    Ok(v)
+}
+
+/// `explain_fact`.
+pub fn explain(s: &Session, a: ExplainArgs) -> ToolResult {
+    to_json(
+        &s.store
+            .explain_fact(&a.fact, a.limit.unwrap_or(10).clamp(1, 100))?,
+    )
+}
+
+/// `get_tool_advice`.
+pub fn advice(s: &Session, a: AdviceArgs) -> ToolResult {
+    Ok(json!({"advice": to_json(&s.store.advise(&a.tool)?)?}))
+}
+
+/// `list_runs`: at most [`RUNS_LISTED_MAX`].
+pub fn runs(s: &Session, _: ListRunsArgs) -> ToolResult {
+    let mut runs = Vec::new();
+    for r in s
+        .store
+        .run_ids()?
+        .into_iter()
+        .filter(|r| !r.starts_with('@'))
+    {
+        if runs.len() == RUNS_LISTED_MAX {
+            break;
+        }
+        runs.push(to_json(&s.store.run_info(&r)?)?);
+    }
+    Ok(json!({"runs": runs}))
+}

@@ -1,0 +1,69 @@
+//! Who a tool call acts as: the user (a [`Store`] opened for that user) and the agents
+//! the caller may write as. An [`Authority`] turns a request into a [`Session`]; the
+//! stdio server has one fixed session (`--user`, `--agent`), the HTTP server (later) one
+//! per bearer token.
+//!
+//! **Invariant:** a tool's arguments never name a user: the store of the session is the
+//! only one a call touches, and an `agent` argument must be one of the session's agents.
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::event::check_id;
+use crate::store::Store;
+
+/// The identity a tool call acts with.
+pub struct Session {
+    /// The store, opened for the session's user (the partition key).
+    pub store: Arc<Store>,
+    /// The agents the caller may act as; the first one is the default.
+    pub agents: Vec<String>,
+}
+
+impl Session {
+    /// A session of `store`'s user acting as `agents` (at least one, each a valid id).
+    pub fn new(store: Arc<Store>, agents: Vec<String>) -> Result<Session> {
+        if agents.is_empty() {
+            return Err(Error::invalid("agent", "give at least one agent id"));
+        }
+        for a in &agents {
+            check_id("agent_id", a)?;
+        }
+        Ok(Session { store, agents })
+    }
+
+    /// The user.
+    pub fn user(&self) -> &str {
+        self.store.user()
+    }
+
+    /// The agent a call acts as: `asked` if the session may act as it, else the default.
+    /// Acting as an agent the session was not given is forbidden.
+    pub fn agent(&self, asked: Option<&str>) -> Result<String> {
+        match asked {
+            None => Ok(self.agents[0].clone()),
+            Some(a) if self.agents.iter().any(|x| x == a) => Ok(a.to_string()),
+            Some(a) => Err(Error::Forbidden(format!(
+                "this session acts as {:?}, not as agent {a:?}",
+                self.agents
+            ))),
+        }
+    }
+}
+
+/// Resolves the session of a request. `extensions` are the request's (the HTTP transport
+/// puts the request's headers there, so a token-based authority can read the bearer
+/// token); a failure refuses the call with the error it returns.
+pub trait Authority: Send + Sync + 'static {
+    /// The session the request acts with.
+    fn session(&self, extensions: &rmcp::model::Extensions) -> Result<Arc<Session>>;
+}
+
+/// One session for every request: the stdio server's identity from its flags.
+pub struct Fixed(pub Arc<Session>);
+
+impl Authority for Fixed {
+    fn session(&self, _: &rmcp::model::Extensions) -> Result<Arc<Session>> {
+        Ok(self.0.clone())
+    }
+}

@@ -1,0 +1,291 @@
+"""Drives `swarm mcp` with the official MCP Python SDK (`mcp` on PyPI), over stdio.
+
+Usage: client.py SCENARIO SWARM_BIN DATA_DIR
+Scenarios: basic, concurrency, subscribe, isolation. Each prints one JSON line of
+results on success; any failed check raises (exit code 1, the assertion on stderr).
+Called by tests/mcp.rs (cargo test); nobody here wrote the client side.
+"""
+
+import asyncio
+import json
+import subprocess
+import sys
+from contextlib import AsyncExitStack
+
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+SCENARIO, SWARM, DATA = sys.argv[1], sys.argv[2], sys.argv[3]
+
+ALL_TOOLS = {
+    "append_entry", "read_entries", "get_context", "get_board", "pick_hypothesis",
+    "write_channel", "read_channel", "list_escalations", "list_facts", "explain_fact",
+    "get_tool_advice", "list_runs", "search_memory", "add_finding_to_memory",
+    "complete_investigation", "record_tool_failure_pattern",
+    "get_recommended_investigation_strategy", "track_tool_call", "add_session_to_memory",
+    "detect_agent_anti_patterns",
+}
+
+
+def cli(*args, user="alice", stdin=None):
+    """Runs the swarm CLI (another process) on the same data dir."""
+    r = subprocess.run([SWARM, "--data-dir", DATA, "--user", user, *args],
+                       input=stdin, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"swarm {args}: {r.returncode} {r.stderr}"
+    return r.stdout
+
+
+async def connect(stack, user, agents, handler=None):
+    params = StdioServerParameters(
+        command=SWARM, args=["--data-dir", DATA, "--user", user, "mcp", "--agent", agents])
+    r, w = await stack.enter_async_context(stdio_client(params))
+    kw = {"message_handler": handler} if handler else {}
+    s = await stack.enter_async_context(ClientSession(r, w, **kw))
+    await s.initialize()
+    return s
+
+
+async def call(s, name, args):
+    """A successful call's JSON."""
+    res = await s.call_tool(name, args)
+    text = res.content[0].text
+    assert not res.is_error, f"{name} {args} failed: {text}"
+    return json.loads(text)
+
+
+async def refused(s, name, args):
+    """A refused call's JSON (a tool error, not a protocol error)."""
+    res = await s.call_tool(name, args)
+    text = res.content[0].text
+    assert res.is_error, f"{name} {args} should have been refused: {text}"
+    return json.loads(text)
+
+
+async def basic():
+    out = {}
+    async with AsyncExitStack() as stack:
+        s = await connect(stack, "alice", "sre,lead")
+        tools = (await s.list_tools()).tools
+        names = {t.name for t in tools}
+        assert names == ALL_TOOLS, names ^ ALL_TOOLS
+        for t in tools:
+            assert len(t.description or "") >= 120, (t.name, t.description)
+            assert t.input_schema.get("type") == "object", t.name
+        out["tools"] = len(tools)
+        run = "inc-1"
+        e1 = await call(s, "append_entry", {"run": run, "type": "evidence", "subject": "checkout",
+                                            "content": "p99 latency of checkout rose from 180 ms to 2.4 s", "confidence": 0.9})
+        seq1 = e1["stored"]["seq"]
+        h1 = await call(s, "append_entry", {"run": run, "type": "hypothesis", "subject": "root-cause",
+                                            "content": "connection pool saturation on orders-db", "confidence": 0.7, "refs": [seq1]})
+        h2 = await call(s, "append_entry", {"run": run, "type": "hypothesis", "subject": "root-cause", "agent": "lead",
+                                            "content": "dns failure", "confidence": 0.4})
+        page = await call(s, "read_entries", {"run": run, "after_seq": 0, "limit": 2})
+        assert [e["seq"] for e in page["entries"]] == [1, 2] and page["more"] and page["next_cursor"] == 2
+        page = await call(s, "read_entries", {"run": run, "after_seq": page["next_cursor"]})
+        assert [e["seq"] for e in page["entries"]] == [3] and not page["more"]
+        ctx = await call(s, "get_context", {"run": run, "budget_bytes": 400})
+        assert ctx["used_bytes"] <= 400 and "checkout" in ctx["text"]
+        board = await call(s, "get_board", {"run": run, "subject": "root-cause"})
+        version = board["subjects"][0]["version"]
+        assert version == h2["stored"]["seq"]
+        # A CAS conflict on the board names the current version.
+        err = await refused(s, "append_entry", {"run": run, "type": "evidence", "subject": "root-cause",
+                                                "content": "stale write", "expect_subject_seq": h1["stored"]["seq"]})
+        assert err["error"] == "cas_conflict" and err["current_version"] == version, err
+        err = await refused(s, "append_entry", {"run": run, "type": "evidence", "content": "x", "expect_seq": 1})
+        assert err["error"] == "cas_conflict" and err["current_seq"] == 3, err
+        out["cas_conflict"] = err["error"]
+        pick = await call(s, "pick_hypothesis", {"run": run, "subject": "root-cause", "agent": "lead"})
+        assert pick["outcome"] == "picked" and pick["winner"] == h1["stored"]["seq"], pick
+        # Two agents disagree on an action: the second is stored and escalated, the next refused.
+        await call(s, "append_entry", {"run": run, "type": "action_taken", "subject": "orders-db", "content": "fail over orders-db"})
+        esc = await call(s, "append_entry", {"run": run, "type": "action_taken", "subject": "orders-db", "agent": "lead",
+                                             "content": "restart orders-db"})
+        assert "warning" in esc and esc["engine_events"][0]["type"] == "escalation", esc
+        esc_seq = esc["engine_events"][0]["seq"]
+        err = await refused(s, "append_entry", {"run": run, "type": "decision", "subject": "orders-db", "content": "scale orders-db"})
+        assert err["error"] == "escalated" and err["escalation_seq"] == esc_seq, err
+        out["escalated"] = err["escalation_seq"]
+        escs = await call(s, "list_escalations", {"run": run})
+        assert [e["seq"] for e in escs["escalations"]] == [esc_seq]
+        # Acting as an agent the session was not given is forbidden.
+        err = await refused(s, "append_entry", {"run": run, "type": "evidence", "content": "x", "agent": "intruder"})
+        assert err["error"] == "forbidden", err
+        # Channels: a stale base on a reject channel.
+        cli("channel", "declare", "--run", run, "--agent", "lead", "--channel", "analysis", "--kind", "replace", "--on-conflict", "reject")
+        w1 = await call(s, "write_channel", {"run": run, "channel": "analysis", "value": {"cause": "pool"}, "base_version": 0})
+        err = await refused(s, "write_channel", {"run": run, "channel": "analysis", "value": {"cause": "dns"}, "base_version": 0})
+        assert err["error"] == "cas_conflict" and err["current_version"] == w1["version"], err
+        ch = await call(s, "read_channel", {"run": run, "channel": "analysis"})
+        assert ch["value"] == {"cause": "pool"} and ch["version"] == w1["version"]
+        # A policy: sre may only write evidence.
+        cli("policy", "set", "--run", "inc-policy", "--agent", "lead", "--file", "-",
+            stdin=json.dumps({"permissions": {"lead": {"read_types": ["*"], "write_types": ["*"], "read_channels": ["*"], "write_channels": ["*"], "admin": True},
+                                              "sre": {"read_types": ["*"], "write_types": ["evidence"], "read_channels": [], "write_channels": []}}}))
+        err = await refused(s, "append_entry", {"run": "inc-policy", "type": "decision", "content": "roll back"})
+        assert err["error"] == "forbidden", err
+        out["forbidden"] = True
+
+        # Seed 002's memory tools.
+        t1 = await call(s, "track_tool_call", {"run": run, "tool": "query_metrics", "status": "error",
+                                               "error": "invalid filter: resource.type required", "args": {"filter": "latency"}})
+        assert t1["recorded"], t1
+        await call(s, "track_tool_call", {"run": run, "tool": "query_metrics", "status": "error",
+                                          "error": "invalid filter: resource.type required", "args": {"filter": "latency"}})
+        await call(s, "record_tool_failure_pattern", {"run": run, "tool": "query_metrics", "error": "invalid filter: resource.type required",
+                                                      "failed_args": {"filter": "latency"},
+                                                      "corrected_args": {"filter": "latency", "resource.type": "k8s_container"},
+                                                      "lesson": "always give resource.type"})
+        f = await call(s, "add_finding_to_memory", {"run": run, "finding": "orders-db connection pool exhausted: 100 of 100 connections in use",
+                                                    "subject": "orders-db", "confidence": 0.9, "tool": "get_logs_for_trace", "client_id": "f-1"})
+        again = await call(s, "add_finding_to_memory", {"run": run, "finding": "orders-db connection pool exhausted: 100 of 100 connections in use",
+                                                        "subject": "orders-db", "confidence": 0.9, "tool": "get_logs_for_trace", "client_id": "f-1"})
+        assert again["stored"]["seq"] == f["stored"]["seq"], (f, again)
+        turn = {"run": run, "turn_id": "turn-1", "messages": [
+            {"role": "user", "content": "checkout is slow since 14:00"},
+            {"role": "system", "content": "you are an SRE agent"},
+            {"role": "assistant", "content": "the orders-db pool looks saturated"}],
+            "tool_results": [{"tool": "fetch_trace_exemplar", "status": "ok", "args": {"service": "checkout"},
+                              "result": "96% of checkout time is spent waiting on orders-db"}]}
+        st = await call(s, "add_session_to_memory", turn)
+        assert st["stored"] == 3, st
+        st2 = await call(s, "add_session_to_memory", turn)
+        assert st2["seqs"] == st["seqs"], (st, st2)
+        hits = await call(s, "search_memory", {"query": "connection pool exhausted"})
+        assert hits["hits"] and "pool exhausted" in hits["hits"][0]["entry"]["content"], hits
+        anti = await call(s, "detect_agent_anti_patterns", {"run": run})
+        kinds = {a["kind"] for a in anti["anti_patterns"]}
+        assert "repeated_failing_call" in kinds, anti
+        out["anti_patterns"] = sorted(kinds)
+        done = await call(s, "complete_investigation", {"run": run, "symptom": "high_latency_checkout",
+                                                        "root_cause": "connection_pool_saturation",
+                                                        "resolution": "increased pool size from 10 to 50"})
+        pattern = done["learning"]["pattern"]
+        assert pattern and pattern["tool_sequence"], done
+        out["pattern"] = pattern["tool_sequence"]
+        strat = await call(s, "get_recommended_investigation_strategy", {"symptom": "high_latency_checkout"})
+        assert strat["strategies"][0]["scope"] == "private", strat
+        advice = await call(s, "get_tool_advice", {"tool": "query_metrics"})
+        assert advice["advice"] and advice["advice"][0]["correction"], advice
+        facts = await call(s, "list_facts", {})
+        assert facts["facts_total"] > 0
+        fid = facts["facts"][0]["id"]
+        ex = await call(s, "explain_fact", {"fact": fid, "limit": 2})
+        assert ex["evidence"] and ex["evidence"][0]["event"], ex
+        # Tracking never fails the agent's call, even on a closed run.
+        t = await call(s, "track_tool_call", {"run": run, "tool": "query_metrics", "status": "ok"})
+        assert t["recorded"] is False and "closed" in t["reason"], t
+        runs = await call(s, "list_runs", {})
+        assert {r["run_id"] for r in runs["runs"]} >= {run, "inc-policy"}
+        # Resources.
+        res = await s.list_resources()
+        assert f"swarm://runs/{run}" in {str(r.uri) for r in res.resources}
+        rr = await s.read_resource(f"swarm://runs/{run}")
+        body = json.loads(rr.contents[0].text)
+        assert body["run"]["run_id"] == run and body["recent"], body
+        out["resources"] = len(res.resources)
+    return out
+
+
+async def concurrency():
+    """Two server processes over one data dir, 20 concurrent add_finding_to_memory calls
+    through each: 40 of 40 stored, none duplicated; then every call retried with its
+    client id through the other server: still 40."""
+    async with AsyncExitStack() as stack:
+        a = await connect(stack, "alice", "agent-a,agent-b")
+        b = await connect(stack, "alice", "agent-b,agent-a")
+        run = "inc-conc"
+
+        def args(i, who):
+            return {"run": run, "finding": f"finding {i} from {who}: shard {i} of orders-db lags by {i} s",
+                    "subject": f"shard-{i}", "client_id": f"{who}-{i}", "confidence": 0.5,
+                    "agent": f"agent-{who}"}
+
+        async def burst(sess, who, sender):
+            return await asyncio.gather(*[call(sender, "add_finding_to_memory", args(i, who)) for i in range(20)])
+
+        first = await asyncio.gather(burst(a, "a", a), burst(b, "b", b))
+        acked = {r["stored"]["id"]: r["stored"]["seq"] for part in first for r in part}
+        assert len(acked) == 40, len(acked)
+        # Retries with the same client ids (the same entries), crossed over to the other
+        # process, as a client whose first connection died would send them.
+        retry = await asyncio.gather(burst(a, "a", b), burst(b, "b", a))
+        for part in retry:
+            for r in part:
+                assert acked[r["stored"]["id"]] == r["stored"]["seq"], r
+        lines = [json.loads(l) for l in cli("read", "--run", run).splitlines()]
+        ids = [e["id"] for e in lines if e["type"] == "evidence"]
+        assert len(ids) == 40 and len(set(ids)) == 40, (len(ids), len(set(ids)))
+        assert set(ids) == set(acked)
+        return {"acknowledged": len(acked), "stored": len(ids), "distinct": len(set(ids)),
+                "retried": sum(len(p) for p in retry)}
+
+
+async def subscribe():
+    """Subscribe to a run; another process appends; the update arrives."""
+    got = asyncio.Event()
+    uris = []
+
+    async def handler(msg):
+        if getattr(msg, "method", None) == "notifications/resources/updated":
+            uris.append(str(msg.params.uri))
+            got.set()
+
+    async with AsyncExitStack() as stack:
+        s = await connect(stack, "alice", "watcher", handler)
+        run = "inc-sub"
+        await call(s, "append_entry", {"run": run, "type": "evidence", "content": "first"})
+        await s.subscribe_resource(f"swarm://runs/{run}")
+        cli("append", "--run", run, "--agent", "other-process", "--type", "evidence", "--content", "second")
+        await asyncio.wait_for(got.wait(), timeout=20)
+        assert uris[0] == f"swarm://runs/{run}", uris
+        return {"updated": uris[0]}
+
+
+async def isolation():
+    """bob cannot see, search or infer alice's findings through any tool or resource."""
+    secret = "payments-ledger-7f3a replica lost quorum"
+    async with AsyncExitStack() as stack:
+        alice = await connect(stack, "alice", "sre")
+        bob = await connect(stack, "bob", "sre")
+        await call(alice, "add_finding_to_memory", {"run": "alice-inc", "finding": secret, "subject": "payments-ledger-7f3a", "tool": "query_metrics"})
+        await call(alice, "track_tool_call", {"run": "alice-inc", "tool": "query_metrics", "status": "ok"})
+        await call(alice, "complete_investigation", {"run": "alice-inc", "symptom": "ledger_quorum_loss",
+                                                     "root_cause": "database replica lost quorum", "resolution": "restarted payments-ledger-7f3a"})
+        seen = []
+        hits = await call(bob, "search_memory", {"query": "payments ledger replica quorum"})
+        assert hits["hits"] == [], hits
+        seen.append(hits)
+        err = await refused(bob, "read_entries", {"run": "alice-inc"})
+        assert err["error"] == "run_not_found", err
+        seen.append(await call(bob, "list_runs", {}))
+        seen.append(await call(bob, "list_facts", {}))
+        err = await refused(bob, "explain_fact", {"fact": "F1"})
+        seen.append(err)
+        strat = await call(bob, "get_recommended_investigation_strategy", {"symptom": "ledger_quorum_loss"})
+        seen.append(strat)
+        assert all(p["scope"] == "shared" for p in strat["strategies"]), strat
+        res = await bob.list_resources()
+        assert not res.resources, res
+        try:
+            await bob.read_resource("swarm://runs/alice-inc")
+            raise AssertionError("bob read alice's run")
+        except AssertionError:
+            raise
+        except Exception:
+            pass
+        # Writing into a run id alice uses creates bob's own run, never touches alice's.
+        await call(bob, "append_entry", {"run": "alice-inc", "type": "evidence", "content": "bob's note"})
+        text = json.dumps(seen)
+        for word in ["7f3a", "payments-ledger", "quorum lost", secret]:
+            assert word not in text, (word, text)
+        alice_side = cli("read", "--run", "alice-inc", user="alice")
+        assert "bob's note" not in alice_side
+        return {"shared_strategies": len(strat["strategies"]), "bob_hits": 0}
+
+
+SCENARIOS = {"basic": basic, "concurrency": concurrency, "subscribe": subscribe, "isolation": isolation}
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(SCENARIOS[SCENARIO]())))
