@@ -849,3 +849,57 @@ fn serve_limits_each_tokens_request_rate_with_429_and_retry_after() {
     // The limit is per token: another token of the same user is not held back.
     assert_eq!(srv.get("/v1/runs", Some(&other)).status, 200);
 }
+
+#[test]
+fn serve_ndjson_appends_are_acknowledged_line_by_line() {
+    let (_env, srv, t) = alice(&["db"], &[]);
+    let mut c = TcpStream::connect(srv.addr()).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = format!(
+        "POST /v1/runs/inc/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {t}\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    // One request chunk per line; the request stays open between lines.
+    let send = |c: &mut TcpStream, line: &str| {
+        let l = format!("{line}\n");
+        let _ = c.write_all(format!("{:x}\r\n{l}\r\n", l.len()).as_bytes());
+    };
+    let mut r = BufReader::new(c.try_clone().unwrap());
+    let mut ack = || -> Option<Value> {
+        let mut l = String::new();
+        while r.read_line(&mut l).ok()? > 0 {
+            if l.starts_with("HTTP/1.1") {
+                assert!(l.starts_with("HTTP/1.1 200"), "{l}");
+            }
+            if l.starts_with('{') {
+                return Some(serde_json::from_str(&l).unwrap());
+            }
+            l.clear();
+        }
+        None
+    };
+    send(&mut c, &ev("db", "one").to_string());
+    // Acknowledged while the request is still open.
+    let a = ack().expect("the first line's acknowledgement");
+    assert_eq!(
+        (a["line"].as_u64(), a["events"][0]["seq"].as_u64()),
+        (Some(1), Some(1))
+    );
+    send(
+        &mut c,
+        &json!([ev("db", "two"), ev("db", "three")]).to_string(),
+    );
+    let a = ack().expect("the batch's acknowledgement");
+    assert_eq!(a["line"], 2);
+    assert_eq!(a["events"].as_array().unwrap().len(), 2);
+    // The first refused line ends the stream; nothing after it is appended.
+    send(&mut c, &ev("net", "not mine").to_string());
+    let a = ack().expect("the refusal");
+    assert_eq!(
+        (a["line"].as_u64(), a["problem"]["status"].as_u64()),
+        (Some(3), Some(403))
+    );
+    send(&mut c, &ev("db", "after the refusal").to_string());
+    assert!(ack().is_none(), "the stream ended");
+    assert_eq!(srv.get("/v1/runs/inc/events", Some(&t)).seqs(), [1, 2, 3]);
+}

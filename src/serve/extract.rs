@@ -303,7 +303,7 @@ impl FromRequest<Arc<App>> for JsonBody {
 
 /// Nesting allowed in a body: an event's content or meta (`JSON_DEPTH_MAX`) inside an
 /// event object inside a batch array.
-const BODY_DEPTH_MAX: usize = JSON_DEPTH_MAX + 2;
+pub(crate) const BODY_DEPTH_MAX: usize = JSON_DEPTH_MAX + 2;
 
 fn is_length_limit(e: &axum::Error) -> bool {
     let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
@@ -318,7 +318,7 @@ fn is_length_limit(e: &axum::Error) -> bool {
 
 /// Refuses JSON nested deeper than `max` before it is parsed (one pass over the bytes,
 /// skipping strings), so a deep body costs no recursion.
-fn check_depth(bytes: &[u8], max: usize) -> Result<(), Problem> {
+pub(crate) fn check_depth(bytes: &[u8], max: usize) -> Result<(), Problem> {
     let (mut depth, mut in_str, mut esc) = (0usize, false, false);
     for &b in bytes {
         if in_str {

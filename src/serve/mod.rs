@@ -8,6 +8,8 @@
 //! - `extract.rs`: identity, JSON body and query extractors (every check before a call).
 //! - `problem.rs`: RFC 9457 error bodies and the map from the library's errors.
 //! - `routes.rs`: the routes, each a thin call into the library on a blocking thread.
+//! - `append.rs`: the append route (a JSON body, or an NDJSON stream acknowledged line by
+//!   line).
 //! - `sse.rs`: the live tail over SSE (bounded buffer per subscriber, resume by seq).
 //! - `metrics.rs`: the counters `/metrics` shows (Prometheus text).
 //! - `openapi.json`: the API's OpenAPI 3.1 document, served at `/v1/openapi.json`; a
@@ -22,6 +24,7 @@
 //! Never imported by any other layer (it is the front door).
 
 pub mod app;
+mod append;
 pub mod extract;
 pub mod metrics;
 pub mod problem;

@@ -13,15 +13,15 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::event::ts::Ts;
-use crate::event::{Event, EventType, NewEvent};
+use crate::event::{Event, EventType};
 use crate::fold::replay::Target;
 use crate::fold::rules::{ChannelDecl, ChannelKind, ConflictPolicy, Policy};
 use crate::fold::summary::Builtin;
-use crate::log::meta::Durability;
 use crate::query::options::ReadOptions;
 use crate::scratchpad::board::PickOutcome;
 use crate::serve::app::App;
-use crate::serve::extract::{Act, Identity, JsonBody, Keyed, NoParams, Reading, Q};
+use crate::serve::append;
+use crate::serve::extract::{Act, Identity, Keyed, NoParams, Reading, Q};
 use crate::serve::problem::Problem;
 use crate::serve::sse;
 use crate::synth::dedup::DedupConfig;
@@ -48,7 +48,7 @@ pub fn router(app: Arc<App>) -> Router {
         .doc("/healthz", get(healthz)).doc("/readyz", get(readyz)).doc("/metrics", get(metrics))
         .doc("/v1/openapi.json", get(openapi))
         .doc("/v1/runs", get(runs)).doc("/v1/runs/{run}", get(run_info))
-        .doc("/v1/runs/{run}/events", get(read).post(append))
+        .doc("/v1/runs/{run}/events", get(read).post(append::append))
         .doc("/v1/runs/{run}/verify", get(verify))
         .doc("/v1/runs/{run}/board", get(board)).doc("/v1/runs/{run}/pick", post(pick))
         .doc("/v1/runs/{run}/escalations", get(escalations))
@@ -115,11 +115,6 @@ fn answer<T: Serialize>(v: T) -> Viewed {
 /// What a write route answers.
 type Created = Result<Response, Problem>;
 
-/// Deserializes a body value, naming what is wrong.
-fn from_body<T: serde::de::DeserializeOwned>(what: &str, v: Value) -> Result<T, Problem> {
-    serde_json::from_value(v).map_err(|e| Problem::invalid(format!("{what}: {e}")))
-}
-
 fn parse_ts(field: &str, s: Option<String>) -> Result<Option<Ts>, Problem> {
     match s {
         None => Ok(None),
@@ -184,69 +179,6 @@ async fn runs(id: Identity) -> Viewed {
 
 async fn run_info(id: Identity, Path(run): Path<String>) -> Viewed {
     answer(id.call(move |s| s.run_info(&run)).await?)
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AppendQuery {
-    expect_seq: Option<u64>,
-    durability: Option<String>,
-}
-
-/// `POST /v1/runs/{run}/events`: one event object, or an array appended as one atomic
-/// batch. `expect_seq` (query, or the first event's own) makes it a compare-and-swap on
-/// the run's last seq (412 when it moved). Answers 201 with every stored event, the
-/// engine's own included (an escalation the append caused).
-async fn append(
-    State(app): State<Arc<App>>,
-    id: Identity,
-    Path(run): Path<String>,
-    Q(q): Q<AppendQuery>,
-    JsonBody(body): JsonBody,
-) -> Result<Response, Problem> {
-    let durability: Durability = match q.durability.as_deref() {
-        None => Durability::Sync,
-        Some(d) => d
-            .parse()
-            .map_err(|e: crate::error::Error| Problem::from(e))?,
-    };
-    let events: Vec<NewEvent> = match body {
-        Value::Array(items) => items
-            .into_iter()
-            .enumerate()
-            .map(|(i, v)| from_body(&format!("[{i}]"), v))
-            .collect::<Result<_, _>>()?,
-        v @ Value::Object(_) => vec![from_body("event", v)?],
-        _ => {
-            return Err(Problem::invalid(
-                "the body must be an event object or an array of them",
-            ))
-        }
-    };
-    for e in &events {
-        id.write_as(&e.agent_id)?;
-        if e.user_id.as_ref().is_some_and(|u| *u != id.token.user) {
-            return Err(Problem::forbidden(
-                "an event names another user than the token's",
-            ));
-        }
-    }
-    let expect = q
-        .expect_seq
-        .or_else(|| events.first().and_then(|e| e.expect_seq));
-    let started = std::time::Instant::now();
-    let stored = id
-        .call(move |s| s.append_batch(&run, events, expect, durability))
-        .await?;
-    app.metrics.append(stored.len(), started.elapsed());
-    Ok((
-        StatusCode::CREATED,
-        Json(Events {
-            events: stored,
-            next_from_seq: None,
-        }),
-    )
-        .into_response())
 }
 
 #[derive(Deserialize)]

@@ -1,0 +1,246 @@
+//! `POST /v1/runs/{run}/events`: appends, as one JSON body or as an NDJSON stream.
+//!
+//! - `Content-Type: application/json`: one event object, or an array appended as one
+//!   atomic batch; 201 `{"events": [...]}` with every stored event, the engine's own
+//!   included (an escalation the append caused).
+//! - `Content-Type: application/x-ndjson`: one event or batch per line, each appended as
+//!   soon as its line is complete and acknowledged at once on its own line of the
+//!   streamed 200 response (`{"line": N, "events": [...]}`), so a long-lived agent keeps
+//!   one request open. The first refused line is answered `{"line": N, "problem": {...}}`
+//!   and ends the stream (nothing after it is appended), as `swarm append --stdin` stops
+//!   at its first error. Each line is held to the body limit and the nesting limit; a
+//!   stream that sends nothing for the request timeout is answered with a 408 problem
+//!   line and closed.
+//!
+//! `expect_seq` (query, or the first event's own) makes an append a compare-and-swap on
+//! the run's last seq (412 when it moved).
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequest, Path, Request, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::event::{Event, NewEvent};
+use crate::log::meta::Durability;
+use crate::serve::app::App;
+use crate::serve::extract::{check_depth, Identity, JsonBody, BODY_DEPTH_MAX, Q};
+use crate::serve::problem::Problem;
+
+/// Query parameters of an append.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AppendQuery {
+    expect_seq: Option<u64>,
+    durability: Option<String>,
+}
+
+/// The stored events an append answers with.
+#[derive(Serialize)]
+struct Stored<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    line: Option<u64>,
+    events: &'a [Event],
+}
+
+/// Acknowledgement lines buffered ahead of a slow reader (the stream then waits).
+const ACKS_BUFFERED: usize = 16;
+
+/// The route: a JSON body or an NDJSON stream, by content type.
+pub(crate) async fn append(
+    State(app): State<Arc<App>>,
+    id: Identity,
+    Path(run): Path<String>,
+    Q(q): Q<AppendQuery>,
+    req: Request,
+) -> Result<Response, Problem> {
+    let durability: Durability = match q.durability.as_deref() {
+        None => Durability::Sync,
+        Some(d) => d.parse().map_err(Problem::from)?,
+    };
+    let ndjson = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/x-ndjson"));
+    let target = Target {
+        app: app.clone(),
+        id,
+        run,
+        expect_seq: q.expect_seq,
+        durability,
+    };
+    if ndjson {
+        return Ok(stream(target, req.into_body()));
+    }
+    let JsonBody(body) = JsonBody::from_request(req, &app).await?;
+    let stored = target.append(body).await?;
+    let ack = Stored {
+        line: None,
+        events: &stored,
+    };
+    Ok((StatusCode::CREATED, Json(ack)).into_response())
+}
+
+/// Where and how appends go.
+struct Target {
+    app: Arc<App>,
+    id: Identity,
+    run: String,
+    expect_seq: Option<u64>,
+    durability: Durability,
+}
+
+impl Target {
+    /// Appends one body (an event or a batch) after checking that the token may write
+    /// as each event's agent and that no event names another user.
+    async fn append(&self, body: Value) -> Result<Vec<Event>, Problem> {
+        let parse = |what: String, v: Value| {
+            serde_json::from_value::<NewEvent>(v)
+                .map_err(|e| Problem::invalid(format!("{what}: {e}")))
+        };
+        let events: Vec<NewEvent> = match body {
+            Value::Array(items) => items
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| parse(format!("[{i}]"), v))
+                .collect::<Result<_, _>>()?,
+            v @ Value::Object(_) => vec![parse("event".into(), v)?],
+            _ => {
+                return Err(Problem::invalid(
+                    "the body must be an event object or an array of them",
+                ))
+            }
+        };
+        for e in &events {
+            self.id.write_as(&e.agent_id)?;
+            if e.user_id.as_ref().is_some_and(|u| *u != self.id.token.user) {
+                return Err(Problem::forbidden(
+                    "an event names another user than the token's",
+                ));
+            }
+        }
+        let expect = self
+            .expect_seq
+            .or_else(|| events.first().and_then(|e| e.expect_seq));
+        let (run, durability) = (self.run.clone(), self.durability);
+        let started = std::time::Instant::now();
+        let stored = self
+            .id
+            .call(move |s| s.append_batch(&run, events, expect, durability))
+            .await?;
+        self.app.metrics.append(stored.len(), started.elapsed());
+        Ok(stored)
+    }
+}
+
+/// Answers an NDJSON request with a stream of acknowledgement lines, appending each
+/// request line as soon as it is complete.
+fn stream(target: Target, body: Body) -> Response {
+    let (tx, rx) = mpsc::channel::<Bytes>(ACKS_BUFFERED);
+    tokio::spawn(async move {
+        if let Err(last) = lines(&target, body, &tx).await {
+            let _ = tx.send(last).await;
+        }
+    });
+    let out = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
+    });
+    let mut r = Body::from_stream(out).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/x-ndjson"),
+    );
+    r
+}
+
+/// One JSON line.
+fn line_of(v: &impl Serialize) -> Bytes {
+    let mut b = serde_json::to_vec(v).unwrap_or_else(|_| b"{}".to_vec());
+    b.push(b'\n');
+    Bytes::from(b)
+}
+
+/// Reads request lines and appends them; `Err` carries the problem line that ends the
+/// stream.
+async fn lines(target: &Target, body: Body, tx: &mpsc::Sender<Bytes>) -> Result<(), Bytes> {
+    let limit = usize::try_from(target.app.opts.body_limit_bytes).unwrap_or(usize::MAX);
+    let idle = target.app.opts.request_timeout;
+    let mut data = body.into_data_stream();
+    let (mut buf, mut n) = (Vec::new(), 0u64);
+    let problem = |n: u64, p: Problem| line_of(&json!({"line": n, "problem": p}));
+    loop {
+        let chunk = match tokio::time::timeout(idle, data.next()).await {
+            Err(_) => {
+                let p = Problem::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "timeout",
+                    "Request timeout",
+                    format!("no line within {} ms", idle.as_millis()),
+                );
+                return Err(problem(n + 1, p));
+            }
+            Ok(None) => None,
+            Ok(Some(Err(e))) => {
+                return Err(problem(
+                    n + 1,
+                    Problem::invalid(format!("cannot read the body: {e}")),
+                ))
+            }
+            Ok(Some(Ok(c))) => Some(c),
+        };
+        let end = chunk.is_none();
+        if let Some(c) = chunk {
+            buf.extend_from_slice(&c);
+        }
+        // Every complete line, and at the end whatever is left.
+        while let Some(pos) = buf
+            .iter()
+            .position(|&b| b == b'\n')
+            .or((end && !buf.is_empty()).then(|| buf.len() - 1))
+        {
+            let line: Vec<u8> = buf.drain(..=pos).collect();
+            let text = line.trim_ascii();
+            if text.is_empty() {
+                continue;
+            }
+            n += 1;
+            if text.len() > limit {
+                return Err(problem(n, Problem::too_large(limit as u64)));
+            }
+            let stored = async {
+                check_depth(text, BODY_DEPTH_MAX)?;
+                let v: Value = serde_json::from_slice(text)
+                    .map_err(|e| Problem::invalid(format!("the line is not JSON: {e}")))?;
+                target.append(v).await
+            };
+            match stored.await {
+                Ok(events) => {
+                    let ack = line_of(&Stored {
+                        line: Some(n),
+                        events: &events,
+                    });
+                    if tx.send(ack).await.is_err() {
+                        return Ok(()); // the client is gone
+                    }
+                }
+                Err(p) => return Err(problem(n, p)),
+            }
+        }
+        if buf.len() > limit {
+            return Err(problem(n + 1, Problem::too_large(limit as u64)));
+        }
+        if end {
+            return Ok(());
+        }
+    }
+}
