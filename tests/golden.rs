@@ -7,7 +7,8 @@ use std::path::Path;
 use swarm_memory::log::frame::{self, Decoded};
 use swarm_memory::{Event, ReadOptions, Store};
 
-fn copy_dir(from: &Path, to: &Path) {
+/// Copies a fixture directory.
+pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
         let e = e.unwrap();

@@ -278,3 +278,141 @@ fn cached_head_state_follows_appends() {
         );
     }
 }
+
+/// The header of a version-1 checkpoint (the format before the binary body), written the
+/// way that version's code wrote it: the state's canonical JSON, zstd level 3.
+fn v1_checkpoint(state: &State, info: &swarm_memory::fold::checkpoint::CheckpointInfo) -> Vec<u8> {
+    let json = state.to_bytes();
+    let body = zstd::bulk::compress(&json, 3).unwrap();
+    let mut out = b"SWCK".to_vec();
+    out.extend_from_slice(&1u32.to_le_bytes());
+    for v in [
+        info.seq,
+        info.segment,
+        info.frame_start,
+        info.frame_end,
+        info.ts.0,
+        body.len() as u64,
+        json.len() as u64,
+    ] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    let hcrc = crc32fast::hash(&out[..68]);
+    out.extend_from_slice(&hcrc.to_le_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+fn version_of(bytes: &[u8]) -> u32 {
+    u32::from_le_bytes(bytes[4..8].try_into().unwrap())
+}
+
+/// A checkpoint of the old format (version 1, a JSON body), as the code before the binary
+/// body wrote it (`tests/fixtures/checkpoint-v1`, the golden run's head): never read, but
+/// skipped like a damaged one, listed by `verify` under `rebuilt`, and replaced by the next
+/// checkpoint, with the same state throughout.
+#[test]
+fn old_version_checkpoint_fixture_is_ignored_and_rebuilt() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let dir = tempfile::tempdir().unwrap();
+    crate::golden::copy_dir(&fixtures.join("golden-v1"), dir.path());
+    let store = Store::open(dir.path()).unwrap();
+    let name = swarm_memory::fold::checkpoint::checkpoint_name(3);
+    let expected = scratch(&store, "golden", 3).to_bytes();
+    let old = std::fs::read(fixtures.join("checkpoint-v1").join(&name)).unwrap();
+    assert_eq!(version_of(&old), 1, "the fixture is a version-1 checkpoint");
+    let ck = store.checkpoint_dir("golden").join(&name);
+    std::fs::create_dir_all(ck.parent().unwrap()).unwrap();
+    std::fs::write(&ck, &old).unwrap();
+    assert_eq!(store.checkpoints("golden").unwrap(), vec![3]);
+
+    let r = store.state_at("golden", Target::Head, |_| {}).unwrap();
+    assert_eq!(r.stats.from_checkpoint, None);
+    assert_eq!(r.stats.checkpoints_skipped, 1);
+    assert_eq!(r.state.to_bytes(), expected);
+    let rep = store.verify("golden", |_| {}).unwrap();
+    assert!(rep.ok);
+    assert!(
+        rep.rebuilt
+            .iter()
+            .any(|x| x.contains(&name) && x.contains("format version 1")),
+        "{:?}",
+        rep.rebuilt
+    );
+
+    // Rebuilt: the next checkpoint replaces it, and is used, with the same state.
+    store.checkpoint("golden", |_| {}).unwrap();
+    assert_eq!(
+        version_of(&std::fs::read(&ck).unwrap()),
+        swarm_memory::fold::checkpoint::CHECKPOINT_VERSION
+    );
+    let r = store.state_at("golden", Target::Head, |_| {}).unwrap();
+    assert_eq!(r.stats.from_checkpoint, Some(3));
+    assert_eq!(r.stats.checkpoints_skipped, 0);
+    assert_eq!(r.state.to_bytes(), expected);
+    assert!(store.verify("golden", |_| {}).unwrap().rebuilt.is_empty());
+}
+
+/// The same on a run with channels, escalations and resolutions: an old-version
+/// checkpoint at the head is skipped, and the replay that had to apply the whole log (more
+/// than the checkpoint interval) writes a current one in its place; states never differ.
+#[test]
+fn old_version_checkpoint_is_rebuilt_by_a_long_replay() {
+    let mem = MemStorage::new();
+    let store = mem_store(&mem);
+    for k in ["notes", "state"] {
+        let kind = match k {
+            "notes" => swarm_memory::fold::rules::ChannelKind::Append,
+            _ => swarm_memory::fold::rules::ChannelKind::Merge,
+        };
+        let decl = swarm_memory::fold::rules::ChannelDecl {
+            channel: k.into(),
+            kind,
+            on_conflict: Default::default(),
+            max_size_kb: 1024,
+        };
+        store.declare_channel("r", "lead", &decl).unwrap();
+    }
+    for i in 0..240u32 {
+        engine_op(&store, i, (i % 5) as u8, (i % 7) as u8);
+        store
+            .append(
+                "r",
+                new_event(i, (i % 5) as u8, (i % 4) as u8, (i % 11) as u8),
+                Durability::None,
+            )
+            .unwrap();
+    }
+    let info = store.checkpoint("r", |_| {}).unwrap().unwrap();
+    let expected = scratch(&store, "r", info.seq);
+    assert!(!expected.rules.channels.is_empty() && !expected.rules.escalations.is_empty());
+    let ck = store
+        .checkpoint_dir("r")
+        .join(swarm_memory::fold::checkpoint::checkpoint_name(info.seq));
+    mem.set_contents(&ck, v1_checkpoint(&expected, &info));
+
+    let interval = Store::open_with(
+        Arc::new(mem.clone()),
+        Path::new("/data"),
+        LogOptions::default(),
+    )
+    .unwrap()
+    .with_checkpoints("/ck", 100);
+    let r = interval.state_at("r", Target::Head, |_| {}).unwrap();
+    assert_eq!(r.stats.from_checkpoint, None);
+    assert_eq!(r.stats.checkpoints_skipped, 1);
+    assert!(r.stats.events_applied >= 100);
+    assert_eq!(r.state.to_bytes(), expected.to_bytes());
+    assert_eq!(
+        version_of(&mem.contents(&ck).unwrap()),
+        swarm_memory::fold::checkpoint::CHECKPOINT_VERSION,
+        "the replay wrote a current checkpoint in its place"
+    );
+    let r = interval.state_at("r", Target::Head, |_| {}).unwrap();
+    assert_eq!(r.stats.from_checkpoint, Some(info.seq));
+    assert_eq!(r.state.to_bytes(), expected.to_bytes());
+    let back = swarm_memory::fold::checkpoint::load(&mem, &ck).unwrap();
+    assert_eq!(back.0, expected);
+    assert_eq!(back.1, info);
+}

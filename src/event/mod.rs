@@ -8,7 +8,10 @@
 
 pub mod ts;
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
@@ -96,7 +99,12 @@ pub struct LogDamaged {
 
 impl LogDamaged {
     /// The seq range a stored event declares lost, if it is a `log_damaged` event.
-    pub fn declared(kind: EventType, content: &Value) -> Option<(u64, u64)> {
+    /// `content` is the event's content as a parsed value (`&Value`) or as raw JSON
+    /// (`&RawValue`, see [`EventRef`]).
+    pub fn declared<'de>(
+        kind: EventType,
+        content: impl serde::Deserializer<'de>,
+    ) -> Option<(u64, u64)> {
         if kind != EventType::LogDamaged {
             return None;
         }
@@ -612,6 +620,139 @@ impl Checked {
             session_id: self.session_id,
             meta: self.meta,
         }
+    }
+}
+
+/// A stored event borrowed from the bytes of its frame, with `content` and `meta` left
+/// as raw JSON: their syntax is checked by the parse, but no value is built. Replay folds
+/// these and builds an owned [`Event`] only where the state keeps one (a subject's latest
+/// entry, decisions, actions, summaries); the fields and their stored names are
+/// [`Event`]'s, so both parse the same bytes alike.
+#[derive(Debug, Deserialize)]
+pub(crate) struct EventRef<'a> {
+    #[serde(borrow)]
+    pub run_id: Cow<'a, str>,
+    pub seq: u64,
+    pub ts: Ts,
+    #[serde(borrow)]
+    pub id: Cow<'a, str>,
+    #[serde(borrow)]
+    pub agent_id: Cow<'a, str>,
+    #[serde(borrow)]
+    pub user_id: Cow<'a, str>,
+    #[serde(rename = "type")]
+    pub kind: EventType,
+    #[serde(borrow)]
+    pub content: &'a RawValue,
+    #[serde(default)]
+    pub confidence: Option<f64>,
+    #[serde(default)]
+    pub refs: Vec<u64>,
+    #[serde(borrow, default)]
+    pub subject: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub session_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub meta: Option<&'a RawValue>,
+}
+
+/// An event's content as the fold keeps it: the stored text of a plain string (no value
+/// built), or the parsed value.
+#[derive(Clone, Debug)]
+pub(crate) enum Content<'a> {
+    /// A JSON string without escapes: its bytes are its value.
+    Plain(&'a str),
+    /// Anything else, parsed.
+    Value(Value),
+}
+
+impl Content<'_> {
+    /// The content as a value.
+    pub(crate) fn into_value(self) -> Value {
+        match self {
+            Content::Plain(t) => Value::String(t.to_string()),
+            Content::Value(v) => v,
+        }
+    }
+}
+
+impl<'a> EventRef<'a> {
+    /// The content, parsed unless it is a plain string. (A JSON string without a
+    /// backslash holds no quote and no control byte, so its stored bytes are its value.)
+    pub(crate) fn content(&self) -> serde_json::Result<Content<'a>> {
+        let raw: &'a str = self.content.get();
+        match raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
+            Some(inner) if !inner.contains('\\') => Ok(Content::Plain(inner)),
+            _ => serde_json::from_str(raw).map(Content::Value),
+        }
+    }
+
+    /// The content as a value, parsed.
+    pub(crate) fn content_value(&self) -> serde_json::Result<Value> {
+        serde_json::from_str(self.content.get())
+    }
+
+    /// The meta object, parsed.
+    pub(crate) fn meta_map(&self) -> serde_json::Result<Option<Map<String, Value>>> {
+        self.meta.map(|m| serde_json::from_str(m.get())).transpose()
+    }
+
+    /// The owned event, given its content and parsed meta.
+    pub(crate) fn to_event(&self, content: Content<'_>, meta: Option<Map<String, Value>>) -> Event {
+        Event {
+            run_id: self.run_id.to_string(),
+            seq: self.seq,
+            ts: self.ts,
+            id: self.id.to_string(),
+            agent_id: self.agent_id.to_string(),
+            user_id: self.user_id.to_string(),
+            kind: self.kind,
+            content: content.into_value(),
+            confidence: self.confidence,
+            refs: self.refs.clone(),
+            subject: self.subject.as_deref().map(str::to_string),
+            session_id: self.session_id.as_deref().map(str::to_string),
+            meta,
+        }
+    }
+
+    /// Overwrites `into` with this event (given its content and parsed meta), reusing
+    /// its buffers: the fold rewrites a subject's latest entry on every entry about it,
+    /// so this copies bytes and, once the buffers have grown, allocates nothing for a
+    /// plain string content.
+    pub(crate) fn write_into(
+        &self,
+        into: &mut Event,
+        content: Content<'_>,
+        meta: Option<Map<String, Value>>,
+    ) {
+        fn set(s: &mut String, v: &str) {
+            s.clear();
+            s.push_str(v);
+        }
+        fn set_opt(s: &mut Option<String>, v: Option<&str>) {
+            match (s.as_mut(), v) {
+                (Some(s), Some(v)) => set(s, v),
+                (_, v) => *s = v.map(str::to_string),
+            }
+        }
+        set(&mut into.run_id, &self.run_id);
+        into.seq = self.seq;
+        into.ts = self.ts;
+        set(&mut into.id, &self.id);
+        set(&mut into.agent_id, &self.agent_id);
+        set(&mut into.user_id, &self.user_id);
+        into.kind = self.kind;
+        match (content, &mut into.content) {
+            (Content::Plain(t), Value::String(s)) => set(s, t),
+            (c, v) => *v = c.into_value(),
+        }
+        into.confidence = self.confidence;
+        into.refs.clear();
+        into.refs.extend_from_slice(&self.refs);
+        set_opt(&mut into.subject, self.subject.as_deref());
+        set_opt(&mut into.session_id, self.session_id.as_deref());
+        into.meta = meta;
     }
 }
 

@@ -26,12 +26,14 @@ impl Ts {
     /// Parses RFC 3339 (`2026-11-22T14:03:00Z`, `...00.5+01:00`) or a date (`2026-11-22`).
     pub fn parse(s: &str) -> Option<Ts> {
         let b = s.as_bytes();
+        // Fields are 2 to 4 ASCII digits: folded directly (every event read parses one
+        // timestamp, so this is on the replay's hot path).
         let num = |r: std::ops::Range<usize>| -> Option<i64> {
             let part = b.get(r)?;
             if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
                 return None;
             }
-            std::str::from_utf8(part).ok()?.parse().ok()
+            Some(part.iter().fold(0, |n, d| n * 10 + i64::from(d - b'0')))
         };
         let year = num(0..4)?;
         if b.get(4) != Some(&b'-') || b.get(7) != Some(&b'-') {

@@ -5,7 +5,7 @@
 //! | offset | bytes | field |
 //! |---|---|---|
 //! | 0  | 4 | magic `SWCK` |
-//! | 4  | 4 | format version (1) |
+//! | 4  | 4 | format version ([`CHECKPOINT_VERSION`], 2) |
 //! | 8  | 8 | seq: the state's head seq, the last seq of its frame |
 //! | 16 | 8 | log position: base seq of the segment holding that frame |
 //! | 24 | 8 | log position: byte offset where that frame starts |
@@ -15,26 +15,35 @@
 //! | 56 | 8 | body length uncompressed |
 //! | 64 | 4 | CRC-32 of the body |
 //! | 68 | 4 | CRC-32 of header bytes 0..68 |
-//! | 72 | … | body: zstd (level 3) of the state's canonical JSON |
+//! | 72 | … | body: zstd (level 3) of the state in its binary form ([`super::binary`]) |
 //!
 //! Written to a temp file, fsynced, renamed into place, and the directory fsynced, so a
 //! checkpoint is either whole or absent. On load every field is checked (and the frame it
 //! names is read back from the log); a bad one is skipped with a warning for an older one
 //! or a full replay. Retention: the newest [`CHECKPOINTS_KEPT`] per run.
+//!
+//! Versions: 1 held the state's canonical JSON (zstd level 3); 2 (since the replay work of
+//! issue 12) holds the binary form, several times smaller and decoded without a JSON
+//! parser. A checkpoint of another version is never read: it is skipped like a damaged
+//! one (replay falls back to an older checkpoint or the start of the log), and the next
+//! checkpoint written at or past its seq (by a long enough replay, the automatic ones,
+//! `swarm checkpoint`) replaces it; `swarm verify` lists it under `rebuilt`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{Error, IoContext, Result};
 use crate::event::ts::Ts;
+use crate::fold::binary;
 use crate::fold::state::State;
 use crate::log::frame::{self, Decoded};
 use crate::log::segment;
 use crate::log::storage::{OpenMode, Storage};
 use crate::log::watermark::Pos;
 
-/// Checkpoint format version.
-pub const CHECKPOINT_VERSION: u32 = 1;
+/// Checkpoint format version: 2, the binary body ([`super::binary`]). Version 1 (a JSON
+/// body) and any other are skipped and rebuilt, never read.
+pub const CHECKPOINT_VERSION: u32 = 2;
 /// Header bytes.
 pub const HEADER_BYTES: usize = 72;
 /// Checkpoints kept per run; older ones are deleted after a new one is written.
@@ -99,7 +108,8 @@ pub fn list(storage: &dyn Storage, dir: &Path) -> Result<Vec<u64>> {
 }
 
 /// The file layout checkpoints and facts-fold snapshots share: the 72-byte header above
-/// (with its own magic and version), then a zstd body of JSON.
+/// (with its own magic and version), then a zstd body (binary for checkpoints, JSON for
+/// snapshots).
 pub(crate) struct Container {
     /// Magic bytes.
     pub magic: &'static [u8; 4],
@@ -122,9 +132,9 @@ const CHECKPOINT: Container = Container {
 };
 
 impl Container {
-    /// Header and compressed body for `json`, standing at `info`.
-    pub(crate) fn encode(&self, json: &[u8], info: &CheckpointInfo) -> Result<Vec<u8>> {
-        let body = zstd::bulk::compress(json, self.level).map_err(|e| Error::Io {
+    /// Header and compressed body for `raw` (the uncompressed body), standing at `info`.
+    pub(crate) fn encode(&self, raw: &[u8], info: &CheckpointInfo) -> Result<Vec<u8>> {
+        let body = zstd::bulk::compress(raw, self.level).map_err(|e| Error::Io {
             op: "compress",
             path: PathBuf::new(),
             source: e,
@@ -139,7 +149,7 @@ impl Container {
             info.frame_end,
             info.ts.0,
             body.len() as u64,
-            json.len() as u64,
+            raw.len() as u64,
         ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
@@ -151,7 +161,7 @@ impl Container {
     }
 
     /// Reads and checks a file: every header field, both checksums, the sizes; returns
-    /// the uncompressed JSON and where it stands. Never allocates more than the file
+    /// the uncompressed body and where it stands. Never allocates more than the file
     /// holds (plus the declared, bounded, uncompressed size).
     pub(crate) fn load(
         &self,
@@ -182,7 +192,7 @@ impl Container {
             return Err(bad(
                 path,
                 format!(
-                    "format version {version}, this build reads {}",
+                    "format version {version}; this build reads only version {}",
                     self.version
                 ),
             ));
@@ -217,12 +227,12 @@ impl Container {
         if crc32fast::hash(&body) != u32_at(64) {
             return Err(bad(path, "body checksum mismatch"));
         }
-        let json = zstd::bulk::decompress(&body, raw_len as usize)
+        let raw = zstd::bulk::decompress(&body, raw_len as usize)
             .map_err(|e| bad(path, format!("zstd: {e}")))?;
-        if json.len() as u64 != raw_len {
+        if raw.len() as u64 != raw_len {
             return Err(bad(path, "uncompressed size differs from the header"));
         }
-        Ok((json, info))
+        Ok((raw, info))
     }
 }
 
@@ -262,7 +272,7 @@ pub(crate) fn write_atomic(
 
 /// Encodes a checkpoint file.
 pub fn encode(state: &State, info: &CheckpointInfo) -> Result<Vec<u8>> {
-    CHECKPOINT.encode(&state.to_bytes(), info)
+    CHECKPOINT.encode(&binary::encode(state), info)
 }
 
 /// A damaged derived file (checkpoint, snapshot) at `path`.
@@ -278,9 +288,8 @@ pub(crate) fn bad(path: &Path, reason: impl Into<String>) -> Error {
 /// Reads and checks a checkpoint file; never allocates more than the file holds (plus
 /// the declared, bounded, uncompressed size).
 pub fn load(storage: &dyn Storage, path: &Path) -> Result<(State, CheckpointInfo)> {
-    let (json, info) = CHECKPOINT.load(storage, path)?;
-    let state: State =
-        serde_json::from_slice(&json).map_err(|e| bad(path, format!("state JSON: {e}")))?;
+    let (body, info) = CHECKPOINT.load(storage, path)?;
+    let state = binary::decode(&body).map_err(|e| bad(path, format!("state: {e}")))?;
     if state.head_seq != info.seq {
         return Err(bad(
             path,

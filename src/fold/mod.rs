@@ -5,6 +5,7 @@
 //! - [`state`]: `State`, the whole fold (subjects, agents, decisions, actions, ...).
 //! - [`checkpoint`]: the checkpoint container (zstd body, checksummed header, atomic
 //!   write) and checkpoints of `State` at frame boundaries.
+//! - [`binary`]: the compact binary form of `State` that checkpoints hold.
 //! - [`replay`]: the state at a seq or a time, from the newest usable checkpoint plus the
 //!   log.
 //! - [`summary`]: the `Summarizer` trait and the built-in extractive summary (pruning).
@@ -17,6 +18,7 @@
 //! Never imports: `commit`, `store`, `scratchpad`, `tail`, `synth` (the fold sits below
 //! the writer, which checks every append against [`rules`]).
 
+pub(crate) mod binary;
 pub mod checkpoint;
 pub mod replay;
 pub mod rules;

@@ -8,13 +8,12 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::event::ts::Ts;
-use crate::event::Event;
 use crate::fold::checkpoint::{self, CheckpointInfo};
 use crate::fold::state::State;
+use crate::log::segment;
 use crate::log::storage::Storage;
 use crate::log::watermark::read_marks;
-use crate::query::options::ReadOptions;
-use crate::query::read::EventIter;
+use crate::query::read::FrameWalk;
 
 /// Which point of a run to reconstruct.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,11 +27,11 @@ pub enum Target {
 }
 
 impl Target {
-    fn admits(&self, e: &Event) -> bool {
+    fn admits(&self, seq: u64, ts: Ts) -> bool {
         match *self {
             Target::Head => true,
-            Target::Seq(s) => e.seq <= s,
-            Target::Time(t) => e.ts <= t,
+            Target::Seq(s) => seq <= s,
+            Target::Time(t) => ts <= t,
         }
     }
 
@@ -123,28 +122,21 @@ pub(crate) fn state_at(
             }
         }
     }
-    let (mut state, mut boundary, mut it) = match start {
+    let (mut state, mut boundary, mut walk) = match start {
         Some((state, info)) => {
             stats.from_checkpoint = Some(info.seq);
-            let it = EventIter::new_at(
+            let walk = FrameWalk::new(
                 p.storage.clone(),
                 p.run_dir.clone(),
                 &p.run_id,
-                info.end(),
-                info.seq + 1,
-                ReadOptions::default(),
+                Some((info.end(), info.seq + 1)),
             )?;
-            (state, Some(info), it)
+            (state, Some(info), walk)
         }
         None => (
             State::new(&p.run_id),
             None,
-            EventIter::new(
-                p.storage.clone(),
-                p.run_dir.clone(),
-                &p.run_id,
-                ReadOptions::default(),
-            )?,
+            FrameWalk::new(p.storage.clone(), p.run_dir.clone(), &p.run_id, None)?,
         ),
     };
     if let Target::Seq(s) = target {
@@ -156,24 +148,15 @@ pub(crate) fn state_at(
             });
         }
     }
-    while let Some(e) = it.next() {
-        let e = e?;
-        if !target.admits(&e) {
-            break;
-        }
-        state.apply(&e);
-        stats.events_applied += 1;
-        if stats.events_applied.is_multiple_of(65_536) {
-            progress(stats.events_applied);
-        }
-        boundary = it.at_frame_end().then(|| CheckpointInfo {
-            seq: e.seq,
-            segment: it.position().seg,
-            frame_start: it.frame_start(),
-            frame_end: it.position().off,
-            ts: e.ts,
-        });
-    }
+    fold(
+        p,
+        &mut walk,
+        target,
+        &mut state,
+        &mut stats,
+        &mut boundary,
+        &mut progress,
+    )?;
     progress(stats.events_applied);
     if let Target::Seq(s) = target {
         if s > state.head_seq {
@@ -198,31 +181,66 @@ pub(crate) fn state_at(
 /// Applies the events after `from` (a frame boundary whose state is `state`) up to the
 /// visible head: how a cached head state is brought up to date.
 pub(crate) fn advance(p: &RunPaths, mut state: State, from: CheckpointInfo) -> Result<Replayed> {
-    let mut it = EventIter::new_at(
+    let mut walk = FrameWalk::new(
         p.storage.clone(),
         p.run_dir.clone(),
         &p.run_id,
-        from.end(),
-        from.seq + 1,
-        ReadOptions::default(),
+        Some((from.end(), from.seq + 1)),
     )?;
     let mut stats = ReplayStats::default();
     let mut boundary = Some(from);
-    while let Some(e) = it.next() {
-        let e = e?;
-        state.apply(&e);
-        stats.events_applied += 1;
-        boundary = it.at_frame_end().then(|| CheckpointInfo {
-            seq: e.seq,
-            segment: it.position().seg,
-            frame_start: it.frame_start(),
-            frame_end: it.position().off,
-            ts: e.ts,
-        });
-    }
+    fold(
+        p,
+        &mut walk,
+        Target::Head,
+        &mut state,
+        &mut stats,
+        &mut boundary,
+        &mut |_| {},
+    )?;
     Ok(Replayed {
         state,
         stats,
         boundary,
     })
+}
+
+/// Applies the walk's events to `state` up to `target`, frame by frame, borrowed from the
+/// read buffer (see [`State::apply_ref`]). `boundary` ends at the frame boundary at the
+/// state's head, or `None` when the target stops inside a frame.
+fn fold(
+    p: &RunPaths,
+    walk: &mut FrameWalk,
+    target: Target,
+    state: &mut State,
+    stats: &mut ReplayStats,
+    boundary: &mut Option<CheckpointInfo>,
+    progress: &mut dyn FnMut(u64),
+) -> Result<()> {
+    let mut failed = None;
+    walk.run(&mut |events, at| {
+        for (i, e) in events.iter().enumerate() {
+            if !target.admits(e.seq, e.ts) {
+                return false;
+            }
+            if let Err(reason) = state.apply_ref(e) {
+                let path = segment::segment_path(&p.run_dir, at.seg);
+                failed = Some(Error::corrupt(&path, at.start, e.seq, reason));
+                return false;
+            }
+            stats.events_applied += 1;
+            if stats.events_applied.is_multiple_of(65_536) {
+                progress(stats.events_applied);
+            }
+            *boundary = (i + 1 == events.len()).then_some(CheckpointInfo {
+                seq: e.seq,
+                segment: at.seg,
+                frame_start: at.start,
+                frame_end: at.end,
+                ts: e.ts,
+            });
+        }
+        true
+    })?;
+    failed.map_or(Ok(()), Err)
 }

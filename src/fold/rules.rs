@@ -654,14 +654,20 @@ impl Rules {
                     self.unpinned_total += 1;
                 }
                 if let Some(s) = e.subject {
-                    let r = self.subjects.entry(s.to_string()).or_default();
-                    r.latest_seq = e.seq;
-                    if k.is_pinned() {
-                        r.standing = Some(Standing {
-                            seq: e.seq,
-                            agent: e.agent.to_string(),
-                            norm: normalize(e.content),
-                        });
+                    let update = |r: &mut SubjectRules| {
+                        r.latest_seq = e.seq;
+                        if k.is_pinned() {
+                            r.standing = Some(Standing {
+                                seq: e.seq,
+                                agent: e.agent.to_string(),
+                                norm: normalize(e.content),
+                            });
+                        }
+                    };
+                    // One lookup, and no copy of the name, for a subject seen before.
+                    match self.subjects.get_mut(s) {
+                        Some(r) => update(r),
+                        None => update(self.subjects.entry(s.to_string()).or_default()),
                     }
                 }
             }

@@ -11,11 +11,11 @@ use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserializer as _, Serialize};
 
 use crate::error::{Error, IoContext, Result};
 use crate::event::ts::Ts;
-use crate::event::{Event, LogDamaged};
+use crate::event::{Event, EventRef, LogDamaged, BATCH_EVENTS_MAX};
 use crate::log::frame::{self, Decoded};
 use crate::log::segment::{self, FrameReader, Step};
 use crate::log::storage::{file_len, Storage};
@@ -108,32 +108,157 @@ pub(crate) fn check_frame(
     let text = std::str::from_utf8(payload).map_err(|e| (None, format!("bad event JSON: {e}")))?;
     let events: Vec<Event> =
         serde_json::from_str(text).map_err(|e| (None, format!("bad event JSON: {e}")))?;
-    if events.is_empty() {
-        return Err((None, "empty frame".into()));
+    check_order(&events, expect, last_ts, run_id, |e| {
+        (
+            e.seq,
+            e.ts,
+            &e.run_id,
+            LogDamaged::declared(e.kind, &e.content),
+        )
+    })?;
+    Ok(events)
+}
+
+/// [`check_frame`] for a fold: the same checks, the events borrowed from `payload` with
+/// their content unparsed (its JSON syntax checked), and `meta` checked to be an object
+/// as [`Event`] requires.
+pub(crate) fn check_frame_refs<'a>(
+    payload: &'a [u8],
+    expect: Option<u64>,
+    last_ts: Ts,
+    run_id: &str,
+) -> std::result::Result<Vec<EventRef<'a>>, (Option<u64>, String)> {
+    let text = std::str::from_utf8(payload).map_err(|e| (None, format!("bad event JSON: {e}")))?;
+    let mut de = serde_json::Deserializer::from_str(text);
+    let events = de
+        .deserialize_seq(Presized(text.len()))
+        .and_then(|v| de.end().map(|()| v))
+        .map_err(|e| (None, format!("bad event JSON: {e}")))?;
+    if let Some(e) = events
+        .iter()
+        .find(|e| e.meta.is_some_and(|m| !m.get().starts_with('{')))
+    {
+        return Err((Some(e.seq), "bad event JSON: meta is not an object".into()));
     }
-    let mut first = expect.unwrap_or(events[0].seq);
+    check_order(&events, expect, last_ts, run_id, |e| {
+        (
+            e.seq,
+            e.ts,
+            &e.run_id,
+            LogDamaged::declared(e.kind, e.content),
+        )
+    })?;
+    Ok(events)
+}
+
+/// Parses a frame's array of events into a vector sized once from the payload's length
+/// (no stored event is shorter than ~100 bytes; a frame holds at most 1,024), instead of
+/// growing it by doubling through a frame of a thousand events.
+struct Presized(usize);
+
+impl<'de> serde::de::Visitor<'de> for Presized {
+    type Value = Vec<EventRef<'de>>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an array of events")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<Self::Value, A::Error> {
+        let mut v = Vec::with_capacity((self.0 / 96 + 1).min(BATCH_EVENTS_MAX));
+        while let Some(e) = seq.next_element()? {
+            v.push(e);
+        }
+        Ok(v)
+    }
+}
+
+/// The checks of one frame's events, whatever form they were parsed into: not empty, seqs
+/// following `expect` without a gap (but for a declared one), ts not decreasing, all of
+/// `run_id`. `head` gives an event's seq, ts, run and the gap it declares, if any.
+fn check_order<E>(
+    events: &[E],
+    expect: Option<u64>,
+    last_ts: Ts,
+    run_id: &str,
+    head: impl Fn(&E) -> (u64, Ts, &str, Option<(u64, u64)>),
+) -> std::result::Result<(), (Option<u64>, String)> {
+    let Some(e0) = events.first() else {
+        return Err((None, "empty frame".into()));
+    };
+    let (seq0, _, _, declared) = head(e0);
+    let mut first = expect.unwrap_or(seq0);
     // A gap is legal only where a `log_damaged` event right after it declares exactly
     // the missing seqs (`swarm repair`): those seqs were lost and are never reused.
-    if events[0].seq > first
-        && LogDamaged::declared(events[0].kind, &events[0].content)
-            == Some((first, events[0].seq - 1))
-    {
-        first = events[0].seq;
+    if seq0 > first && declared == Some((first, seq0 - 1)) {
+        first = seq0;
     }
     let mut ts = last_ts;
     for (want, e) in (first..).zip(events.iter()) {
-        if e.seq != want {
-            return Err((Some(want), format!("holds seq {}, expected {want}", e.seq)));
+        let (seq, e_ts, e_run, _) = head(e);
+        if seq != want {
+            return Err((Some(want), format!("holds seq {seq}, expected {want}")));
         }
-        if e.ts < ts {
-            return Err((Some(want), format!("ts {} before the previous {ts}", e.ts)));
+        if e_ts < ts {
+            return Err((Some(want), format!("ts {e_ts} before the previous {ts}")));
         }
-        if e.run_id != run_id {
-            return Err((Some(want), format!("belongs to run {:?}", e.run_id)));
+        if e_run != run_id {
+            return Err((Some(want), format!("belongs to run {e_run:?}")));
         }
-        ts = e.ts;
+        ts = e_ts;
     }
-    Ok(events)
+    Ok(())
+}
+
+/// Where a frame lies in the log: what a checkpoint taken right after it records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FrameBounds {
+    /// Base seq of its segment.
+    pub seg: u64,
+    /// Offset of its first byte.
+    pub start: u64,
+    /// Offset just after its last byte.
+    pub end: u64,
+}
+
+/// Takes each whole, checked frame of a [`FrameWalk`]: its events and bounds. Returns
+/// false to stop the walk.
+pub(crate) type FrameSink<'s> = dyn FnMut(&[EventRef<'_>], FrameBounds) -> bool + 's;
+
+/// A read of every event of a run, frame by frame, for a fold: the events of each frame
+/// are handed over borrowed from the read buffer, with their content unparsed, instead
+/// of being built one by one as owned [`Event`]s. Everything else is the plain read's
+/// ([`EventIter`]: the same visibility limit, CRC, seq, ts and run checks, and the same
+/// handling of torn tails and damage), which it reuses; it has no filters and no index.
+pub(crate) struct FrameWalk {
+    it: EventIter,
+}
+
+impl FrameWalk {
+    /// Walks up to the visible mark from the start of the log, or from `start`: a frame
+    /// boundary and the seq of the frame there (as a checkpoint records).
+    pub(crate) fn new(
+        storage: Arc<dyn Storage>,
+        dir: PathBuf,
+        run_id: &str,
+        start: Option<(Pos, u64)>,
+    ) -> Result<Self> {
+        let opts = ReadOptions::default();
+        let it = match start {
+            None => EventIter::new(storage, dir, run_id, opts)?,
+            Some((pos, seq)) => EventIter::new_at(storage, dir, run_id, pos, seq, opts)?,
+        };
+        Ok(FrameWalk { it })
+    }
+
+    /// Hands every following frame to `sink`, in log order, until it returns false or the
+    /// log ends. An error stops the walk.
+    pub(crate) fn run(&mut self, sink: &mut FrameSink<'_>) -> Result<()> {
+        while self.it.fill(Some(&mut *sink))? {}
+        Ok(())
+    }
 }
 
 impl EventIter {
@@ -445,10 +570,12 @@ impl EventIter {
         Ok(true)
     }
 
-    /// Reads the next frame into `pending`. Returns false at the end of the log.
-    fn fill(&mut self) -> Result<bool> {
+    /// Reads the next frame into `pending`, or with `sink` (a [`FrameWalk`]) hands its
+    /// events to it. Returns false at the end of the log (or when `sink` says stop).
+    fn fill(&mut self, mut sink: Option<&mut FrameSink<'_>>) -> Result<bool> {
         loop {
-            if self.plan.is_some() {
+            // A walk is built without an index, so it never has a plan.
+            if self.plan.is_some() && sink.is_none() {
                 if self.fill_from_plan()? {
                     return Ok(true);
                 }
@@ -472,15 +599,39 @@ impl EventIter {
                         off: offset + len,
                     };
                     self.frame_start = offset;
-                    match check_frame(r.payload(), self.expect_seq, self.last_ts, &self.run_id) {
-                        Ok(events) => {
+                    let (expect, last_ts) = (self.expect_seq, self.last_ts);
+                    let checked = match sink.as_deref_mut() {
+                        None => {
+                            check_frame(r.payload(), expect, last_ts, &self.run_id).map(|events| {
+                                let last = events.last().map(|e| (e.seq, e.ts));
+                                self.pending.extend(events);
+                                (last, true)
+                            })
+                        }
+                        Some(sink) => check_frame_refs(r.payload(), expect, last_ts, &self.run_id)
+                            .map(|events| {
+                                let last = events.last().map(|e| (e.seq, e.ts));
+                                let bounds = FrameBounds {
+                                    seg: self.pos.seg,
+                                    start: offset,
+                                    end: offset + len,
+                                };
+                                // Nothing below `min_seq` (none in a walk: it has no
+                                // index to fall back from).
+                                let skip =
+                                    events.iter().take_while(|e| e.seq < self.min_seq).count();
+                                let rest = &events[skip..];
+                                (last, rest.is_empty() || sink(rest, bounds))
+                            }),
+                    };
+                    match checked {
+                        Ok((last, go_on)) => {
                             self.seek_from = None;
-                            if let Some(last) = events.last() {
-                                self.expect_seq = Some(last.seq + 1);
-                                self.last_ts = last.ts;
+                            if let Some((seq, ts)) = last {
+                                self.expect_seq = Some(seq + 1);
+                                self.last_ts = ts;
                             }
-                            self.pending.extend(events);
-                            return Ok(true);
+                            return Ok(go_on);
                         }
                         Err((_, reason)) if self.seek_from.is_some() => {
                             let seq = self.expect_seq.unwrap_or(1);
@@ -775,7 +926,7 @@ impl EventIter {
                 }
                 continue;
             }
-            match self.fill() {
+            match self.fill(None) {
                 Ok(true) => {}
                 Ok(false) => {
                     self.done = true;
