@@ -20,6 +20,8 @@
 //! - [`query`]: read options, the derived index and its planner, checked reads, verify.
 //! - [`log`]: bytes on disk: the storage seam, frames, segments, the `SYNCED` marks,
 //!   `run.json`.
+//! - [`embed`]: sentence embeddings: the [`embed::Embedder`] seam, the local model
+//!   (feature `semantic`), the vector cache.
 //! - [`event`]: the data model (events, types, limits, timestamps); [`error`]: the error
 //!   type every layer returns.
 //!
@@ -39,6 +41,7 @@
 #![warn(missing_docs)]
 
 pub mod commit;
+pub mod embed;
 pub mod error;
 pub mod event;
 pub mod fold;

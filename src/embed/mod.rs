@@ -1,0 +1,109 @@
+//! Sentence embeddings: the seam between the synthesizer / search and a model.
+//!
+//! CONTRACT: an [`Embedder`] turns texts into unit-length vectors (L2-normalised, so the
+//! dot product is the cosine) of [`Embedder::dim`] dimensions. The same text gives the
+//! same vector on every call, on one core or many (no sampling, no batch-dependent
+//! padding effects beyond float rounding that [`Embedder::id`] pins down). [`Embedder::id`]
+//! names the model and its weights (name and content hash): vectors cached under one id
+//! are never used under another.
+//!
+//! Implementations: the local BERT model (feature `semantic`, `embed::model`), the
+//! vector cache that wraps any embedder (`embed::cache`), and [`Table`], fixed vectors
+//! for tests.
+
+use std::collections::HashMap;
+
+use crate::error::{Error, Result};
+
+/// A sentence-embedding model.
+pub trait Embedder: Send + Sync {
+    /// The model's name and weights hash, e.g. `all-MiniLM-L6-v2@sha256:1a2b3c4d`.
+    fn id(&self) -> &str;
+    /// Dimensions of every vector.
+    fn dim(&self) -> usize;
+    /// One unit vector per text, in order.
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>>;
+}
+
+/// Dot product of two vectors of one length (the cosine of unit vectors).
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Scales `v` to unit length (a zero vector stays zero).
+pub fn l2_normalize(v: &mut [f32]) {
+    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if n > 0.0 {
+        v.iter_mut().for_each(|x| *x /= n);
+    }
+}
+
+/// Fixed vectors by exact text: for tests and for vectors computed elsewhere. A text it
+/// does not hold is an error, never a made-up vector.
+pub struct Table {
+    id: String,
+    dim: usize,
+    vectors: HashMap<String, Vec<f32>>,
+}
+
+impl Table {
+    /// A table of `dim`-dimensional vectors under the model id `id`.
+    pub fn new(id: &str, dim: usize) -> Table {
+        Table {
+            id: id.to_string(),
+            dim,
+            vectors: HashMap::new(),
+        }
+    }
+
+    /// Adds (or replaces) the vector of `text`, normalised.
+    pub fn insert(&mut self, text: &str, mut v: Vec<f32>) -> Result<()> {
+        if v.len() != self.dim {
+            return Err(Error::invalid(
+                "vector",
+                format!("{} dimensions for a table of {}", v.len(), self.dim),
+            ));
+        }
+        l2_normalize(&mut v);
+        self.vectors.insert(text.to_string(), v);
+        Ok(())
+    }
+}
+
+impl Embedder for Table {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn dim(&self) -> usize {
+        self.dim
+    }
+
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
+        texts
+            .iter()
+            .map(|t| {
+                self.vectors.get(*t).cloned().ok_or_else(|| {
+                    Error::invalid("text", format!("no vector for {t:?} in table {}", self.id))
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_normalises_and_refuses_unknown_texts() {
+        let mut t = Table::new("t@0", 2);
+        t.insert("a", vec![3.0, 4.0]).unwrap();
+        let v = t.embed(&["a"]).unwrap();
+        assert!((v[0][0] - 0.6).abs() < 1e-6 && (v[0][1] - 0.8).abs() < 1e-6);
+        assert!((dot(&v[0], &v[0]) - 1.0).abs() < 1e-6);
+        assert!(t.embed(&["b"]).is_err());
+        assert!(t.insert("c", vec![1.0]).is_err());
+    }
+}
