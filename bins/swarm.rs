@@ -325,6 +325,11 @@ enum Cmd {
         /// contradictions, changes over time flagged as contradictions).
         #[arg(long, conflicts_with = "fixture")]
         set: Option<PathBuf>,
+        /// With --set: semantic mode with vectors computed elsewhere, a JSON object
+        /// {"text": [floats], ...} holding every event's content (e.g. from
+        /// sentence-transformers; a text it lacks is an error).
+        #[arg(long, requires = "set")]
+        vectors: Option<PathBuf>,
         /// JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -718,9 +723,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Metrics { run, json } => synth::metrics(&store, &run, json),
         Cmd::Quality {
             set: Some(set),
+            vectors,
             json,
             ..
-        } => synth::quality_set(&set, json),
+        } => synth::quality_set(&set, vectors.as_deref(), json),
         Cmd::Quality { fixture, json, .. } => synth::quality(fixture, json),
         #[cfg(feature = "mcp")]
         Cmd::Mcp(a) => mcp::mcp(store, a),

@@ -78,6 +78,7 @@ pub fn synth(store: &Store, a: SynthArgs) -> anyhow::Result<ExitCode> {
         env_names: a.env_names,
         redact_names: a.redact_names,
         share_patterns: a.share_patterns.as_deref().map(str::parse).transpose()?,
+        ..SynthOptions::default()
     };
     let bar = io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new_spinner();
@@ -223,14 +224,32 @@ pub fn metrics(store: &Store, run: &str, json: bool) -> anyhow::Result<ExitCode>
 }
 
 /// `swarm quality --set FILE`: the synthesizer end to end on a labelled set.
-pub fn quality_set(set: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
+pub fn quality_set(
+    set: &std::path::Path,
+    vectors: Option<&std::path::Path>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(set)
         .map_err(|e| invalid("set", format!("{}: {e}", set.display())))?;
+    let mut opts = SynthOptions::default();
+    if let Some(p) = vectors {
+        let v = std::fs::read_to_string(p)
+            .map_err(|e| invalid("vectors", format!("{}: {e}", p.display())))?;
+        let id = format!("vectors:{}", p.display());
+        opts.embedder = Some(std::sync::Arc::new(swarm_memory::embed::Table::from_json(
+            &id, &v,
+        )?));
+    }
+    // A tuning aid: the semantic mode's thresholds as JSON (see SemanticConfig).
+    if let Ok(j) = std::env::var("SWARM_SEMANTIC_CONFIG") {
+        opts.dedup.semantic = serde_json::from_str(&j)
+            .map_err(|e| invalid("SWARM_SEMANTIC_CONFIG", e.to_string()))?;
+    }
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     let root = std::env::temp_dir().join(format!("swarm-eval-{}-{nanos}", std::process::id()));
-    let r = swarm_memory::synth::eval::evaluate_set(&text, &root, &SynthOptions::default());
+    let r = swarm_memory::synth::eval::evaluate_set(&text, &root, &opts);
     let _ = std::fs::remove_dir_all(&root);
     let r = r?;
     if json {

@@ -25,6 +25,12 @@ pub trait Embedder: Send + Sync {
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>>;
 }
 
+impl std::fmt::Debug for dyn Embedder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Embedder({}, {} dimensions)", self.id(), self.dim())
+    }
+}
+
 /// Dot product of two vectors of one length (the cosine of unit vectors).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
@@ -55,6 +61,19 @@ impl Table {
             dim,
             vectors: HashMap::new(),
         }
+    }
+
+    /// A table from a JSON object `{"text": [floats], ...}` (every vector of one length).
+    pub fn from_json(id: &str, json: &str) -> Result<Table> {
+        let map: HashMap<String, Vec<f32>> = serde_json::from_str(json).map_err(|e| {
+            Error::invalid("vectors", format!("not a JSON object of float arrays: {e}"))
+        })?;
+        let dim = map.values().next().map_or(0, Vec::len);
+        let mut t = Table::new(id, dim);
+        for (text, v) in map {
+            t.insert(&text, v)?;
+        }
+        Ok(t)
     }
 
     /// Adds (or replaces) the vector of `text`, normalised.

@@ -6,11 +6,13 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::embed::Embedder;
 use crate::error::{Error, IoContext, Result};
 use crate::event::ts::Ts;
 use crate::event::SHARED_USER;
@@ -70,6 +72,10 @@ pub struct SynthOptions {
     pub redact_names: Vec<String>,
     /// What is shared; `None`: the user's setting (default `structured`).
     pub share_patterns: Option<crate::synth::settings::SharePatterns>,
+    /// The embedding model (semantic mode, see `dedup/semantic.rs`); `None`: lexical.
+    pub embedder: Option<Arc<dyn Embedder>>,
+    /// Why there is no model (said in the report), e.g. "model not found at DIR".
+    pub no_model_reason: String,
 }
 
 impl Default for SynthOptions {
@@ -83,6 +89,8 @@ impl Default for SynthOptions {
             env_names: Vec::new(),
             redact_names: Vec::new(),
             share_patterns: None,
+            embedder: None,
+            no_model_reason: "no embedding model given".to_string(),
         }
     }
 }
@@ -125,6 +133,14 @@ pub struct SynthReport {
     pub matched_judged: u64,
     /// New contradictions.
     pub contradictions_new: u64,
+    /// Changes over time recorded (a later observation of a quantity replaced an
+    /// earlier fact; semantic mode).
+    pub changes_new: u64,
+    /// `on: <model id>` or `off: <why>` (lexical matching within subjects).
+    pub semantic: String,
+    /// Facts found by two or more agents (after this synth): seed 004's cross-agent
+    /// insights.
+    pub facts_multi_agent: u64,
     /// Resolutions recorded (new or changed winners).
     pub resolutions: u64,
     /// Closed runs learned from.
@@ -187,6 +203,8 @@ struct Pass {
     /// Fact index -> what this pass adds to it.
     deltas: BTreeMap<FactIdx, Delta>,
     contradictions: Vec<Record>,
+    changes: Vec<Record>,
+    change_pairs: BTreeSet<(usize, usize)>,
     pairs: BTreeSet<(usize, usize)>,
     contradiction_counts: BTreeMap<usize, usize>,
     ends: BTreeMap<String, (u64, u64)>,
@@ -222,15 +240,80 @@ fn fact_id(i: usize) -> String {
 /// The deduper's state does not depend on the order wordings arrived in (its postings
 /// are sorted by fact), so this is the deduper that wrote the log: a synth that crashed
 /// and was run again decides exactly as one that was never interrupted.
-fn restore(fold: &FactsFold, cfg: &DedupConfig) -> Deduper {
+/// The deduper as the facts log left it. In semantic mode every kept wording gets its
+/// vector (embedded in batches; a vector cache makes this free after the first time) and
+/// facts are scoped by entry type.
+fn restore(
+    fold: &FactsFold,
+    cfg: &DedupConfig,
+    embedder: Option<&dyn Embedder>,
+) -> Result<Deduper> {
     let mut d = Deduper::new(cfg.clone());
+    let mut kept: Vec<(FactIdx, &str)> = Vec::new();
     for f in &fold.facts {
-        let i = d.add_fact(f.scope(), &f.text);
+        let scope = if embedder.is_some() {
+            f.kind.as_str()
+        } else {
+            f.scope()
+        };
+        let i = d.add_fact(scope, &f.text);
+        kept.push((i, &f.text));
         for v in &f.variants {
-            d.add_variant(i, v);
+            if d.add_variant(i, v) {
+                kept.push((i, v));
+            }
+        }
+        if let Some(t) = f.last_seen {
+            d.observe(i, t);
         }
     }
-    d
+    if let Some(m) = embedder {
+        for chunk in kept.chunks(EMBED_BATCH) {
+            let texts: Vec<&str> = chunk.iter().map(|x| x.1).collect();
+            for ((i, _), v) in chunk.iter().zip(m.embed(&texts)?) {
+                d.add_vector(*i, &v);
+            }
+        }
+    }
+    Ok(d)
+}
+
+/// How far after its event an agent's `meta.observed_at` may lie (clock skew); later
+/// ones are ignored.
+const OBSERVED_SKEW_US: u64 = 60_000_000;
+
+/// When the finding was observed: the agent's `meta.observed_at` (RFC 3339) when it is
+/// valid and not after the event (plus clock skew), else the event's time.
+fn observed(e: &Event) -> Ts {
+    e.meta
+        .as_ref()
+        .and_then(|m| m.get("observed_at"))
+        .and_then(Value::as_str)
+        .and_then(Ts::parse)
+        .filter(|t| t.0 <= e.ts.0.saturating_add(OBSERVED_SKEW_US))
+        .unwrap_or(e.ts)
+}
+
+/// Findings embedded per model call.
+const EMBED_BATCH: usize = 256;
+
+/// Entry types the synthesizer makes facts of.
+fn synthesized(kind: EventType) -> bool {
+    matches!(
+        kind,
+        EventType::Evidence | EventType::Hypothesis | EventType::Decision | EventType::ActionTaken
+    )
+}
+
+/// The text a finding is compared by, as [`Pass::feed`] takes it (`None`: not a
+/// finding, or empty).
+fn finding_text(e: &Event) -> Option<String> {
+    if !synthesized(e.kind) {
+        return None;
+    }
+    let t = content_text(&e.content);
+    let t = clip(t.trim(), FACT_TEXT_BYTES_MAX);
+    (!t.is_empty()).then(|| t.to_string())
 }
 
 impl Pass {
@@ -238,6 +321,8 @@ impl Pass {
         Pass {
             deltas: BTreeMap::new(),
             contradictions: Vec::new(),
+            changes: Vec::new(),
+            change_pairs: BTreeSet::new(),
             pairs: BTreeSet::new(),
             contradiction_counts: BTreeMap::new(),
             ends: BTreeMap::new(),
@@ -257,6 +342,7 @@ impl Pass {
         deduper: &mut Deduper,
         fold: &FactsFold,
         e: Event,
+        vector: Option<&[f32]>,
         judge: Option<&mut dyn Judge>,
         report: &mut SynthReport,
     ) {
@@ -268,7 +354,7 @@ impl Pass {
         }
         self.source_events += 1;
         match e.kind {
-            EventType::Evidence | EventType::Hypothesis => {}
+            k if synthesized(k) => {}
             EventType::RunClosed => {
                 self.closed.push(e.run_id.clone());
                 return;
@@ -281,11 +367,23 @@ impl Pass {
         if text.is_empty() {
             return;
         }
-        let scope = e.subject.as_deref().unwrap_or("");
-        let c = deduper.classify(scope, text, judge);
+        // Semantic mode: one scope per entry type (agents' subjects are not a guard; the
+        // type is).
+        let scope = match vector {
+            Some(_) => e.kind.as_str(),
+            None => e.subject.as_deref().unwrap_or(""),
+        };
+        let seen = observed(&e);
+        let c = match vector {
+            Some(v) => deduper.classify_semantic(scope, text, v, seen),
+            None => deduper.classify(scope, text, judge),
+        };
         let (idx, how) = match c.matched {
             Match::New => {
                 let i = deduper.add_fact(scope, text);
+                if let Some(v) = vector {
+                    deduper.add_vector(i, v);
+                }
                 report.facts_new += 1;
                 self.deltas.entry(i).or_default().new = Some(NewFact {
                     subject: e.subject.clone(),
@@ -306,6 +404,9 @@ impl Pass {
                     report.matched_near += 1;
                 }
                 if deduper.add_variant(fact, text) {
+                    if let Some(v) = vector {
+                        deduper.add_vector(fact, v);
+                    }
                     self.deltas
                         .entry(fact)
                         .or_default()
@@ -333,11 +434,41 @@ impl Pass {
         // readings a new one replaces), and a cap per fact, so a subject with
         // many look-alike readings (a metric sampled over time) cannot make the
         // contradictions grow quadratically.
+        let mut changes = c.changes;
+        changes.sort_by(|a, b| b.1.total_cmp(&a.1).then(b.0.cmp(&a.0)));
+        changes.truncate(CONTRADICTIONS_PER_FINDING_MAX);
+        for (other, score) in changes {
+            let other_ts = deduper.last_seen(other).unwrap_or(seen);
+            let (earlier, later, at) = if other_ts <= seen {
+                (other, idx, seen)
+            } else {
+                (idx, other, other_ts)
+            };
+            let known = fold
+                .facts
+                .get(earlier)
+                .is_some_and(|f| f.changed.is_some_and(|(l, _)| l == later));
+            if other == idx || known || !self.change_pairs.insert((earlier, later)) {
+                continue;
+            }
+            self.changes.push(Record::Change {
+                earlier: fact_id(earlier),
+                later: fact_id(later),
+                score,
+                at,
+                trigger: (e.run_id.clone(), e.seq),
+            });
+        }
+        deduper.observe(idx, seen);
         let mut contradicts = c.contradicts;
         contradicts.sort_by(|a, b| b.1.total_cmp(&a.1).then(b.0.cmp(&a.0)));
         contradicts.truncate(CONTRADICTIONS_PER_FINDING_MAX);
+        let contra_subject = match vector {
+            Some(_) => e.subject.as_deref().unwrap_or(""),
+            None => scope,
+        };
         for (other, score) in contradicts {
-            if other == idx || scope.is_empty() {
+            if other == idx || (scope.is_empty() && vector.is_none()) {
                 continue;
             }
             let count = |f: usize| {
@@ -360,7 +491,7 @@ impl Pass {
                 id: format!("C{}", n + 1),
                 a: fact_id(pair.0),
                 b: fact_id(pair.1),
-                subject: scope.to_string(),
+                subject: contra_subject.to_string(),
                 score,
                 at: e.ts,
                 trigger: (e.run_id.clone(), e.seq),
@@ -391,6 +522,7 @@ impl Pass {
             }
         }
         out.append(&mut self.contradictions);
+        out.append(&mut self.changes);
         for (run, l, shared) in std::mem::take(&mut self.learned) {
             out.push(Record::Learned {
                 run,
@@ -895,7 +1027,12 @@ impl Store {
                     self.share_learnings(self.pass_learnings(Some(begin), commit)?, opts)?;
             }
         }
-        let mut deduper = restore(&fold, &opts.dedup);
+        let embedder = opts.embedder.as_deref();
+        report.semantic = match embedder {
+            Some(m) => format!("on: {}", m.id()),
+            None => format!("off: {}", opts.no_model_reason),
+        };
+        let mut deduper = restore(&fold, &opts.dedup, embedder)?;
         let mut pass = Pass::new();
         let mut prog = SynthProgress::default();
         // The seqs of the last pass written (begin, commit): the fold stands there at the end.
@@ -956,31 +1093,59 @@ impl Store {
                         ..ReadOptions::default()
                     },
                 )?;
-                for e in it.by_ref() {
-                    let e = e?;
-                    let before = report.findings;
-                    let seq = e.seq;
-                    pass.feed(
-                        &mut deduper,
-                        &fold,
-                        e,
-                        judge.as_mut().map(|j| j as &mut dyn Judge),
-                        &mut report,
-                    );
-                    rs.findings += report.findings - before;
-                    rs.events += 1;
-                    rs.to_seq = seq;
-                    report.events += 1;
-                    prog.events += 1;
-                    if prog.events % 4096 == 0 {
-                        progress(&prog);
+                // In chunks, so the model embeds a chunk's findings in one call.
+                let mut chunk: Vec<Event> = Vec::with_capacity(EMBED_BATCH);
+                let mut vectors: Vec<Option<Vec<f32>>> = Vec::new();
+                loop {
+                    chunk.clear();
+                    for e in it.by_ref() {
+                        chunk.push(e?);
+                        if chunk.len() == EMBED_BATCH {
+                            break;
+                        }
                     }
-                    if pass.source_events >= opts.pass_events_max.max(1) {
-                        self.learn_closed(&mut pass, &fold, opts)?;
-                        let job = self.prepare_pass(&mut fold, &mut pass, &mut report)?;
-                        send(job, &mut in_flight, &mut report)?;
-                        prog.passes = report.passes;
-                        pass = Pass::new();
+                    if chunk.is_empty() {
+                        break;
+                    }
+                    vectors.clear();
+                    vectors.resize(chunk.len(), None);
+                    if let Some(m) = embedder {
+                        let texts: Vec<(usize, String)> = chunk
+                            .iter()
+                            .enumerate()
+                            .filter_map(|(i, e)| finding_text(e).map(|t| (i, t)))
+                            .collect();
+                        let refs: Vec<&str> = texts.iter().map(|t| t.1.as_str()).collect();
+                        for ((i, _), v) in texts.iter().zip(m.embed(&refs)?) {
+                            vectors[*i] = Some(v);
+                        }
+                    }
+                    for (e, vector) in chunk.drain(..).zip(vectors.drain(..)) {
+                        let before = report.findings;
+                        let seq = e.seq;
+                        pass.feed(
+                            &mut deduper,
+                            &fold,
+                            e,
+                            vector.as_deref(),
+                            judge.as_mut().map(|j| j as &mut dyn Judge),
+                            &mut report,
+                        );
+                        rs.findings += report.findings - before;
+                        rs.events += 1;
+                        rs.to_seq = seq;
+                        report.events += 1;
+                        prog.events += 1;
+                        if prog.events % 4096 == 0 {
+                            progress(&prog);
+                        }
+                        if pass.source_events >= opts.pass_events_max.max(1) {
+                            self.learn_closed(&mut pass, &fold, opts)?;
+                            let job = self.prepare_pass(&mut fold, &mut pass, &mut report)?;
+                            send(job, &mut in_flight, &mut report)?;
+                            prog.passes = report.passes;
+                            pass = Pass::new();
+                        }
                     }
                 }
                 // Read to its visible end: where the next synth's fast path looks. Only
@@ -1008,6 +1173,7 @@ impl Store {
             report.llm_fallbacks = j.fallbacks;
         }
         report.facts_total = fold.facts.len() as u64;
+        report.facts_multi_agent = fold.facts.iter().filter(|f| f.agents.len() >= 2).count() as u64;
         if let Some((begin, commit, id)) = last_written.into_inner() {
             // Every pass is written: the fold stands at the last commit.
             fold.stand_at(begin, commit, &id);
@@ -1079,6 +1245,10 @@ impl Store {
             .iter()
             .filter(|r| matches!(r, Record::Contradiction { .. }))
             .count() as u64;
+        report.changes_new += records
+            .iter()
+            .filter(|r| matches!(r, Record::Change { .. }))
+            .count() as u64;
         records.extend(resolutions);
 
         let pass_no = fold.passes + 1;
@@ -1115,7 +1285,7 @@ impl Store {
                         .and_then(|f| f.subject.clone()),
                     Record::Contradiction { subject, .. } => Some(subject.clone()),
                     Record::Learned { .. } => Some(LEARNED_SUBJECT.to_string()),
-                    Record::Resolution { .. } => None,
+                    Record::Resolution { .. } | Record::Change { .. } => None,
                 };
                 (subject, r)
             })

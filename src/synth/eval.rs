@@ -98,6 +98,9 @@ struct Line {
     confidence: Option<f64>,
     #[serde(default)]
     fact: String,
+    /// When the agent observed it (RFC 3339): the event's `meta.observed_at`.
+    #[serde(default)]
+    ts: Option<String>,
     #[serde(default)]
     a: String,
     #[serde(default)]
@@ -149,6 +152,11 @@ pub fn evaluate_set(set: &str, root: &Path, opts: &SynthOptions) -> Result<SetRe
         ev.subject = e.subject.clone().filter(|s| !s.is_empty());
         ev.confidence = e.confidence;
         ev.id = Some(format!("eval-{}", e.eid));
+        if let Some(ts) = &e.ts {
+            let mut meta = serde_json::Map::new();
+            meta.insert("observed_at".into(), serde_json::Value::String(ts.clone()));
+            ev.meta = Some(meta);
+        }
         // Contradictory actions on a subject open an escalation that blocks the next
         // one until a human resolves it: resolve it (no winner) and append again, so
         // every labelled event reaches the synthesizer.
@@ -207,6 +215,11 @@ pub fn evaluate_set(set: &str, root: &Path, opts: &SynthOptions) -> Result<SetRe
             };
             reported.push((labels(a), labels(b)));
         }
+    }
+    // A tuning aid: the facts made (their events' labels) and the contradictions.
+    if let Ok(path) = std::env::var("SWARM_EVAL_DUMP") {
+        let dump = serde_json::json!({ "made": made, "reported": reported });
+        let _ = std::fs::write(path, dump.to_string());
     }
     let mut r = SetReport {
         events: events.len(),

@@ -232,6 +232,21 @@ pub enum Record {
         /// That event: run and seq.
         trigger: (String, u64),
     },
+    /// A later finding states another value of the quantity an earlier fact measured
+    /// (semantic mode): the earlier fact was valid until the later one was observed.
+    /// A change over time, not a contradiction.
+    Change {
+        /// The earlier fact.
+        earlier: String,
+        /// The later fact.
+        later: String,
+        /// The cosine of the two wordings that met.
+        score: f64,
+        /// When the earlier fact stopped being valid: the later one's observation.
+        at: Ts,
+        /// The raw event that showed the change: run and seq.
+        trigger: (String, u64),
+    },
     /// A contradiction is (re)decided: by evidence weight, then recency.
     Resolution {
         /// The contradiction.
@@ -308,6 +323,10 @@ pub struct Fact {
     pub last_seen: Option<Ts>,
     /// Contradictions it is part of (indexes into [`FactsFold::contradictions`]).
     pub contradictions: Vec<usize>,
+    /// Replaced by a later observation of the same quantity: that fact's index and
+    /// when this one stopped being valid (the earliest such change).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changed: Option<(usize, Ts)>,
 }
 
 /// Confidence given to an agent's finding that carries none.
@@ -684,6 +703,23 @@ impl FactsFold {
                         c.weights = Some(*weights);
                         c.resolved_at = Some(*at);
                     }
+                }
+            }
+            Record::Change {
+                earlier, later, at, ..
+            } => {
+                if !self.visible(*at) {
+                    return;
+                }
+                let (Some(e), Some(l)) = (parse_id('F', earlier), parse_id('F', later)) else {
+                    return;
+                };
+                if e >= self.facts.len() || l >= self.facts.len() || e == l {
+                    return;
+                }
+                let c = &mut self.facts[e].changed;
+                if c.is_none_or(|(_, t)| *at < t) {
+                    *c = Some((l, *at));
                 }
             }
             Record::Learned { learnings, .. } => self.book.merge_run(learnings),

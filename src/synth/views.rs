@@ -53,9 +53,10 @@ pub struct FactView {
 pub struct Superseded {
     /// The fact that stands instead.
     pub by: String,
-    /// The contradiction.
+    /// The contradiction ("" for a change over time).
     pub contradiction: String,
-    /// `evidence_weight` or `recency`.
+    /// `evidence_weight` or `recency` (a contradiction lost), or `changed` (a later
+    /// observation of the same quantity).
     pub reason: String,
     /// When it stopped being valid.
     pub valid_to: Option<Ts>,
@@ -158,15 +159,25 @@ fn sorted(it: impl Iterator<Item = String>) -> Vec<String> {
 
 fn view(fold: &FactsFold, i: usize) -> FactView {
     let f = &fold.facts[i];
-    let sup = fold.superseded_by(i).map(|c| Superseded {
-        by: c
-            .winner
-            .map(|w| fold.facts[w].id.clone())
-            .unwrap_or_default(),
-        contradiction: c.id.clone(),
-        reason: c.reason.clone().unwrap_or_default(),
-        valid_to: c.resolved_at,
-    });
+    let sup = fold
+        .superseded_by(i)
+        .map(|c| Superseded {
+            by: c
+                .winner
+                .map(|w| fold.facts[w].id.clone())
+                .unwrap_or_default(),
+            contradiction: c.id.clone(),
+            reason: c.reason.clone().unwrap_or_default(),
+            valid_to: c.resolved_at,
+        })
+        .or_else(|| {
+            f.changed.map(|(l, at)| Superseded {
+                by: fold.facts[l].id.clone(),
+                contradiction: String::new(),
+                reason: "changed".to_string(),
+                valid_to: Some(at),
+            })
+        });
     FactView {
         id: f.id.clone(),
         subject: f.subject.clone(),

@@ -1,0 +1,271 @@
+//! Semantic mode of the [`Deduper`]: candidates by meaning, decisions by typed slots.
+//!
+//! CONTRACT: used when the synthesizer has an embedding model (`embed::Embedder`). Every
+//! wording kept for a fact carries its unit vector ([`Deduper::add_vector`]); a finding is
+//! compared with the facts whose wordings are nearest by cosine, whatever `subject` the
+//! agents gave (agents pick subjects inconsistently: in the labelled sets only 28-64 % of
+//! same-fact pairs share one). Same inputs in the same order give the same answers.
+//!
+//! # Method
+//! 1. Candidates: the `candidates` facts with the highest cosine over their kept
+//!    wordings, at or above `floor`. Brute force: one dot product of 384 floats per kept
+//!    wording (at most `variants_max` per fact); exact, deterministic, and at 10,000
+//!    facts about 4 M multiply-adds per finding.
+//! 2. Guards (the lexical [`Signature`] of both wordings, see `text.rs`): values with
+//!    their units normalised (2.3 s = 2300 ms), identifiers (hosts, versions, error codes,
+//!    ports, paths), hyphenated entity names, exclusive qualifiers (cpu/memory, p50/p99,
+//!    states), bounds (a limit is not a usage) and polarity (negation, "ruled out").
+//!    Any disagreement: never the same fact, however close the meaning (look-alikes that
+//!    differ in one identifier score near 1 on cosine alone).
+//! 3. Same fact: no guard fires and the cosine is at least `merge`, or at least
+//!    `merge_supported` with a lexical similarity of at least `lexical_support`.
+//! 4. Otherwise, a candidate about the same thing (cosine at least `related`, same
+//!    entities, identifiers, qualifiers and bound) that states another value of the same
+//!    dimension is a *change* when the two were observed more than `change_window_secs`
+//!    apart (a later measurement supersedes the earlier one), and a *contradiction* when
+//!    they overlap in time. Opposite polarity with a cosine of at least `polarity` is a
+//!    contradiction whatever the time (a cause asserted and ruled out).
+
+use crate::event::ts::Ts;
+use crate::synth::dedup::{compare, Classified, Cmp, Deduper, FactIdx, Match};
+use crate::synth::text;
+
+/// Tuning of the semantic mode (tuned on `data/fixtures/semantic/tune.jsonl` only).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SemanticConfig {
+    /// Facts compared per finding, nearest first.
+    pub candidates: usize,
+    /// Cosine below which a fact is not a candidate.
+    pub floor: f32,
+    /// Cosine at or above which a guarded pair is the same fact.
+    pub merge: f32,
+    /// Cosine at or above which a guarded pair is the same fact if its words agree too.
+    pub merge_supported: f32,
+    /// Lexical similarity (the lexical mode's score) needed with `merge_supported`.
+    pub lexical_support: f64,
+    /// Cosine at or above which a pair with incompatible values is about the same thing.
+    pub related: f32,
+    /// Cosine at or above which opposite polarity is a contradiction.
+    pub polarity: f32,
+    /// Findings further apart than this (seconds) that state another value of the same
+    /// quantity are a change over time; closer ones contradict.
+    pub change_window_secs: u64,
+}
+
+impl Default for SemanticConfig {
+    fn default() -> Self {
+        SemanticConfig {
+            candidates: 16,
+            floor: 0.40,
+            merge: 0.75,
+            merge_supported: 0.70,
+            lexical_support: 0.45,
+            related: 0.60,
+            polarity: 0.75,
+            change_window_secs: 20 * 60,
+        }
+    }
+}
+
+/// Where a statement stands (the epistemic slot): a cause suspected, confirmed, ruled
+/// out, or the issue resolved. Two statements in different stances are different facts
+/// ("X is suspected" / "X turned out to be the cause"); suspected-or-confirmed against
+/// ruled out about one thing is a contradiction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stance {
+    /// No marker.
+    Plain,
+    /// A hypothesis: suspected, might, possibly, a question.
+    Hedged,
+    /// Confirmed: root cause, caused by, turned out.
+    Confirmed,
+    /// Ruled out, excluded, not the cause.
+    RuledOut,
+    /// Resolved, mitigated, closed, back to normal.
+    Resolved,
+}
+
+fn stance_patterns() -> &'static [(Stance, regex::Regex)] {
+    static P: std::sync::OnceLock<Vec<(Stance, regex::Regex)>> = std::sync::OnceLock::new();
+    P.get_or_init(|| {
+        let re = |s: &str| regex::Regex::new(&format!("(?i){s}")).expect("stance pattern");
+        // Checked in this order: the first that matches decides.
+        vec![
+            (Stance::RuledOut, re(r"\b(ruled?[- ]out|rules out|ruling out|exclud\w*|eliminat\w*|not (the|a) (root )?(cause|culprit|issue|problem)|unrelated|red herring|innocent|disprov\w*|refut\w*|no evidence (of|for|that)|can be dismissed|dismissed|false alarm|cleared of)\b")),
+            (Stance::Resolved, re(r"\b(resolved|mitigated|closing|closed out|all clear|back to (baseline|normal)|recovered|fully fixed|incident (is )?over)\b")),
+            (Stance::Confirmed, re(r"\b(confirm\w*|root[- ]cause|rc:|caused by|turn(s|ed)? out|comes? down to|is due to|was due to|culprit|traced (it |this )?(back )?to|verified)\b|^rc\b")),
+            (Stance::Hedged, re(r"\b(suspect\w*|might|may be|maybe|possibl\w*|perhaps|could be|theory|hypothes\w*|likely|probabl\w*|guess\w*|wonder\w*|needs? checking|unconfirmed|not yet confirmed|plausibl\w*)\b|\?\s*\)?\s*$")),
+        ]
+    })
+}
+
+/// The stance of a wording.
+pub fn stance(text: &str) -> Stance {
+    stance_patterns()
+        .iter()
+        .find(|(_, r)| r.is_match(text))
+        .map_or(Stance::Plain, |(s, _)| *s)
+}
+
+/// What the guards say of a pair, whatever the cosine.
+fn guarded(c: &Cmp) -> bool {
+    c.value_conflict
+        || c.id_conflict
+        || c.class_conflict
+        || c.entity_conflict
+        || c.bound_diff
+        || c.name_conflict
+}
+
+/// Same entities, identifiers, qualifiers and bound: the two are about one thing.
+fn same_thing(c: &Cmp) -> bool {
+    !(c.id_conflict || c.class_conflict || c.entity_conflict || c.bound_diff || c.name_conflict)
+}
+
+impl Deduper {
+    /// Remembers the vector of the wording of fact `f` added last (call right after
+    /// [`Deduper::add_fact`] or a kept [`Deduper::add_variant`]).
+    pub fn add_vector(&mut self, f: FactIdx, v: &[f32]) {
+        self.vectors.push((f as u32, v.into()));
+    }
+
+    /// The time fact `f` was last found (as told by [`Deduper::observe`]).
+    pub fn last_seen(&self, f: FactIdx) -> Option<Ts> {
+        self.last_ts.get(f).copied().flatten()
+    }
+
+    /// Records that fact `f` was found again at `ts` (the latest time counts).
+    pub fn observe(&mut self, f: FactIdx, ts: Ts) {
+        if let Some(t) = self.last_ts.get_mut(f) {
+            *t = Some(t.map_or(ts, |x| x.max(ts)));
+        }
+    }
+
+    /// How `text` (with unit vector `v`, found at `ts`) relates to the known facts, by
+    /// meaning, among the facts of `scope` (the driver passes the entry type: a typed
+    /// guard, decisions never merge with observations).
+    /// Does not change the deduper.
+    pub fn classify_semantic(&self, scope: &str, text: &str, v: &[f32], ts: Ts) -> Classified {
+        let mut out = Classified {
+            matched: Match::New,
+            contradicts: Vec::new(),
+            changes: Vec::new(),
+        };
+        if let Some(&f) = self.exact.get(&text::exact_key(scope, text)) {
+            out.matched = Match::Exact(f);
+            return out;
+        }
+        let cfg = &self.cfg.semantic;
+        // Best cosine per fact, with the wording it came from.
+        let mut best: Vec<(u32, f32, usize)> = Vec::new();
+        let mut slot: std::collections::HashMap<u32, usize> = Default::default();
+        let Some(&sid) = self.scopes.get(scope) else {
+            return out;
+        };
+        for (i, (f, w)) in self.vectors.iter().enumerate() {
+            if self.facts[*f as usize].scope != sid {
+                continue;
+            }
+            let cos = crate::embed::dot(v, w);
+            if cos < cfg.floor {
+                continue;
+            }
+            match slot.get(f) {
+                Some(&k) => {
+                    if cos > best[k].1 {
+                        best[k] = (*f, cos, i);
+                    }
+                }
+                None => {
+                    slot.insert(*f, best.len());
+                    best.push((*f, cos, i));
+                }
+            }
+        }
+        best.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        best.truncate(cfg.candidates);
+        if best.is_empty() {
+            return out;
+        }
+        let sig = text::signature(text);
+        let st = stance(text);
+        let mut same: Option<(FactIdx, f32)> = None;
+        for &(f, cos, _) in &best {
+            let f = f as usize;
+            // The decision over every kept wording: same if any wording says so (and
+            // none of them trips a guard), related by the best one.
+            let cmps: Vec<Cmp> = self.facts[f]
+                .variants
+                .iter()
+                .map(|w| compare(&sig, &w.sig, ""))
+                .collect();
+            let stances: Vec<Stance> = self.facts[f]
+                .variants
+                .iter()
+                .map(|w| stance(&w.text))
+                .collect();
+            // A statement without a marker says nothing of its stance: only two marked
+            // stances that differ keep statements apart.
+            let stance_differs = stances
+                .iter()
+                .any(|&x| x != st && x != Stance::Plain && st != Stance::Plain);
+            let ruled_vs_asserted = stances.iter().any(|&x| {
+                (x == Stance::RuledOut) != (st == Stance::RuledOut)
+                    && matches!(x, Stance::RuledOut | Stance::Confirmed | Stance::Hedged)
+                    && matches!(st, Stance::RuledOut | Stance::Confirmed | Stance::Hedged)
+            });
+            let any_guard = stance_differs || cmps.iter().any(guarded);
+            let lexical = cmps.iter().map(Cmp::same_score).fold(0.0, f64::max);
+            let is_same = !any_guard
+                && (cos >= cfg.merge
+                    || (cos >= cfg.merge_supported && lexical >= cfg.lexical_support));
+            tracing::trace!(
+                text,
+                fact = f,
+                cos,
+                any_guard,
+                lexical,
+                is_same,
+                ?st,
+                ?stances,
+                "semantic candidate"
+            );
+            if is_same {
+                if same.is_none() {
+                    same = Some((f, cos));
+                }
+                continue;
+            }
+            if cos < cfg.related || !cmps.iter().all(same_thing) {
+                continue;
+            }
+            let by_value = cmps.iter().any(|c| c.dim_conflict);
+            let by_polarity = cos >= cfg.polarity
+                && (ruled_vs_asserted || cmps.iter().any(|c| c.neg_diff && !c.value_conflict));
+            if by_polarity {
+                out.contradicts.push((f, f64::from(cos)));
+            } else if by_value {
+                let apart = self.last_ts[f].is_some_and(|t| {
+                    t.0.abs_diff(ts.0) > cfg.change_window_secs.saturating_mul(1_000_000)
+                });
+                if apart {
+                    out.changes.push((f, f64::from(cos)));
+                } else {
+                    out.contradicts.push((f, f64::from(cos)));
+                }
+            }
+        }
+        if let Some((f, cos)) = same {
+            out.matched = Match::Near {
+                fact: f,
+                score: f64::from(cos),
+            };
+            out.contradicts.retain(|x| x.0 != f);
+            out.changes.retain(|x| x.0 != f);
+        }
+        out.contradicts.sort_by_key(|a| a.0);
+        out.changes.sort_by_key(|a| a.0);
+        out
+    }
+}
