@@ -451,8 +451,8 @@ fn synth_killed_at_random_moments_converges_to_the_uninterrupted_result() {
                 Some(0.5 + rng.below(5) as f64 / 10.0),
             );
             if i % 7 == 0 {
-                // Not a finding: the synthesizer reads past it (no subject, so no
-                // contradictory-action escalation either).
+                // A decision: a finding too (no subject, so no contradictory-action
+                // escalation either).
                 e.kind = "decision".into();
                 e.subject = None;
             }
@@ -464,7 +464,7 @@ fn synth_killed_at_random_moments_converges_to_the_uninterrupted_result() {
                 findings_by_run.entry(run.to_string()).or_default().extend(
                     stored
                         .iter()
-                        .filter(|e| e.kind == EventType::Evidence)
+                        .filter(|e| matches!(e.kind, EventType::Evidence | EventType::Decision))
                         .map(|e| e.seq),
                 );
             }
@@ -1086,10 +1086,23 @@ fn synth_survives_power_loss_at_a_pass_commit() {
         pass_events_max: 50,
         ..SynthOptions::default()
     };
+    // After a power loss each source run gets one more durable append (see below): the
+    // reference gets the same.
+    let keep_going = |s: &Store| {
+        for run in ["r1", "r2", "r3"] {
+            s.append(
+                run,
+                NewEvent::new("lead", EventType::Decision, "keep going"),
+                Durability::Sync,
+            )
+            .unwrap();
+        }
+    };
     let reference = {
         let mem = MemStorage::new();
         let s = open(&mem);
         fill(&s);
+        keep_going(&s);
         s.synth(&small(None), |_| {}).unwrap();
         shape(&s)
     };
@@ -1108,17 +1121,10 @@ fn synth_survives_power_loss_at_a_pass_commit() {
         let keep = rng.next_u64();
         mem.crash(|_, unsynced| (keep as usize) % (unsynced + 1));
         // After the power loss. The log engine's documented recovery: a run's visible
-        // mark may lag until its next durable append, so each source run gets one (a
-        // decision: not a finding, it changes no fact).
+        // mark may lag until its next durable append, so each source run gets one (the
+        // reference has the same).
         let back = open(&mem);
-        for run in ["r1", "r2", "r3"] {
-            back.append(
-                run,
-                NewEvent::new("lead", EventType::Decision, "keep going"),
-                Durability::Sync,
-            )
-            .unwrap();
-        }
+        keep_going(&back);
         // The facts log may end in a torn or uncommitted pass; never in corruption.
         if back.run_ids().unwrap().iter().any(|r| r == FACTS_RUN) {
             let v = back.verify(FACTS_RUN, |_| {}).unwrap();
