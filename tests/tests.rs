@@ -23,6 +23,7 @@ mod random_bytes;
 mod replay;
 mod retry;
 mod scratchpad;
+mod search;
 mod serve;
 mod serve_cli;
 mod serve_crash;
