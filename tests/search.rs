@@ -67,6 +67,8 @@ fn search_ranks_the_users_facts_and_findings_and_filters_them() {
     alice
         .synth(&SynthOptions::default(), |_| {})
         .expect("synth");
+    let again = "orders-db connection pool exhausted again after the restart";
+    add(&alice, "inc-1", "db2", EventType::Evidence, again);
 
     let v = search(&env, "alice", &["connection pool exhausted"]);
     assert_eq!(v["mode"], "lexical");
@@ -76,28 +78,27 @@ fn search_ranks_the_users_facts_and_findings_and_filters_them() {
         "{v}"
     );
     let t = texts(&v);
-    // The fact and the finding it came from, then the other run's partial match; the
-    // hypothesis shares no word; bob's identical words are never read.
-    assert_eq!(t[0], pool, "{v}");
+    // The fact (its finding left out: the fact stands for it), the newer finding, the
+    // other run's partial match; the hypothesis shares no word; bob's identical words
+    // are never read.
+    assert_eq!(t.len(), 3, "{v}");
     assert!(
-        t.iter().all(|x| !x.contains("bob") && !x.contains("dns")),
+        t[..2].contains(&pool.to_string()) && t[..2].contains(&again.to_string()),
         "{t:?}"
     );
-    assert!(
-        t.contains(&"payments-db pool exhausted".to_string()),
-        "{t:?}"
-    );
+    assert_eq!(t[2], "payments-db pool exhausted", "{v}");
     let hits = v["hits"].as_array().unwrap();
     let fact = hits.iter().find(|h| h["source"] == "fact").expect("a fact");
+    assert_eq!(fact["text"], pool);
     assert!(fact["fact_id"].as_str().unwrap().starts_with('F'));
     assert_eq!(fact["agents"], serde_json::json!(["db"]));
     let finding = hits
         .iter()
-        .find(|h| h["source"] == "finding" && h["text"] == pool)
+        .find(|h| h["source"] == "finding" && h["text"] == again)
         .expect("the finding");
     assert_eq!(
         (&finding["run"], &finding["seq"], &finding["agent"]),
-        (&Value::from("inc-1"), &Value::from(1), &Value::from("db"))
+        (&Value::from("inc-1"), &Value::from(3), &Value::from("db2"))
     );
     assert!(finding["ts"].is_string());
     let scores: Vec<f64> = hits.iter().map(|h| h["score"].as_f64().unwrap()).collect();
@@ -135,7 +136,7 @@ fn search_ranks_the_users_facts_and_findings_and_filters_them() {
         .ok()
         .stdout;
     assert!(table.contains("mode: lexical"), "{table}");
-    assert!(table.contains("inc-1#1"), "{table}");
+    assert!(table.contains("inc-1#3") && table.contains("F1"), "{table}");
     let m = search(
         &env,
         "alice",

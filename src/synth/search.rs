@@ -23,6 +23,8 @@
 //! a candidate with at least one rank, so a paraphrase that shares no word with the query
 //! is found by meaning alone. Ties (equal scores) go to the newer, then to the lower fact
 //! number or (run, seq): the same store and model give the same order on every call.
+//! A finding whose text is the text of a fact ranked above it is left out: the fact
+//! stands for it.
 //!
 //! **Invariant:** only the given store is read (one user), and findings are read as
 //! `filters.reader`, so a run's policy hides from a search what it hides from a read.
@@ -528,8 +530,7 @@ fn rank(mut cands: Vec<Hit>, hybrid: bool, limit: usize) -> Vec<Hit> {
             h.score = h.lexical.unwrap_or(f64::NEG_INFINITY);
         }
         cands.sort_by(|a, b| order(a, b, lexical_score));
-        cands.truncate(limit);
-        return cands;
+        return collapse(cands, limit);
     }
     let ranked = |keep: &dyn Fn(&Hit) -> bool, by: &dyn Fn(&Hit) -> f64| -> Vec<usize> {
         let mut l: Vec<usize> = (0..cands.len()).filter(|&i| keep(&cands[i])).collect();
@@ -550,8 +551,29 @@ fn rank(mut cands: Vec<Hit>, hybrid: bool, limit: usize) -> Vec<Hit> {
         })
         .collect();
     hits.sort_by(|a, b| order(a, b, |h| h.score));
-    hits.truncate(limit);
-    hits
+    collapse(hits, limit)
+}
+
+/// The first `limit` of `hits` (best first), leaving out a finding whose text is the
+/// text of a fact ranked above it: the fact stands for it (its wording, with the
+/// evidence), and the slot goes to something the caller has not seen yet.
+fn collapse(hits: Vec<Hit>, limit: usize) -> Vec<Hit> {
+    let mut fact_texts: BTreeSet<String> = BTreeSet::new();
+    let mut out = Vec::with_capacity(limit);
+    for h in hits {
+        if out.len() == limit {
+            break;
+        }
+        match &h.found {
+            Found::Fact { fact } => {
+                fact_texts.insert(fact.text.clone());
+            }
+            Found::Finding { .. } if fact_texts.contains(&h.text()) => continue,
+            Found::Finding { .. } => {}
+        }
+        out.push(h);
+    }
+    out
 }
 
 /// What to search for.
@@ -697,6 +719,54 @@ mod tests {
             ]
         );
         assert!(r[0].score > r[1].score);
+    }
+
+    fn fact(n: usize, text: &str) -> Hit {
+        Hit::new(Found::Fact {
+            fact: FactView {
+                id: format!("F{n}"),
+                subject: None,
+                kind: "evidence".into(),
+                text: text.into(),
+                status: "current",
+                confidence: 0.5,
+                weight: 0.5,
+                evidence: 1,
+                agents: vec!["a".into()],
+                runs: vec!["r".into()],
+                first_seen: Some(Ts(1_001)),
+                last_seen: Some(Ts(1_001)),
+                superseded: None,
+                contradictions: vec![],
+                wordings: 1,
+            },
+        })
+    }
+
+    #[test]
+    fn a_finding_a_fact_above_it_stands_for_is_left_out() {
+        let r = lexical(
+            "pool exhausted",
+            vec![
+                entry(1, "pool exhausted on orders-db", 0.5),
+                fact(1, "pool exhausted on orders-db"),
+                entry(2, "payments pool exhausted", 0.5),
+            ],
+        );
+        let sources: Vec<(&str, String)> = r
+            .iter()
+            .map(|h| match &h.found {
+                Found::Fact { .. } => ("fact", h.text()),
+                Found::Finding { .. } => ("finding", h.text()),
+            })
+            .collect();
+        assert_eq!(
+            sources,
+            [
+                ("finding", "payments pool exhausted".to_string()),
+                ("fact", "pool exhausted on orders-db".to_string()),
+            ]
+        );
     }
 
     #[test]
