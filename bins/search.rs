@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Args;
-use swarm_memory::embed::Embedder;
+use swarm_memory::embed::{Embedder, Table};
 use swarm_memory::synth::search::{self, Ranker, SearchQuery};
 use swarm_memory::{EventType, ReadOptions, Store, Ts};
 
@@ -53,6 +53,28 @@ pub fn model(explicit: Option<&Path>, data_dir: &Path) -> anyhow::Result<Model> 
         (None, None) => NOT_BUILT.to_string(),
     };
     Ok(Model { embedder, reason })
+}
+
+/// Fixed vectors computed elsewhere (`.ci/embed_vectors.py`: a JSON object, text to
+/// vector) as the model, for measuring: a text the file does not hold is an error.
+pub fn table_model(path: &Path) -> anyhow::Result<Model> {
+    let bad = |e: String| invalid("embed-vectors", format!("{}: {e}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let vectors: std::collections::BTreeMap<String, Vec<f32>> =
+        serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let dim = vectors.values().next().map_or(0, Vec::len);
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().to_string(),
+    );
+    let mut t = Table::new(&format!("vectors:{name}"), dim);
+    for (k, v) in vectors {
+        t.insert(&k, v)?;
+    }
+    Ok(Model {
+        embedder: Some(Arc::new(t)),
+        reason: String::new(),
+    })
 }
 
 #[derive(Args)]

@@ -280,7 +280,7 @@ enum Cmd {
     ///
     /// Ranked by words (rare query words weigh more); with a sentence-embedding model
     /// (--embed-model DIR or SWARM_EMBED_MODEL), also by meaning, the two ranks fused by
-    /// reciprocal rank, so "no free DB connections" finds "postgres pool exhausted". The
+    /// reciprocal rank, so "no free DB connections" can find "postgres pool exhausted". The
     /// output says which: `mode: hybrid` and the model, or `mode: lexical` and why. Only
     /// --user's memory is searched; with --as-agent, only what the runs' policies let that
     /// agent read.
@@ -346,6 +346,11 @@ enum Cmd {
         /// the one under the data dir; without one the search is lexical, and says so).
         #[arg(long, env = "SWARM_EMBED_MODEL", requires = "set")]
         embed_model: Option<PathBuf>,
+        /// With --set: fixed vectors instead of a model, a JSON object of text to vector
+        /// (made by .ci/embed_vectors.py with sentence-transformers), for measuring; it
+        /// takes the place of --embed-model.
+        #[arg(long, requires = "set")]
+        embed_vectors: Option<PathBuf>,
         /// JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -742,9 +747,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             set: Some(set),
             json,
             embed_model,
+            embed_vectors,
             ..
         } => {
-            let m = search::model(embed_model.as_deref(), &cli.data_dir)?;
+            let m = match embed_vectors {
+                Some(file) => search::table_model(&file)?,
+                None => search::model(embed_model.as_deref(), &cli.data_dir)?,
+            };
             synth::quality_set(&set, json, &m)
         }
         Cmd::Quality { fixture, json, .. } => synth::quality(fixture, json),

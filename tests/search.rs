@@ -156,3 +156,57 @@ fn search_ranks_the_users_facts_and_findings_and_filters_them() {
     env.swarm(&["--user", "alice", "search", "pool", "--kind", "bogus"])
         .code(2);
 }
+
+/// `swarm quality --set` reports the search's top-1/top-3 and its mode; with fixed vectors
+/// (`--embed-vectors`) a paraphrase that shares no word is found, without them it is not;
+/// a text the vectors do not hold is an error, never a made-up vector.
+#[test]
+fn quality_set_reports_search_figures_by_mode() {
+    let env = Env::new();
+    let set = env.path().join("set.jsonl");
+    std::fs::write(
+        &set,
+        r#"{"kind":"event","eid":"1","user":"u","run":"r","agent_id":"a","type":"evidence","content":"postgres pool exhausted 100/100","fact":"F1"}
+{"kind":"event","eid":"2","user":"u","run":"r","agent_id":"b","type":"evidence","content":"disk full on kafka-3","fact":"F2"}
+{"kind":"query","user":"u","text":"no spare connections left","fact":"F1"}
+"#,
+    )
+    .unwrap();
+    let vectors = env.path().join("vectors.json");
+    let write_vectors = |v: Value| std::fs::write(&vectors, v.to_string()).unwrap();
+    write_vectors(serde_json::json!({
+        "postgres pool exhausted 100/100": [1.0, 0.1],
+        "disk full on kafka-3": [0.0, 1.0],
+        "no spare connections left": [0.9, 0.2],
+    }));
+    let set_arg = set.to_str().unwrap();
+    let run = |extra: &[&str]| -> Value {
+        let mut args = vec!["quality", "--set", set_arg, "--json"];
+        args.extend_from_slice(extra);
+        serde_json::from_str(&env.swarm(&args).ok().stdout).unwrap()
+    };
+    let lexical = run(&[]);
+    assert_eq!(lexical["search_mode"], "lexical");
+    assert_eq!(
+        (&lexical["search_queries"], &lexical["search_top3"]),
+        (&Value::from(1), &Value::from(0))
+    );
+    let hybrid = run(&["--embed-vectors", vectors.to_str().unwrap()]);
+    assert_eq!(hybrid["search_mode"], "hybrid");
+    assert_eq!(hybrid["search_model"], "vectors:vectors.json");
+    assert_eq!(
+        (&hybrid["search_top1"], &hybrid["search_top3"]),
+        (&Value::from(1), &Value::from(1))
+    );
+    assert_eq!(hybrid["search_foreign_hits"], 0);
+    write_vectors(serde_json::json!({"no spare connections left": [0.9, 0.2]}));
+    env.swarm(&[
+        "quality",
+        "--set",
+        set_arg,
+        "--embed-vectors",
+        vectors.to_str().unwrap(),
+    ])
+    .code(2)
+    .stderr_has(&["no vector for"]);
+}

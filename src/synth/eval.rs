@@ -340,7 +340,8 @@ pub fn evaluate_set(
         };
         let hits = match search::search(store, &query, ranker) {
             Ok(a) => a.hits,
-            Err(Error::Invalid { .. }) => Vec::new(), // no searchable word: a miss
+            // A query with no searchable word is a miss; any other error (a model's) stops.
+            Err(Error::Invalid { field, .. }) if field == "query" => Vec::new(),
             Err(e) => return Err(e),
         };
         // The labels each hit carries, and whether it belongs to another user.
