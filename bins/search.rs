@@ -20,7 +20,8 @@ const NOT_BUILT: &str = "semantic model support not built yet";
 /// place under `data_dir`. `Ok(None)` when there is none; the search is then lexical.
 ///
 /// Stub: the real loader (`swarm_memory::embed::load`) replaces the body; this is the one
-/// place the CLI loads a model.
+/// place the CLI loads a model. Its "no model at …" reason then replaces [`NOT_BUILT`] in
+/// [`model`].
 fn load_embedder(
     explicit: Option<&Path>,
     data_dir: &Path,
