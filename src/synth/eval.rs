@@ -23,7 +23,8 @@
 //!   answered at rank k when one of the first k hits is a fact with an evidence link to
 //!   an event labelled with the fact, or such an event itself. Top-1 and top-3 rates;
 //!   hits that belong to another user (an entry of another user, a fact holding another
-//!   user's events) are counted, and must be 0.
+//!   user's events) are counted, and must be 0; the misses are listed with what came
+//!   instead.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -99,6 +100,21 @@ pub struct SetReport {
     pub search_top3_rate: f64,
     /// Hits (of the first three) that belong to another user than the query's: must be 0.
     pub search_foreign_hits: u64,
+    /// The queries whose fact was not in the first three hits, with what came instead.
+    pub search_misses: Vec<SearchMiss>,
+}
+
+/// A labelled query the search missed (top 3).
+#[derive(Clone, Debug, Serialize)]
+pub struct SearchMiss {
+    /// The user asked for.
+    pub user: String,
+    /// The question.
+    pub query: String,
+    /// The fact label it asks for.
+    pub fact: String,
+    /// The first three hits: source, the labels they carry, text.
+    pub got: Vec<(String, Vec<String>, String)>,
 }
 
 /// Hits a labelled query looks at.
@@ -346,6 +362,7 @@ pub fn evaluate_set(
         };
         // The labels each hit carries, and whether it belongs to another user.
         let mut carries: Vec<bool> = Vec::new();
+        let mut got = Vec::new();
         for h in &hits {
             let (labels, foreign): (Vec<&String>, bool) = match &h.found {
                 Found::Fact { fact } => {
@@ -364,9 +381,26 @@ pub fn evaluate_set(
             };
             r.search_foreign_hits += u64::from(foreign);
             carries.push(labels.iter().any(|l| **l == q.fact));
+            let source = match h.found {
+                Found::Fact { .. } => "fact",
+                Found::Finding { .. } => "finding",
+            };
+            let mut labels: Vec<String> = labels.into_iter().cloned().collect();
+            labels.sort();
+            labels.dedup();
+            got.push((source.to_string(), labels, h.text()));
         }
         r.search_top1 += u64::from(carries.first() == Some(&true));
-        r.search_top3 += u64::from(carries.iter().take(SEARCH_TOP).any(|c| *c));
+        let found = carries.iter().take(SEARCH_TOP).any(|c| *c);
+        r.search_top3 += u64::from(found);
+        if !found {
+            r.search_misses.push(SearchMiss {
+                user: q.user.clone(),
+                query: q.text.clone(),
+                fact: q.fact.clone(),
+                got,
+            });
+        }
     }
     r.search_top1_rate = ratio(r.search_top1, r.search_queries);
     r.search_top3_rate = ratio(r.search_top3, r.search_queries);
@@ -405,6 +439,15 @@ mod tests {
         assert_eq!(r.search_mode, "lexical");
         assert_eq!((r.search_queries, r.search_top1, r.search_top3), (2, 1, 1));
         assert_eq!(r.search_foreign_hits, 0);
+        assert_eq!(r.search_misses.len(), 1);
+        assert_eq!(
+            (
+                r.search_misses[0].user.as_str(),
+                r.search_misses[0].fact.as_str()
+            ),
+            ("u", "F1")
+        );
+        assert!(r.search_misses[0].got.is_empty());
     }
 
     #[test]
