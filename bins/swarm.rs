@@ -12,6 +12,7 @@ mod prune;
 mod remote;
 mod run;
 mod scratch;
+mod search;
 #[cfg(feature = "server")]
 mod serve;
 mod synth;
@@ -274,6 +275,22 @@ enum Cmd {
     ///   swarm facts --as-of 2026-11-22T14:03:00Z --all
     #[command(verbatim_doc_comment)]
     Facts(synth::FactsArgs),
+    /// Search the user's memory: its synthesized facts and the findings of its open runs
+    /// (a closed run only when named with --run), best first.
+    ///
+    /// Ranked by words (rare query words weigh more); with a sentence-embedding model
+    /// (--embed-model DIR or SWARM_EMBED_MODEL), also by meaning, the two ranks fused by
+    /// reciprocal rank, so "no free DB connections" can find "postgres pool exhausted". The
+    /// output says which: `mode: hybrid` and the model, or `mode: lexical` and why. Only
+    /// --user's memory is searched; with --as-agent, only what the runs' policies let that
+    /// agent read.
+    ///
+    /// Examples:
+    ///   swarm search "connection pool exhausted"
+    ///   swarm search "why is checkout slow" --run inc-42 --kind evidence --limit 5
+    ///   swarm search "disk full" --since 2026-11-22 --json | jq -r '.hits[] | "\(.score) \(.text)"'
+    #[command(after_help = EXIT_CODES, verbatim_doc_comment)]
+    Search(search::SearchArgs),
     /// Proven investigation patterns for a symptom (the user's own, then the shared
     /// scope's), as NDJSON, best first.
     ///
@@ -325,11 +342,15 @@ enum Cmd {
         /// contradictions, changes over time flagged as contradictions).
         #[arg(long, conflicts_with = "fixture")]
         set: Option<PathBuf>,
-        /// With --set: semantic mode with vectors computed elsewhere, a JSON object
-        /// {"text": [floats], ...} holding every event's content (e.g. from
-        /// sentence-transformers; a text it lacks is an error).
+        /// With --set: the sentence-transformers model the synthesizer and the search use
+        /// (default: the one under the data dir; without one both are lexical, and say so).
+        #[arg(long, env = "SWARM_EMBED_MODEL", requires = "set")]
+        embed_model: Option<PathBuf>,
+        /// With --set: fixed vectors instead of a model, a JSON object of text to vector
+        /// (made by .ci/embed_vectors.py with sentence-transformers), for measuring; it
+        /// takes the place of --embed-model.
         #[arg(long, requires = "set")]
-        vectors: Option<PathBuf>,
+        embed_vectors: Option<PathBuf>,
         /// JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -718,15 +739,23 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Index(IndexCmd::Status { run }) => index_status(&store, run),
         Cmd::Synth(a) => synth::synth(&store, a),
         Cmd::Facts(a) => synth::facts(&store, a),
+        Cmd::Search(a) => search::search(&store, &cli.data_dir, a),
         Cmd::Patterns { symptom } => synth::patterns(&store, &symptom),
         Cmd::Advise { tool } => synth::advise(&store, &tool),
         Cmd::Metrics { run, json } => synth::metrics(&store, &run, json),
         Cmd::Quality {
             set: Some(set),
-            vectors,
             json,
+            embed_model,
+            embed_vectors,
             ..
-        } => synth::quality_set(&set, vectors.as_deref(), json),
+        } => {
+            let m = match embed_vectors {
+                Some(file) => search::table_model(&file)?,
+                None => search::model(embed_model.as_deref(), &cli.data_dir)?,
+            };
+            synth::quality_set(&set, json, &m)
+        }
         Cmd::Quality { fixture, json, .. } => synth::quality(fixture, json),
         #[cfg(feature = "mcp")]
         Cmd::Mcp(a) => mcp::mcp(store, a),

@@ -226,20 +226,16 @@ pub fn metrics(store: &Store, run: &str, json: bool) -> anyhow::Result<ExitCode>
 /// `swarm quality --set FILE`: the synthesizer end to end on a labelled set.
 pub fn quality_set(
     set: &std::path::Path,
-    vectors: Option<&std::path::Path>,
     json: bool,
+    model: &crate::search::Model,
 ) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(set)
         .map_err(|e| invalid("set", format!("{}: {e}", set.display())))?;
-    let mut opts = SynthOptions::default();
-    if let Some(p) = vectors {
-        let v = std::fs::read_to_string(p)
-            .map_err(|e| invalid("vectors", format!("{}: {e}", p.display())))?;
-        let id = format!("vectors:{}", p.display());
-        opts.embedder = Some(std::sync::Arc::new(swarm_memory::embed::Table::from_json(
-            &id, &v,
-        )?));
-    }
+    let mut opts = SynthOptions {
+        embedder: model.embedder.clone(),
+        no_model_reason: model.reason.clone(),
+        ..SynthOptions::default()
+    };
     // A tuning aid: the semantic mode's thresholds as JSON (see SemanticConfig).
     if let Ok(j) = std::env::var("SWARM_SEMANTIC_CONFIG") {
         opts.dedup.semantic = serde_json::from_str(&j)
@@ -249,7 +245,7 @@ pub fn quality_set(
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     let root = std::env::temp_dir().join(format!("swarm-eval-{}-{nanos}", std::process::id()));
-    let r = swarm_memory::synth::eval::evaluate_set(&text, &root, &opts);
+    let r = swarm_memory::synth::eval::evaluate_set(&text, &root, &opts, model.embedder.as_deref());
     let _ = std::fs::remove_dir_all(&root);
     let r = r?;
     if json {
@@ -300,6 +296,31 @@ pub fn quality_set(
             format!("{} of {}", r.temporal_flagged, r.temporal_changes),
         ),
         ("cross-user merges", r.cross_user_merges.to_string()),
+        (
+            "search mode",
+            match &r.search_model {
+                Some(id) => format!("hybrid ({id})"),
+                None => format!("lexical ({})", model.reason),
+            },
+        ),
+        (
+            "search top-1",
+            format!(
+                "{:.3} ({} of {})",
+                r.search_top1_rate, r.search_top1, r.search_queries
+            ),
+        ),
+        (
+            "search top-3",
+            format!(
+                "{:.3} ({} of {})",
+                r.search_top3_rate, r.search_top3, r.search_queries
+            ),
+        ),
+        (
+            "search hits of another user",
+            r.search_foreign_hits.to_string(),
+        ),
     ];
     for (k, v) in rows {
         writeln!(out, "{k:<34} {v}")?;

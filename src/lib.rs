@@ -9,7 +9,8 @@
 //! - `serve` (feature `server`): `swarm serve`, the HTTP API, the SSE tail and bearer
 //!   tokens; a front door above every other layer.
 //! - `mcp` (feature `mcp`): the MCP server: memory tools, scratchpad tools, run resources.
-//! - [`synth`]: the batch synthesizer: facts, contradictions, patterns, the shared scope.
+//! - [`synth`]: the batch synthesizer: facts, contradictions, patterns, the shared scope;
+//!   search of a user's facts and findings (words and meaning, `synth::search`).
 //! - [`tail`]: the live tail: catch up from the log, then follow it (iterator, `Stream`).
 //! - [`scratchpad`]: board, pick, channels, policy, escalations, pruning, context.
 //! - [`store`]: [`Store`], the public handle over a data directory; archives, time travel.

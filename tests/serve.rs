@@ -903,3 +903,89 @@ fn serve_ndjson_appends_are_acknowledged_line_by_line() {
     assert!(ack().is_none(), "the stream ended");
     assert_eq!(srv.get("/v1/runs/inc/events", Some(&t)).seqs(), [1, 2, 3]);
 }
+
+/// `GET /v1/search`: the token's user only, findings read as the token's agent (the run's
+/// policy hides what it hides from reads), facts for admin tokens only.
+#[test]
+fn serve_search_answers_as_the_tokens_user_and_agent() {
+    let env = Env::fast();
+    let srv = Server::start(&env, &[]);
+    let lead = token(&env, "alice", &["lead"], "agent");
+    let db = token(&env, "alice", &["db"], "agent");
+    let admin = token(&env, "alice", &["*"], "admin");
+    let bob = token(&env, "bob", &["db"], "agent");
+    let r = "/v1/runs/inc";
+    srv.post(
+        &format!("{r}/events"),
+        Some(&lead),
+        &json!({"agent_id": "lead", "type": "hypothesis", "content": "dns resolver timeouts slow checkout"}),
+    );
+    srv.post(
+        &format!("{r}/events"),
+        Some(&db),
+        &ev("db", "dns resolver timeouts on db-1"),
+    );
+    srv.post(
+        &format!("{r}/events"),
+        Some(&bob),
+        &ev("db", "dns resolver timeouts on bob-ledger"),
+    );
+    let all = json!(["*"]);
+    let policy = json!({"agent": "lead", "policy": {"permissions": {
+        "lead": {"read_types": all, "write_types": all, "read_channels": all, "write_channels": all, "admin": true},
+        "db": {"read_types": ["evidence"], "write_types": ["evidence"], "read_channels": all, "write_channels": all}}}});
+    let put = srv
+        .http
+        .put(&format!("{}{r}/policy", srv.url))
+        .set("Authorization", &format!("Bearer {lead}"))
+        .set("Content-Type", "application/json")
+        .send_string(&policy.to_string());
+    assert_eq!(Resp::from(put).status, 201);
+    let hits = |token: &str, query: &str| -> Vec<(String, String)> {
+        let v = srv.get(&format!("/v1/search?{query}"), Some(token)).json();
+        assert_eq!(v["mode"], "lexical", "{v}");
+        assert!(v["reason"].is_string(), "{v}");
+        v["hits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| {
+                (
+                    h["source"].as_str().unwrap().to_string(),
+                    h["text"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let finding = |t: &str| ("finding".to_string(), t.to_string());
+    let hyp = || finding("dns resolver timeouts slow checkout");
+    let ev_db = || finding("dns resolver timeouts on db-1");
+    // db may read evidence only; lead reads both; bob reads his own.
+    assert_eq!(hits(&db, "q=dns%20resolver%20timeouts"), [ev_db()]);
+    let mut l = hits(&lead, "q=dns%20resolver%20timeouts");
+    l.sort();
+    assert_eq!(l, [ev_db(), hyp()]);
+    assert_eq!(
+        hits(&bob, "q=dns%20resolver%20timeouts"),
+        [finding("dns resolver timeouts on bob-ledger")]
+    );
+    assert_eq!(hits(&bob, "q=db-1%20checkout"), Vec::new());
+    // Filters and limit.
+    assert_eq!(hits(&lead, "q=dns&type=hypothesis"), [hyp()]);
+    assert_eq!(hits(&lead, "q=dns&agent=db"), [ev_db()]);
+    assert_eq!(hits(&lead, "q=dns&limit=1").len(), 1);
+    srv.get("/v1/search?q=dns&run=other", Some(&lead))
+        .problem(404);
+    // Facts (synthesized from every run, past its policy) reach admin tokens only.
+    assert_eq!(srv.post("/v1/synth", Some(&admin), &json!({})).status, 201);
+    let a = hits(&admin, "q=dns%20resolver%20timeouts");
+    assert!(a.iter().any(|(s, _)| s == "fact"), "{a:?}");
+    assert!(a.iter().all(|(_, t)| !t.contains("bob")), "{a:?}");
+    assert!(hits(&lead, "q=dns").iter().all(|(s, _)| s == "finding"));
+    // Refusals.
+    srv.get("/v1/search", Some(&lead)).problem(400);
+    srv.get("/v1/search?q=dns&bogus=1", Some(&lead))
+        .problem(400);
+    srv.get("/v1/search?q=the", Some(&lead)).problem(400);
+    srv.get("/v1/search?q=dns", None).problem(401);
+}

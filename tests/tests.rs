@@ -23,6 +23,7 @@ mod random_bytes;
 mod replay;
 mod retry;
 mod scratchpad;
+mod search;
 mod semantic;
 mod serve;
 mod serve_cli;

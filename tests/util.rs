@@ -81,6 +81,7 @@ impl Env {
             .arg(self.path())
             .env_remove("SWARM_CHECKPOINT_DIR")
             .env_remove("SWARM_ARCHIVE_DIR")
+            .env_remove("SWARM_EMBED_MODEL")
             .args(args);
         c
     }

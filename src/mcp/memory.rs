@@ -22,9 +22,9 @@ use crate::mcp::args::{
 };
 use crate::mcp::reply::{to_json, ToolResult};
 use crate::mcp::scratch::{append_entry, parse_time};
-use crate::mcp::search;
 use crate::mcp::session::Session;
 use crate::query::options::ReadOptions;
+use crate::synth::search::{self, Ranker, SearchQuery};
 use crate::synth::SynthOptions;
 
 /// Longest text of one message or tool result stored by `add_session_to_memory`, in bytes.
@@ -197,7 +197,10 @@ fn session_batch(s: &Session, a: &SessionArgs) -> Result<Vec<NewEvent>> {
     Ok(batch)
 }
 
-/// `search_memory`.
+/// Why `search_memory` ranks by words only: the MCP server loads no model yet.
+pub const MCP_LEXICAL_REASON: &str = "swarm mcp loads no embedding model yet";
+
+/// `search_memory`: the library's search as the session's agent.
 pub fn search_memory(s: &Session, a: SearchArgs) -> ToolResult {
     let filters = ReadOptions {
         agent: a.from_agent,
@@ -216,13 +219,17 @@ pub fn search_memory(s: &Session, a: SearchArgs) -> ToolResult {
         reader: Some(s.agent(a.agent.as_deref())?),
         ..ReadOptions::default()
     };
-    let limit = a.limit.unwrap_or(10);
+    let q = SearchQuery {
+        text: &a.query,
+        run: a.run.as_deref(),
+        filters,
+        limit: a.limit.unwrap_or(10),
+        facts: true,
+    };
     to_json(&search::search(
         &s.store,
-        &a.query,
-        a.run.as_deref(),
-        &filters,
-        limit,
+        &q,
+        Ranker::Lexical(MCP_LEXICAL_REASON),
     )?)
 }
 

@@ -9,7 +9,7 @@
 //! - `tools.rs`: the tool catalogue: names, descriptions, arguments, functions.
 //! - `scratch.rs`: the scratchpad tools; `memory.rs`: seed 002's memory tools (plain
 //!   functions of a session and their arguments).
-//! - `search.rs`: `search_memory`'s lexical search, behind one function.
+//! - `search_memory` calls the library's search (`crate::synth::search`).
 //! - `anti.rs`: agent anti-patterns over tracked tool calls (pure).
 //! - `resources.rs`: `swarm://runs/{run}` and its subscriptions.
 //! - `reply.rs`: tool results and the tool errors that name their cause.
@@ -33,7 +33,6 @@ pub mod memory;
 pub mod reply;
 pub mod resources;
 pub mod scratch;
-pub mod search;
 pub mod server;
 pub mod session;
 pub mod tools;

@@ -24,7 +24,9 @@ use crate::serve::append;
 use crate::serve::extract::{Act, Identity, Keyed, NoParams, Reading, Q};
 use crate::serve::problem::Problem;
 use crate::serve::sse;
+use crate::serve::token::Role;
 use crate::synth::dedup::DedupConfig;
+use crate::synth::search::{self, Ranker, SearchQuery};
 use crate::synth::{FactsQuery, SynthOptions};
 use crate::tail::TailOptions;
 
@@ -62,7 +64,7 @@ pub fn router(app: Arc<App>) -> Router {
         .doc("/v1/runs/{run}/close", post(close)).doc("/v1/runs/{run}/restore", post(restore))
         .doc("/v1/facts", get(facts)).doc("/v1/facts/{fact}", get(explain))
         .doc("/v1/patterns", get(patterns)).doc("/v1/advise", get(advise))
-        .doc("/v1/synth", post(synth))
+        .doc("/v1/synth", post(synth)).doc("/v1/search", get(search))
         .fallback(|| async { Problem::not_found("no such route") })
         .with_state(app)
 }
@@ -555,6 +557,53 @@ async fn facts(id: Identity, Q(q): Q<FactsParams>) -> Viewed {
         include_superseded: q.all,
     };
     answer(id.call(move |s| s.facts(&query)).await?)
+}
+
+/// Why `GET /v1/search` ranks by words only: the server loads no model yet.
+pub const SERVE_LEXICAL_REASON: &str = "swarm serve loads no embedding model yet";
+
+/// The search asked for.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SearchParams {
+    q: Option<String>,
+    run: Option<String>,
+    agent: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    since: Option<String>,
+    limit: Option<usize>,
+}
+
+/// `GET /v1/search?q=...`: the token's user's memory searched (`swarm search --json`'s
+/// answer). Findings are read as the reading agent (the runs' policies apply); facts,
+/// drawn from every run past any run's read policy, only for admin tokens (as
+/// `GET /v1/facts`).
+async fn search(r: Reading, Q(p): Q<SearchParams>) -> Viewed {
+    let Some(text) = p.q else {
+        return Err(Problem::invalid("q: required (the words to look for)"));
+    };
+    let facts = r.id.token.role == Role::Admin;
+    let filters = ReadOptions {
+        agent: p.agent,
+        kind: parse_type(p.kind)?,
+        since: parse_ts("since", p.since)?,
+        reader: r.reader,
+        ..ReadOptions::default()
+    };
+    let rows =
+        r.id.call(move |s| {
+            let q = SearchQuery {
+                text: &text,
+                run: p.run.as_deref(),
+                filters,
+                limit: p.limit.unwrap_or(10),
+                facts,
+            };
+            search::search(s, &q, Ranker::Lexical(SERVE_LEXICAL_REASON)).map(|a| a.rows())
+        })
+        .await?;
+    answer(rows)
 }
 
 /// How many evidence links an explanation lists.

@@ -17,13 +17,21 @@
 //! - contradiction precision and recall: reported contradictions between facts that hold
 //!   a labelled contradiction pair, against the labelled pairs;
 //! - temporal changes flagged: labelled `supersedes` pairs reported as contradictions;
-//! - cross-user merges: always 0 by construction (one store per user), counted anyway.
+//! - cross-user merges: always 0 by construction (one store per user), counted anyway;
+//! - search: for each `query` line (`user`, `text`, `fact`), the library's search
+//!   ([`crate::synth::search::search`]) in that user's store, after synthesis; a query is
+//!   answered at rank k when one of the first k hits is a fact with an evidence link to
+//!   an event labelled with the fact, or such an event itself. Top-1 and top-3 rates;
+//!   hits that belong to another user (an entry of another user, a fact holding another
+//!   user's events) are counted, and must be 0; the misses are listed with what came
+//!   instead.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::embed::Embedder;
 use crate::error::{Error, Result};
 use crate::event::{EventType, NewEvent};
 use crate::log::meta::Durability;
@@ -31,6 +39,7 @@ use crate::query::options::ReadOptions;
 use crate::store::Store;
 use crate::synth::driver::SynthOptions;
 use crate::synth::facts::{parse_id, Record, FACTS_RUN};
+use crate::synth::search::{self, Found, Ranker, SearchQuery};
 
 /// The figures of one labelled set.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -75,7 +84,43 @@ pub struct SetReport {
     pub temporal_flagged: u64,
     /// Facts holding events of two users (always 0: one store per user).
     pub cross_user_merges: u64,
+    /// How the search ranked: `lexical` or `hybrid`.
+    pub search_mode: String,
+    /// The model's id, in hybrid mode.
+    pub search_model: Option<String>,
+    /// Labelled queries.
+    pub search_queries: u64,
+    /// Queries whose first hit carries the labelled fact.
+    pub search_top1: u64,
+    /// Queries with the labelled fact among the first three hits.
+    pub search_top3: u64,
+    /// top1 / queries (1 when none).
+    pub search_top1_rate: f64,
+    /// top3 / queries (1 when none).
+    pub search_top3_rate: f64,
+    /// Hits (of the first three) that belong to another user than the query's: must be 0.
+    pub search_foreign_hits: u64,
+    /// The queries whose fact was not in the first three hits, with what came instead.
+    pub search_misses: Vec<SearchMiss>,
 }
+
+/// A labelled query the search missed (top 3).
+#[derive(Clone, Debug, Serialize)]
+pub struct SearchMiss {
+    /// The user asked for.
+    pub user: String,
+    /// The question.
+    pub query: String,
+    /// The fact label it asks for.
+    pub fact: String,
+    /// The first three hits: source, the labels they carry, text.
+    pub got: Vec<(String, Vec<String>, String)>,
+}
+
+/// Hits a labelled query looks at.
+const SEARCH_TOP: usize = 3;
+/// Why the evaluator's search is lexical when it is given no model.
+const NO_MODEL: &str = "no embedding model given to the evaluator";
 
 #[derive(Deserialize)]
 struct Line {
@@ -106,6 +151,8 @@ struct Line {
     #[serde(default)]
     b: String,
     #[serde(default)]
+    text: String,
+    #[serde(default)]
     later: String,
     #[serde(default)]
     earlier: String,
@@ -120,8 +167,14 @@ fn ratio(num: u64, den: u64) -> f64 {
 }
 
 /// Feeds `set` (JSON lines) through stores under `root` (an empty directory) and the
-/// synthesizer with `opts`, and compares the facts with the labels.
-pub fn evaluate_set(set: &str, root: &Path, opts: &SynthOptions) -> Result<SetReport> {
+/// synthesizer with `opts`, compares the facts with the labels, and runs the labelled
+/// queries through the search (hybrid with `embedder`, else lexical).
+pub fn evaluate_set(
+    set: &str,
+    root: &Path,
+    opts: &SynthOptions,
+    embedder: Option<&dyn Embedder>,
+) -> Result<SetReport> {
     let mut events: Vec<Line> = Vec::new();
     let mut relations: Vec<Line> = Vec::new();
     for (n, raw) in set.lines().enumerate() {
@@ -173,6 +226,8 @@ pub fn evaluate_set(set: &str, root: &Path, opts: &SynthOptions) -> Result<SetRe
     // Facts made: per user, fact id -> labels of its events; contradictions as pairs.
     let mut made: Vec<Vec<String>> = Vec::new();
     let mut reported: Vec<(BTreeSet<String>, BTreeSet<String>)> = Vec::new();
+    // Per user: fact number -> its slot in `made`.
+    let mut fact_slots: BTreeMap<String, BTreeMap<usize, usize>> = BTreeMap::new();
     for store in users.values() {
         store.synth(opts, |_| {})?;
         let mut index: BTreeMap<usize, usize> = BTreeMap::new();
@@ -215,6 +270,7 @@ pub fn evaluate_set(set: &str, root: &Path, opts: &SynthOptions) -> Result<SetRe
             };
             reported.push((labels(a), labels(b)));
         }
+        fact_slots.insert(store.user().to_string(), index);
     }
     // A tuning aid: the facts made (their events' labels) and the contradictions.
     if let Ok(path) = std::env::var("SWARM_EVAL_DUMP") {
@@ -292,6 +348,75 @@ pub fn evaluate_set(set: &str, root: &Path, opts: &SynthOptions) -> Result<SetRe
         .count() as u64;
     r.contradiction_precision = ratio(r.contradictions_correct, r.contradictions_reported);
     r.contradiction_recall = ratio(r.contradictions_found, r.contradictions_labelled);
+    // Search: each labelled query in its user's store.
+    let ranker = Ranker::new(embedder, NO_MODEL);
+    r.search_mode = match ranker {
+        Ranker::Lexical(_) => "lexical",
+        Ranker::Hybrid(_) => "hybrid",
+    }
+    .to_string();
+    r.search_model = embedder.map(|e| e.id().to_string());
+    let no_slots = BTreeMap::new();
+    for q in relations.iter().filter(|l| l.kind == "query") {
+        r.search_queries += 1;
+        let Some(store) = users.get(&q.user) else {
+            continue; // a user with no events: nothing to find
+        };
+        let slots = fact_slots.get(&q.user).unwrap_or(&no_slots);
+        let query = SearchQuery {
+            limit: SEARCH_TOP,
+            ..SearchQuery::new(&q.text)
+        };
+        let hits = match search::search(store, &query, ranker) {
+            Ok(a) => a.hits,
+            // A query with no searchable word is a miss; any other error (a model's) stops.
+            Err(Error::Invalid { field, .. }) if field == "query" => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        // The labels each hit carries, and whether it belongs to another user.
+        let mut carries: Vec<bool> = Vec::new();
+        let mut got = Vec::new();
+        for h in &hits {
+            let (labels, foreign): (Vec<&String>, bool) = match &h.found {
+                Found::Fact { fact } => {
+                    let ls: Vec<&String> = parse_id('F', &fact.id)
+                        .and_then(|i| slots.get(&i))
+                        .map(|&s| made[s].iter().collect())
+                        .unwrap_or_default();
+                    let foreign = ls.iter().any(|l| fact_user.get(*l) != Some(&q.user));
+                    (ls, foreign)
+                }
+                Found::Finding { entry } => {
+                    let key = (q.user.clone(), entry.run_id.clone(), entry.seq);
+                    let ls: Vec<&String> = label.get(&key).into_iter().collect();
+                    (ls, entry.user_id != q.user)
+                }
+            };
+            r.search_foreign_hits += u64::from(foreign);
+            carries.push(labels.iter().any(|l| **l == q.fact));
+            let source = match h.found {
+                Found::Fact { .. } => "fact",
+                Found::Finding { .. } => "finding",
+            };
+            let mut labels: Vec<String> = labels.into_iter().cloned().collect();
+            labels.sort();
+            labels.dedup();
+            got.push((source.to_string(), labels, h.text()));
+        }
+        r.search_top1 += u64::from(carries.first() == Some(&true));
+        let found = carries.iter().take(SEARCH_TOP).any(|c| *c);
+        r.search_top3 += u64::from(found);
+        if !found {
+            r.search_misses.push(SearchMiss {
+                user: q.user.clone(),
+                query: q.text.clone(),
+                fact: q.fact.clone(),
+                got,
+            });
+        }
+    }
+    r.search_top1_rate = ratio(r.search_top1, r.search_queries);
+    r.search_top3_rate = ratio(r.search_top3, r.search_queries);
     Ok(r)
 }
 
@@ -301,15 +426,18 @@ mod tests {
 
     /// A tiny hand-checked set: two paraphrases (one fact), a look-alike, and a
     /// contradiction; the figures follow from what the synthesizer made of them.
-    #[test]
-    fn figures_follow_from_the_facts_made() {
-        let set = r#"{"kind":"about"}
+    const SET: &str = r#"{"kind":"about"}
 {"kind":"event","eid":"1","user":"u","run":"r","agent_id":"a","type":"evidence","subject":"db","content":"postgres pool exhausted 100/100","fact":"F1"}
 {"kind":"event","eid":"2","user":"u","run":"r","agent_id":"b","type":"evidence","subject":"db","content":"postgres pool exhausted 100/100","fact":"F1"}
 {"kind":"event","eid":"3","user":"v","run":"r","agent_id":"a","type":"evidence","subject":"db","content":"postgres pool exhausted 100/100","fact":"F2"}
-{"kind":"hard_negative","a":"F1","b":"F2"}"#;
+{"kind":"hard_negative","a":"F1","b":"F2"}
+{"kind":"query","user":"v","text":"is the postgres pool exhausted?","fact":"F2"}
+{"kind":"query","user":"u","text":"no spare connections left","fact":"F1"}"#;
+
+    #[test]
+    fn figures_follow_from_the_facts_made() {
         let dir = tempfile::tempdir().unwrap();
-        let r = evaluate_set(set, dir.path(), &SynthOptions::default()).unwrap();
+        let r = evaluate_set(SET, dir.path(), &SynthOptions::default(), None).unwrap();
         assert_eq!((r.events, r.users, r.facts_labelled), (3, 2, 2));
         // Exact repeats of one user merge; the other user's identical text never does.
         assert_eq!(
@@ -319,5 +447,36 @@ mod tests {
         assert_eq!((r.hard_negatives, r.hard_negatives_merged), (1, 0));
         assert_eq!(r.cross_user_merges, 0);
         assert_eq!(r.facts_made, 2);
+        // By words, v's question is answered (by v's own fact, never u's identical one)
+        // and u's paraphrase with no shared word is not.
+        assert_eq!(r.search_mode, "lexical");
+        assert_eq!((r.search_queries, r.search_top1, r.search_top3), (2, 1, 1));
+        assert_eq!(r.search_foreign_hits, 0);
+        assert_eq!(r.search_misses.len(), 1);
+        assert_eq!(
+            (
+                r.search_misses[0].user.as_str(),
+                r.search_misses[0].fact.as_str()
+            ),
+            ("u", "F1")
+        );
+        assert!(r.search_misses[0].got.is_empty());
+    }
+
+    #[test]
+    fn a_model_lets_the_search_answer_a_paraphrase() {
+        let mut t = crate::embed::Table::new("t@0", 2);
+        t.insert("postgres pool exhausted 100/100", vec![1.0, 0.1])
+            .unwrap();
+        t.insert("is the postgres pool exhausted?", vec![1.0, 0.0])
+            .unwrap();
+        t.insert("no spare connections left", vec![0.9, 0.2])
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let r = evaluate_set(SET, dir.path(), &SynthOptions::default(), Some(&t)).unwrap();
+        assert_eq!(r.search_mode, "hybrid");
+        assert_eq!(r.search_model.as_deref(), Some("t@0"));
+        assert_eq!((r.search_queries, r.search_top1, r.search_top3), (2, 2, 2));
+        assert_eq!(r.search_foreign_hits, 0);
     }
 }

@@ -15,6 +15,8 @@
 //! - [`judge`]: the optional LLM step for borderline pairs.
 //! - [`share`]: the shared scope: what is copied to every user, pattern books, advice.
 //! - [`views`]: facts, explain, as-of, metrics of a run, read back from the facts log.
+//! - [`search`]: search of the user's facts and findings, by words and (with a model) by
+//!   meaning, fused by reciprocal rank.
 //! - [`snapshot`]: snapshots of the facts fold at a commit (incremental work stays small).
 //!
 //! Invariant: the synthesizer never writes a raw run: it reads runs and writes only the
@@ -32,6 +34,7 @@ pub mod metrics;
 pub mod patterns;
 pub mod quality;
 pub mod sanitize;
+pub mod search;
 pub mod settings;
 pub mod share;
 pub mod snapshot;

@@ -1,0 +1,181 @@
+//! `swarm search`: the user's facts and findings ranked by words and, with a model, by
+//! meaning (the library's `synth::search`). Also where the CLI gets its embedding model.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Args;
+use swarm_memory::embed::{Embedder, Table};
+use swarm_memory::synth::search::{self, Ranker, SearchQuery};
+use swarm_memory::{EventType, ReadOptions, Store, Ts};
+
+use crate::scratch::{invalid, print_json};
+
+/// Why there is no model while the model loader is not in this build.
+const NOT_BUILT: &str = "semantic model support not built yet";
+
+/// The sentence-embedding model: from `explicit` (`--embed-model DIR`), else the default
+/// place under `data_dir`. `Ok(None)` when there is none; the search is then lexical.
+///
+/// Stub: the real loader (`swarm_memory::embed::load`) replaces the body; this is the one
+/// place the CLI loads a model. Its "no model at …" reason then replaces [`NOT_BUILT`] in
+/// [`model`].
+fn load_embedder(
+    explicit: Option<&Path>,
+    data_dir: &Path,
+) -> anyhow::Result<Option<Arc<dyn Embedder>>> {
+    let _ = (explicit, data_dir);
+    Ok(None)
+}
+
+/// A model, or why there is none.
+pub struct Model {
+    /// The model.
+    pub embedder: Option<Arc<dyn Embedder>>,
+    /// Why there is none (empty with a model).
+    pub reason: String,
+}
+
+impl Model {
+    /// How a search ranks with it.
+    pub fn ranker(&self) -> Ranker<'_> {
+        Ranker::new(self.embedder.as_deref(), &self.reason)
+    }
+}
+
+/// Loads the model (see [`load_embedder`]) and says why when there is none.
+pub fn model(explicit: Option<&Path>, data_dir: &Path) -> anyhow::Result<Model> {
+    let embedder = load_embedder(explicit, data_dir)?;
+    let reason = match (&embedder, explicit) {
+        (Some(_), _) => String::new(),
+        (None, Some(dir)) => format!("no model loaded from {}: {NOT_BUILT}", dir.display()),
+        (None, None) => NOT_BUILT.to_string(),
+    };
+    Ok(Model { embedder, reason })
+}
+
+/// Fixed vectors computed elsewhere (`.ci/embed_vectors.py`: a JSON object, text to
+/// vector) as the model, for measuring: a text the file does not hold is an error.
+pub fn table_model(path: &Path) -> anyhow::Result<Model> {
+    let bad = |e: String| invalid("embed-vectors", format!("{}: {e}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().to_string(),
+    );
+    let t = Table::from_json(&format!("vectors:{name}"), &text)?;
+    Ok(Model {
+        embedder: Some(Arc::new(t)),
+        reason: String::new(),
+    })
+}
+
+#[derive(Args)]
+pub struct SearchArgs {
+    /// What to look for, in words ("connection pool exhausted orders-db").
+    query: String,
+    /// Only this run (a closed run is searched only when named).
+    #[arg(long)]
+    run: Option<String>,
+    /// Only what this agent wrote (facts: that it found).
+    #[arg(long)]
+    agent: Option<String>,
+    /// Only this entry type: hypothesis, evidence, decision or action_taken.
+    #[arg(long, alias = "type")]
+    kind: Option<String>,
+    /// Only entries (facts: with evidence) at or after this RFC 3339 time (or date).
+    #[arg(long)]
+    since: Option<String>,
+    /// Hits wanted (at most 100).
+    #[arg(long, default_value_t = 10)]
+    limit: usize,
+    /// Search as this agent: only what the runs' policies let it see.
+    #[arg(long)]
+    as_agent: Option<String>,
+    /// One JSON object (mode, model, hits) instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// A sentence-transformers model directory (default: the one under the data dir).
+    #[arg(long, env = "SWARM_EMBED_MODEL")]
+    embed_model: Option<PathBuf>,
+}
+
+pub fn search(store: &Store, data_dir: &Path, a: SearchArgs) -> anyhow::Result<ExitCode> {
+    let kind = a.kind.as_deref().map(EventType::parse_client).transpose()?;
+    let since = match a.since.as_deref() {
+        None => None,
+        Some(s) => Some(
+            Ts::parse(s)
+                .ok_or_else(|| invalid("since", format!("{s:?} is not an RFC 3339 time")))?,
+        ),
+    };
+    let filters = ReadOptions {
+        agent: a.agent,
+        kind,
+        since,
+        reader: a.as_agent,
+        ..ReadOptions::default()
+    };
+    let m = model(a.embed_model.as_deref(), data_dir)?;
+    let q = SearchQuery {
+        text: &a.query,
+        run: a.run.as_deref(),
+        filters,
+        limit: a.limit,
+        facts: true,
+    };
+    let ans = search::search(store, &q, m.ranker())?;
+    let rows = ans.rows();
+    if a.json {
+        return print_json(&rows);
+    }
+    let out = io::stdout();
+    let mut out = out.lock();
+    let mode = match (&rows.model, &rows.reason) {
+        (Some(id), _) => format!("hybrid (words and {id})"),
+        (None, Some(why)) => format!("lexical ({why})"),
+        (None, None) => rows.mode.to_string(),
+    };
+    writeln!(
+        out,
+        "{} hits of {} facts and {} findings; mode: {}",
+        rows.hits.len(),
+        rows.facts_considered,
+        rows.findings_considered,
+        crate::term::safe(&mode)
+    )?;
+    writeln!(
+        out,
+        "{:>3} {:>7} {:<7} {:<20} {:<16} {:<20} text",
+        "#", "score", "source", "id", "agent", "ts"
+    )?;
+    for (i, h) in rows.hits.iter().enumerate() {
+        let id = match (&h.fact_id, &h.run, h.seq) {
+            (Some(f), _, _) => f.clone(),
+            (None, Some(r), Some(s)) => format!("{r}#{s}"),
+            _ => "-".into(),
+        };
+        let agent = match (&h.agent, &h.agents) {
+            (Some(a), _) => a.clone(),
+            (None, Some(all)) => all.join(","),
+            _ => "-".into(),
+        };
+        let ts = h.ts.map_or_else(|| "-".into(), |t| t.to_string());
+        let text: String = h.text.chars().take(80).collect();
+        let line = format!(
+            "{:>3} {:>7.4} {:<7} {:<20} {:<16} {:<20} {}",
+            i + 1,
+            h.score,
+            h.source,
+            id,
+            agent,
+            ts.get(..19).unwrap_or(&ts),
+            text
+        );
+        writeln!(out, "{}", crate::term::safe(&line))?;
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
