@@ -219,6 +219,9 @@ struct Delta {
     new: Option<NewFact>,
     variants: Vec<String>,
     evidence: Vec<EvidenceLink>,
+    /// The latest observation time of its findings in this pass, when one was not the
+    /// finding's own time.
+    observed: Option<Ts>,
 }
 
 fn clip(s: &str, max: usize) -> &str {
@@ -263,7 +266,7 @@ fn restore(
                 kept.push((i, v));
             }
         }
-        if let Some(t) = f.last_seen {
+        if let Some(t) = f.last_observed.or(f.last_seen) {
             d.observe(i, t);
         }
     }
@@ -374,6 +377,7 @@ impl Pass {
             None => e.subject.as_deref().unwrap_or(""),
         };
         let seen = observed(&e);
+        let e_ts = e.ts;
         let c = match vector {
             Some(v) => deduper.classify_semantic(scope, text, v, seen),
             None => deduper.classify(scope, text, judge),
@@ -460,6 +464,10 @@ impl Pass {
             });
         }
         deduper.observe(idx, seen);
+        if seen != e_ts {
+            let o = &mut self.deltas.entry(idx).or_default().observed;
+            *o = Some(o.map_or(seen, |x| x.max(seen)));
+        }
         let mut contradicts = c.contradicts;
         contradicts.sort_by(|a, b| b.1.total_cmp(&a.1).then(b.0.cmp(&a.0)));
         contradicts.truncate(CONTRADICTIONS_PER_FINDING_MAX);
@@ -507,6 +515,7 @@ impl Pass {
             let mut new = d.new.take();
             let mut variants = std::mem::take(&mut d.variants);
             let mut evidence = std::mem::take(&mut d.evidence);
+            let mut observed = d.observed.take();
             loop {
                 let rest = evidence.split_off(evidence.len().min(EVIDENCE_PER_RECORD_MAX));
                 out.push(Record::Fact {
@@ -514,6 +523,7 @@ impl Pass {
                     new: new.take(),
                     variants: std::mem::take(&mut variants),
                     evidence: Evidence(evidence),
+                    observed: observed.take(),
                 });
                 if rest.is_empty() {
                     break;

@@ -214,6 +214,11 @@ pub enum Record {
         /// Links to the raw events behind it.
         #[serde(default, skip_serializing_if = "Evidence::is_empty")]
         evidence: Evidence,
+        /// The latest observation time among this record's findings (their
+        /// `meta.observed_at`, else their time), when it differs from every link's time:
+        /// what tells a change over time from a contradiction in a later pass.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        observed: Option<Ts>,
     },
     /// Two facts of one subject make incompatible claims.
     Contradiction {
@@ -323,6 +328,10 @@ pub struct Fact {
     pub last_seen: Option<Ts>,
     /// Contradictions it is part of (indexes into [`FactsFold::contradictions`]).
     pub contradictions: Vec<usize>,
+    /// The latest observation time of its findings, when a record stated one (see
+    /// [`Record::Fact`]); else [`Fact::last_seen`] is that time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_observed: Option<Ts>,
     /// Replaced by a later observation of the same quantity: that fact's index and
     /// when this one stopped being valid (the earliest such change).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -605,6 +614,7 @@ impl FactsFold {
                 new,
                 variants,
                 evidence,
+                observed,
             } => {
                 let Some(i) = parse_id('F', fact) else { return };
                 if let Some(n) = new {
@@ -625,6 +635,10 @@ impl FactsFold {
                     return;
                 }
                 self.facts[i].variants.extend(variants.iter().cloned());
+                if let Some(t) = observed.filter(|t| cutoff.is_none_or(|c| *t <= c)) {
+                    let o = &mut self.facts[i].last_observed;
+                    *o = Some(o.map_or(t, |x| x.max(t)));
+                }
                 for l in evidence {
                     if cutoff.is_some_and(|c| l.ts() > c) {
                         continue;
