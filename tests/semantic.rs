@@ -453,3 +453,46 @@ fn incremental_semantic_synth_agrees_with_one_synth() {
     assert_eq!(a.1.len(), 3, "{a:?}");
     assert_eq!(a.1[0].1, 2, "the paraphrase joined the 2.3 s fact: {a:?}");
 }
+
+/// The LLM step in semantic mode: an unguarded pair in the borderline band (below the
+/// merge cosine) is asked; its answer decides; a guarded pair is never asked.
+#[test]
+fn the_llm_judges_borderline_pairs_by_meaning() {
+    let run = |cmd: &str| {
+        let env = Env::new();
+        let s = store(&env);
+        let a = "the postgres pool is exhausted";
+        let b = "no free DB connections left";
+        let c = "broker-3 data dir 91% full";
+        let d = "broker-2 data dir 91% full";
+        let t = table(&[
+            (a, v(0, 1, 1.0)),
+            (b, v(0, 1, 0.6)),
+            (c, v(2, 3, 1.0)),
+            (d, v(2, 3, 0.6)),
+        ]);
+        for (i, text) in [a, b, c, d].into_iter().enumerate() {
+            let at = format!("2026-03-11T14:0{i}:00Z");
+            add(
+                &s,
+                &format!("agent-{i}"),
+                EventType::Evidence,
+                "x",
+                text,
+                &at,
+            );
+        }
+        let o = SynthOptions {
+            llm: Some(swarm_memory::synth::LlmOptions {
+                cmd: cmd.to_string(),
+                timeout: std::time::Duration::from_secs(5),
+                calls_max: 10,
+            }),
+            ..opts(t)
+        };
+        let r = s.synth(&o, |_| {}).expect("synth");
+        (r.llm_calls, r.matched_judged, r.facts_total)
+    };
+    assert_eq!(run(r#"cat >/dev/null; echo '{"same": true}'"#), (1, 1, 3));
+    assert_eq!(run(r#"cat >/dev/null; echo '{"same": false}'"#), (1, 0, 4));
+}

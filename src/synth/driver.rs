@@ -379,7 +379,7 @@ impl Pass {
         let seen = observed(&e);
         let e_ts = e.ts;
         let c = match vector {
-            Some(v) => deduper.classify_semantic(scope, text, v, seen),
+            Some(v) => deduper.classify_semantic(scope, text, v, seen, judge),
             None => deduper.classify(scope, text, judge),
         };
         let (idx, how) = match c.matched {

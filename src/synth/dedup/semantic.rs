@@ -23,11 +23,13 @@
 //!    entities, identifiers, qualifiers and bound) that states another value of the same
 //!    dimension is a *change* when the two were observed more than `change_window_secs`
 //!    apart (a later measurement supersedes the earlier one), and a *contradiction* when
-//!    they overlap in time. Opposite polarity with a cosine of at least `polarity` is a
+//!    they overlap in time.
+//! 5. With a [`Judge`] (the optional LLM step): when nothing merged, the nearest
+//!    unguarded candidate at or above `borderline` is asked; "same" merges it. Opposite polarity with a cosine of at least `polarity` is a
 //!    contradiction whatever the time (a cause asserted and ruled out).
 
 use crate::event::ts::Ts;
-use crate::synth::dedup::{compare, Classified, Cmp, Deduper, FactIdx, Match};
+use crate::synth::dedup::{compare, Classified, Cmp, Deduper, FactIdx, Judge, Match};
 use crate::synth::text;
 
 /// Tuning of the semantic mode (tuned on `data/fixtures/semantic/tune.jsonl` only).
@@ -44,6 +46,9 @@ pub struct SemanticConfig {
     pub merge_supported: f32,
     /// Lexical similarity (the lexical mode's score) needed with `merge_supported`.
     pub lexical_support: f64,
+    /// Cosine from which a guarded pair below `merge` (and not merged by lexical
+    /// support) is asked to the [`Judge`] (the optional LLM step), when one is given.
+    pub borderline: f32,
     /// Cosine at or above which a pair with incompatible values is about the same thing.
     pub related: f32,
     /// Cosine at or above which opposite polarity is a contradiction.
@@ -61,6 +66,7 @@ impl Default for SemanticConfig {
             merge: 0.75,
             merge_supported: 0.70,
             lexical_support: 0.45,
+            borderline: 0.55,
             related: 0.60,
             polarity: 0.75,
             change_window_secs: 20 * 60,
@@ -146,7 +152,14 @@ impl Deduper {
     /// meaning, among the facts of `scope` (the driver passes the entry type: a typed
     /// guard, decisions never merge with observations).
     /// Does not change the deduper.
-    pub fn classify_semantic(&self, scope: &str, text: &str, v: &[f32], ts: Ts) -> Classified {
+    pub fn classify_semantic(
+        &self,
+        scope: &str,
+        text: &str,
+        v: &[f32],
+        ts: Ts,
+        mut judge: Option<&mut dyn Judge>,
+    ) -> Classified {
         let mut out = Classified {
             matched: Match::New,
             contradicts: Vec::new(),
@@ -191,6 +204,8 @@ impl Deduper {
         let sig = text::signature(text);
         let st = stance(text);
         let mut same: Option<(FactIdx, f32)> = None;
+        // The nearest unguarded candidate in the borderline band: the judge's question.
+        let mut borderline: Option<(FactIdx, f32)> = None;
         for &(f, cos, _) in &best {
             let f = f as usize;
             // The decision over every kept wording: same if any wording says so (and
@@ -237,6 +252,9 @@ impl Deduper {
                 }
                 continue;
             }
+            if !any_guard && cos >= cfg.borderline && borderline.is_none() {
+                borderline = Some((f, cos));
+            }
             if cos < cfg.related || !cmps.iter().all(same_thing) {
                 continue;
             }
@@ -253,6 +271,19 @@ impl Deduper {
                     out.changes.push((f, f64::from(cos)));
                 } else {
                     out.contradicts.push((f, f64::from(cos)));
+                }
+            }
+        }
+        if same.is_none() {
+            if let (Some((f, cos)), Some(j)) = (borderline, judge.as_deref_mut()) {
+                let other = &self.facts[f].variants[0].text;
+                if j.same(scope, text, other, f64::from(cos)) == Some(true) {
+                    out.matched = Match::Judged {
+                        fact: f,
+                        score: f64::from(cos),
+                    };
+                    out.contradicts.retain(|x| x.0 != f);
+                    out.changes.retain(|x| x.0 != f);
                 }
             }
         }
