@@ -35,6 +35,7 @@
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufReader, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -150,9 +151,15 @@ impl Cached {
                 format!("model id of {} bytes or {dim} dimensions", id.len()),
             ));
         }
-        fs::create_dir_all(dir).ctx("create vector cache dir", dir)?;
+        // The vectors say something about the user's texts: 0700 / 0600, like the logs.
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .ctx("create vector cache dir", dir)?;
         let path = cache_file(dir, &id);
         let mut file = OpenOptions::new()
+            .mode(0o600)
             .read(true)
             .write(true)
             .create(true)
