@@ -17,6 +17,14 @@
 //! child process (`swarm synth --all`, the release binary), which reports its own peak
 //! resident memory (`VmHWM`). Then: a re-run with nothing new, and an incremental run
 //! after 10,000 more events.
+//!
+//! The `embed` cell (feature `semantic`, model from `SWARM_EMBED_MODEL` or
+//! `data/models/all-MiniLM-L6-v2`): texts/s of the local model over
+//! `SYNTH_BENCH_EMBED_TEXTS` (default 1,024) findings in batches of 32, and in the same run
+//! sentence-transformers on PyTorch (CPU, 2 threads) for the same model directory, texts
+//! and batch size, run by the Python in `SWARM_BENCH_ST_PYTHON` (default
+//! `/work/venv-ref/bin/python` when it exists; else that column is skipped, saying so).
+//! `SYNTH_BENCH_ONLY=embed` runs this cell alone.
 
 use std::process::Command;
 use std::time::Instant;
@@ -125,7 +133,131 @@ fn swarm(data: &std::path::Path, args: &[&str]) -> (Value, f64) {
     (v, secs)
 }
 
+#[cfg(feature = "semantic")]
+/// `count` findings as agents write them: the claims above in their three wordings,
+/// mixed with longer sentences.
+fn findings(count: usize) -> Vec<String> {
+    let long = [
+        "no free DB connections left: the orders service waits 30 s for a connection and then fails with HTTP 503",
+        "rolled back the deploy after the error rate on the charge endpoint rose from 0.1% to 4.2%",
+        "hypothesis: the retry storm comes from the mobile client, which retries every failed call 5 times without backoff",
+        "confirmed: kafka consumer lag on topic orders reached 1.2M messages while the billing consumers were restarting",
+    ];
+    (0..count as u64)
+        .map(|i| {
+            if i % 5 == 4 {
+                format!(
+                    "{} (seen by agent-{:02} at 14:{:02})",
+                    long[(i / 5 % 4) as usize],
+                    i % 64,
+                    i % 60
+                )
+            } else {
+                claim(i * 7 % 20_000, i % 3, false).1
+            }
+        })
+        .collect()
+}
+
+/// The `embed` cell: (texts/s of our model, texts/s of sentence-transformers or why not).
+#[cfg(feature = "semantic")]
+fn embed_cell() -> Option<(usize, f64, Result<f64, String>)> {
+    use swarm_memory::embed;
+    let located = embed::locate(None, std::path::Path::new("data"));
+    let Some(model) = embed::load(&located).unwrap() else {
+        println!(
+            "embed cell skipped: {}",
+            located.reason().unwrap_or_default()
+        );
+        return None;
+    };
+    let count: usize = std::env::var("SYNTH_BENCH_EMBED_TEXTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024);
+    let texts = findings(count);
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    model.embed(&refs[..32.min(count)]).unwrap(); // warm-up
+    let t = Instant::now();
+    let v = model.embed(&refs).unwrap();
+    let ours = count as f64 / t.elapsed().as_secs_f64();
+    assert_eq!(v.len(), count);
+
+    let python = std::env::var("SWARM_BENCH_ST_PYTHON").ok().or_else(|| {
+        let p = "/work/venv-ref/bin/python";
+        std::path::Path::new(p).exists().then(|| p.to_string())
+    });
+    let st = match python {
+        None => Err("no Python with sentence-transformers (set SWARM_BENCH_ST_PYTHON)".to_string()),
+        Some(py) => {
+            let dir = tempfile::tempdir().unwrap();
+            let input = dir.path().join("texts.json");
+            std::fs::write(&input, serde_json::to_vec(&texts).unwrap()).unwrap();
+            let script = "import json, sys, time, torch\n\
+                from sentence_transformers import SentenceTransformer\n\
+                torch.set_num_threads(2)\n\
+                m = SentenceTransformer(sys.argv[1], device='cpu')\n\
+                texts = json.load(open(sys.argv[2]))\n\
+                m.encode(texts[:32], batch_size=32)\n\
+                t = time.perf_counter()\n\
+                m.encode(texts, batch_size=32, normalize_embeddings=True)\n\
+                print(len(texts) / (time.perf_counter() - t))\n";
+            let out = Command::new(&py)
+                .arg("-c")
+                .arg(script)
+                .arg(&located.path)
+                .arg(&input)
+                .output();
+            match out {
+                Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+                    .trim()
+                    .lines()
+                    .last()
+                    .and_then(|l| l.parse::<f64>().ok())
+                    .ok_or_else(|| "no number from the Python run".to_string()),
+                Ok(o) => Err(format!(
+                    "{py} failed: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                        .lines()
+                        .last()
+                        .unwrap_or("")
+                )),
+                Err(e) => Err(format!("{py}: {e}")),
+            }
+        }
+    };
+    Some((count, ours, st))
+}
+
+#[cfg(not(feature = "semantic"))]
+fn embed_cell() -> Option<(usize, f64, Result<f64, String>)> {
+    println!("embed cell skipped: built without the `semantic` feature");
+    None
+}
+
+fn print_embed_row(cell: &Option<(usize, f64, Result<f64, String>)>) {
+    if let Some((count, ours, st)) = cell {
+        match st {
+            Ok(st) => println!(
+                "| embed: all-MiniLM-L6-v2, {count} findings, batch 32 | {ours:.0} texts/s; sentence-transformers (PyTorch CPU, 2 threads) {st:.0} texts/s; ratio {:.2}x | >= 1x |",
+                ours / st
+            ),
+            Err(why) => println!(
+                "| embed: all-MiniLM-L6-v2, {count} findings, batch 32 | {ours:.0} texts/s; sentence-transformers column skipped: {why} | >= 1x |"
+            ),
+        }
+    }
+}
+
 fn main() {
+    let embed = embed_cell();
+    if std::env::var("SYNTH_BENCH_ONLY").as_deref() == Ok("embed") {
+        println!();
+        println!("| measure | result | target |");
+        println!("|---|---:|---:|");
+        print_embed_row(&embed);
+        return;
+    }
     let n: u64 = std::env::var("SYNTH_BENCH_EVENTS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -201,6 +333,7 @@ fn main() {
         rate / (n as f64 / scan_secs)
     );
     println!("| peak resident memory of the synth process | {rss:.0} MiB | < 256 MiB |");
+    print_embed_row(&embed);
     println!(
         "| re-run with nothing new (whole process; inside the synth: {} ms) | {:.0} ms | < 1 s |",
         again["elapsed_ms"],

@@ -7,6 +7,8 @@ use std::process::ExitCode;
 mod demo;
 #[cfg(feature = "mcp")]
 mod mcp;
+#[cfg(feature = "semantic")]
+mod model;
 mod prune;
 #[cfg(feature = "server")]
 mod remote;
@@ -368,6 +370,10 @@ enum Cmd {
     #[cfg(feature = "server")]
     #[command(subcommand)]
     Token(serve::TokenCmd),
+    /// The local embedding model (semantic synthesis and search): install it, show it.
+    #[cfg(feature = "semantic")]
+    #[command(subcommand)]
+    Model(model::ModelCmd),
     /// Run the demo: agent processes work an SRE incident together in a new run.
     ///
     /// Four agent processes append hypotheses, evidence, decisions and actions
@@ -671,6 +677,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         .archive_dir
         .clone()
         .unwrap_or_else(|| cli.data_dir.join(".archive"));
+    #[cfg(feature = "semantic")]
+    if let Cmd::Model(c) = cli.cmd {
+        return model::model(c, &cli.data_dir);
+    }
     #[cfg(feature = "server")]
     let cmd = match cli.cmd {
         Cmd::Serve(a) => {
@@ -764,6 +774,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         #[cfg(feature = "server")]
         Cmd::Serve(_) | Cmd::Token(_) => unreachable!("handled above"),
+        #[cfg(feature = "semantic")]
+        Cmd::Model(_) => unreachable!("handled above"),
     }
 }
 

@@ -12,6 +12,8 @@ mod cli;
 mod cli_safety;
 mod concurrent;
 mod damage;
+#[cfg(feature = "semantic")]
+mod embed;
 mod fsync_failure;
 mod golden;
 mod index;

@@ -12,8 +12,138 @@
 //! for tests.
 
 use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
+
+pub mod cache;
+#[cfg(feature = "semantic")]
+pub mod install;
+#[cfg(feature = "semantic")]
+pub mod model;
+
+/// The environment variable naming a model directory (after `--embed-model`).
+pub const MODEL_ENV: &str = "SWARM_EMBED_MODEL";
+
+/// The default model's directory under `<data dir>/models/`.
+pub const DEFAULT_MODEL: &str = "all-MiniLM-L6-v2";
+
+/// The files a sentence-transformers directory must hold for [`load`].
+pub const MODEL_FILES: [&str; 3] = ["config.json", "tokenizer.json", "model.safetensors"];
+
+/// Where a model directory came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// The caller's explicit path (`--embed-model DIR`).
+    Explicit,
+    /// The environment variable [`MODEL_ENV`].
+    Env,
+    /// The default location, `<data dir>/models/all-MiniLM-L6-v2`.
+    DataDir,
+}
+
+impl Origin {
+    /// How a user would name this origin.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::Explicit => "--embed-model",
+            Origin::Env => MODEL_ENV,
+            Origin::DataDir => "the data dir default",
+        }
+    }
+}
+
+/// The model directory [`locate`] chose, and whether a model is there.
+#[derive(Clone, Debug)]
+pub struct Located {
+    /// The directory tried (only one is: an explicit or env path that holds no model is
+    /// reported, not silently replaced by the default).
+    pub path: PathBuf,
+    /// Where the path came from.
+    pub origin: Origin,
+    /// The files of [`MODEL_FILES`] that are missing there (empty: a model is there).
+    pub missing: Vec<&'static str>,
+}
+
+impl Located {
+    /// Whether every file a model needs is there.
+    pub fn found(&self) -> bool {
+        self.missing.is_empty()
+    }
+
+    /// Why no model is used, or None when one is there.
+    pub fn reason(&self) -> Option<String> {
+        if self.found() {
+            return None;
+        }
+        let what = if self.path.is_dir() {
+            format!("missing {}", self.missing.join(", "))
+        } else {
+            "no such directory".to_string()
+        };
+        Some(format!(
+            "model not found at {} (from {}): {what}; install it with `swarm model fetch` or point --embed-model / {MODEL_ENV} at a sentence-transformers directory",
+            self.path.display(),
+            self.origin.as_str()
+        ))
+    }
+}
+
+impl fmt::Display for Located {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.reason() {
+            None => write!(
+                f,
+                "model at {} (from {})",
+                self.path.display(),
+                self.origin.as_str()
+            ),
+            Some(r) => f.write_str(&r),
+        }
+    }
+}
+
+/// Where the model is: `explicit` (`--embed-model DIR`) if given, else the directory in
+/// [`MODEL_ENV`] if set and not empty, else `<data_dir>/models/all-MiniLM-L6-v2`. Only the
+/// first of these that is given is tried.
+pub fn locate(explicit: Option<&Path>, data_dir: &Path) -> Located {
+    let env = std::env::var_os(MODEL_ENV).filter(|v| !v.is_empty());
+    let (path, origin) = match (explicit, env) {
+        (Some(p), _) => (p.to_path_buf(), Origin::Explicit),
+        (None, Some(e)) => (PathBuf::from(e), Origin::Env),
+        (None, None) => (data_dir.join("models").join(DEFAULT_MODEL), Origin::DataDir),
+    };
+    let missing = MODEL_FILES
+        .into_iter()
+        .filter(|f| !path.join(f).is_file())
+        .collect();
+    Located {
+        path,
+        origin,
+        missing,
+    }
+}
+
+/// Loads the model [`locate`] found: `None` when there is none (the caller falls back to
+/// lexical matching and says so, with [`Located::reason`]) or when the library was built
+/// without the `semantic` feature; an error when the files are there but do not load.
+pub fn load(located: &Located) -> Result<Option<Arc<dyn Embedder>>> {
+    if !located.found() {
+        return Ok(None);
+    }
+    #[cfg(feature = "semantic")]
+    {
+        let m = model::Model::load(&located.path)?;
+        Ok(Some(Arc::new(m)))
+    }
+    #[cfg(not(feature = "semantic"))]
+    {
+        tracing::warn!("built without the `semantic` feature: the embedding model is not used");
+        Ok(None)
+    }
+}
 
 /// A sentence-embedding model.
 pub trait Embedder: Send + Sync {

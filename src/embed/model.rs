@@ -1,0 +1,376 @@
+//! The local sentence-embedding model (feature `semantic`): a sentence-transformers
+//! directory (all-MiniLM-L6-v2 and any other BERT model saved the same way) run with
+//! candle's BERT on the CPU.
+//!
+//! What it reads from the directory, as sentence-transformers does:
+//! - `config.json` (the BERT shape), `tokenizer.json` (the Hugging Face tokenizer),
+//!   `model.safetensors` (the weights);
+//! - `sentence_bert_config.json`: `max_seq_length`, the number of tokens kept (longer
+//!   texts are truncated, like sentence-transformers does; 256 for MiniLM);
+//! - `1_Pooling/config.json` (found through `modules.json` when present): mean pooling
+//!   over the attention mask or the CLS token. Other poolings are refused.
+//!
+//! The vectors are L2-normalised whatever `modules.json` says (the [`Embedder`] contract).
+//!
+//! **Invariant:** a text's vector does not depend on the texts it is embedded with: its
+//! bits are the same alone or in any call, on one core or two. Padding would break that
+//! (measured: a 15-token text padded to 32 tokens changes 369 of its 384 values in the
+//! last bits, cosine 0.99999994), while the number of rows in a batch does not. So texts
+//! are batched only with texts of exactly their token count (sorted by length, up to
+//! [`BATCH_TEXTS_MAX`] per batch) and are never padded: no compute is spent on padding
+//! either. Tests: `batch_does_not_change_bits` here, `one_or_two_threads_give_the_same_bits`
+//! in tests/embed.rs.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{BertModel, Config};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
+
+use crate::embed::{l2_normalize, Embedder};
+use crate::error::{Error, IoContext, Result};
+
+/// Texts sent to the network at once (all of one token count: one matrix per batch).
+pub const BATCH_TEXTS_MAX: usize = 32;
+
+/// `max_seq_length` when `sentence_bert_config.json` is missing (BERT's position limit
+/// caps it too).
+const SEQ_TOKENS_DEFAULT: usize = 256;
+
+/// Refuse a `model.safetensors` larger than this: a guard against a wrong path (a
+/// multi-gigabyte LLM), not a limit of the code.
+const WEIGHTS_BYTES_MAX: u64 = 2 << 30;
+
+/// How token vectors become one sentence vector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    /// The mean of the token vectors under the attention mask (sentence-transformers'
+    /// `pooling_mode_mean_tokens`).
+    Mean,
+    /// The first token's vector (`pooling_mode_cls_token`).
+    Cls,
+}
+
+/// A sentence-transformers BERT model loaded on the CPU.
+pub struct Model {
+    id: String,
+    dim: usize,
+    seq_tokens_max: usize,
+    pooling: Pooling,
+    pad_id: u32,
+    tokenizer: Tokenizer,
+    bert: BertModel,
+    device: Device,
+}
+
+#[derive(Deserialize)]
+struct SentenceBertConfig {
+    max_seq_length: Option<usize>,
+}
+
+#[derive(Deserialize)]
+struct ModuleEntry {
+    path: String,
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+#[derive(Deserialize, Default)]
+struct PoolingConfig {
+    #[serde(default)]
+    pooling_mode_cls_token: bool,
+    #[serde(default)]
+    pooling_mode_mean_tokens: bool,
+    #[serde(default)]
+    pooling_mode_max_tokens: bool,
+    #[serde(default)]
+    pooling_mode_mean_sqrt_len_tokens: bool,
+}
+
+fn model_err(dir: &Path, what: impl std::fmt::Display) -> Error {
+    Error::invalid("embed model", format!("{}: {what}", dir.display()))
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(dir: &Path, name: &str) -> Result<T> {
+    let path = dir.join(name);
+    let bytes = fs::read(&path).ctx("read model file", &path)?;
+    serde_json::from_slice(&bytes).map_err(|e| model_err(dir, format!("{name}: {e}")))
+}
+
+/// The pooling the directory asks for: `modules.json` names the pooling module's folder
+/// (`1_Pooling` by default); no pooling config means mean pooling, the
+/// sentence-transformers default.
+fn read_pooling(dir: &Path) -> Result<Pooling> {
+    let mut folder = PathBuf::from("1_Pooling");
+    if dir.join("modules.json").is_file() {
+        let modules: Vec<ModuleEntry> = read_json(dir, "modules.json")?;
+        if let Some(m) = modules.iter().find(|m| m.kind.ends_with(".Pooling")) {
+            if m.path.split('/').any(|c| c == "..") || Path::new(&m.path).is_absolute() {
+                return Err(model_err(
+                    dir,
+                    format!("modules.json: bad path {:?}", m.path),
+                ));
+            }
+            folder = PathBuf::from(&m.path);
+        }
+    }
+    let rel = folder.join("config.json");
+    if !dir.join(&rel).is_file() {
+        return Ok(Pooling::Mean);
+    }
+    let c: PoolingConfig = read_json(dir, &rel.to_string_lossy())?;
+    match (
+        c.pooling_mode_mean_tokens,
+        c.pooling_mode_cls_token,
+        c.pooling_mode_max_tokens || c.pooling_mode_mean_sqrt_len_tokens,
+    ) {
+        (true, false, false) => Ok(Pooling::Mean),
+        (false, true, false) => Ok(Pooling::Cls),
+        _ => Err(model_err(
+            dir,
+            format!("{}: only mean or CLS pooling is supported", rel.display()),
+        )),
+    }
+}
+
+/// The hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    let d = Sha256::digest(bytes);
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Model {
+    /// Loads the sentence-transformers directory `dir` (see the module doc for the files).
+    pub fn load(dir: &Path) -> Result<Model> {
+        let config: Config = read_json(dir, "config.json")?;
+        let seq_tokens_max = if dir.join("sentence_bert_config.json").is_file() {
+            let c: SentenceBertConfig = read_json(dir, "sentence_bert_config.json")?;
+            c.max_seq_length.unwrap_or(SEQ_TOKENS_DEFAULT)
+        } else {
+            SEQ_TOKENS_DEFAULT
+        }
+        .min(config.max_position_embeddings);
+        let pooling = read_pooling(dir)?;
+
+        let tok_path = dir.join("tokenizer.json");
+        let mut tokenizer = Tokenizer::from_file(&tok_path)
+            .map_err(|e| model_err(dir, format!("tokenizer.json: {e}")))?;
+        tokenizer.with_padding(None);
+        tokenizer
+            .with_truncation(Some(TruncationParams {
+                direction: TruncationDirection::Right,
+                max_length: seq_tokens_max,
+                strategy: TruncationStrategy::LongestFirst,
+                stride: 0,
+            }))
+            .map_err(|e| model_err(dir, format!("tokenizer truncation: {e}")))?;
+        let pad_id = tokenizer
+            .token_to_id("[PAD]")
+            .unwrap_or(config.pad_token_id as u32);
+
+        let w_path = dir.join("model.safetensors");
+        let len = fs::metadata(&w_path).ctx("stat model file", &w_path)?.len();
+        if len > WEIGHTS_BYTES_MAX {
+            return Err(model_err(
+                dir,
+                format!(
+                    "model.safetensors is {len} bytes, over the {WEIGHTS_BYTES_MAX}-byte limit"
+                ),
+            ));
+        }
+        let weights = fs::read(&w_path).ctx("read model file", &w_path)?;
+        let hash = sha256_hex(&weights);
+        let device = Device::Cpu;
+        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
+            .map_err(|e| model_err(dir, format!("model.safetensors: {e}")))?;
+        let bert = BertModel::load(vb, &config)
+            .map_err(|e| model_err(dir, format!("model.safetensors: {e}")))?;
+        let name = dir
+            .canonicalize()
+            .unwrap_or_else(|_| dir.to_path_buf())
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into());
+        Ok(Model {
+            id: format!("{name}@sha256:{}", &hash[..16]),
+            dim: config.hidden_size,
+            seq_tokens_max,
+            pooling,
+            pad_id,
+            tokenizer,
+            bert,
+            device,
+        })
+    }
+
+    /// Tokens kept per text (`max_seq_length`).
+    pub fn seq_tokens_max(&self) -> usize {
+        self.seq_tokens_max
+    }
+
+    /// The pooling in use.
+    pub fn pooling(&self) -> Pooling {
+        self.pooling
+    }
+
+    /// Token ids of `text` after truncation (with `[CLS]` and `[SEP]`).
+    pub fn tokens(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .tokenizer
+            .encode(text, true)
+            .map_err(|e| Error::invalid("text", format!("tokenizer: {e}")))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Runs one batch through the network: one unit vector per id list, in order. Lists
+    /// of other lengths are padded (with the attention mask); [`Embedder::embed`] sends
+    /// lists of one length only.
+    fn embed_ids(&self, ids: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+        let rows = ids.len();
+        let cols = ids.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        let mut flat = Vec::with_capacity(rows * cols);
+        let mut mask = Vec::with_capacity(rows * cols);
+        for row in ids {
+            flat.extend_from_slice(row);
+            flat.extend(std::iter::repeat_n(self.pad_id, cols - row.len()));
+            mask.extend(std::iter::repeat_n(1u32, row.len()));
+            mask.extend(std::iter::repeat_n(0u32, cols - row.len()));
+        }
+        let run = || -> candle_core::Result<Vec<Vec<f32>>> {
+            let input = Tensor::from_vec(flat, (rows, cols), &self.device)?;
+            let mask = Tensor::from_vec(mask, (rows, cols), &self.device)?;
+            let types = input.zeros_like()?;
+            let out = self.bert.forward(&input, &types, Some(&mask))?; // (rows, cols, dim)
+            let pooled = match self.pooling {
+                Pooling::Cls => out.narrow(1, 0, 1)?.squeeze(1)?,
+                Pooling::Mean => {
+                    let m = mask.to_dtype(DType::F32)?.unsqueeze(2)?; // (rows, cols, 1)
+                    let sum = out.broadcast_mul(&m)?.sum(1)?; // (rows, dim)
+                    let count = m.sum(1)?.clamp(1e-9f32, f32::MAX)?; // (rows, 1)
+                    sum.broadcast_div(&count)?
+                }
+            };
+            pooled.to_vec2::<f32>()
+        };
+        let mut vectors =
+            run().map_err(|e| Error::invalid("embed model", format!("inference: {e}")))?;
+        for v in &mut vectors {
+            l2_normalize(v);
+        }
+        Ok(vectors)
+    }
+}
+
+impl Embedder for Model {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// Tokenises every text, groups the texts by token count and runs each group in
+    /// batches of up to [`BATCH_TEXTS_MAX`] (no padding: see the module doc); the vectors
+    /// come back in the callers' order.
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
+        let ids = texts
+            .iter()
+            .map(|t| self.tokens(t))
+            .collect::<Result<Vec<_>>>()?;
+        let mut order: Vec<usize> = (0..ids.len()).collect();
+        order.sort_by_key(|&i| (ids[i].len(), i));
+        let mut out = vec![Vec::new(); ids.len()];
+        for group in order.chunk_by(|&a, &b| ids[a].len() == ids[b].len()) {
+            for chunk in group.chunks(BATCH_TEXTS_MAX) {
+                let batch: Vec<Vec<u32>> = chunk.iter().map(|&i| ids[i].clone()).collect();
+                for (&i, v) in chunk.iter().zip(self.embed_ids(&batch)?) {
+                    out[i] = v;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The model directory named by `SWARM_EMBED_MODEL`, or None with a printed notice
+    /// (a failure under CI, where the model must be there: `.ci/run` installs it).
+    fn model() -> Option<Model> {
+        match std::env::var_os("SWARM_EMBED_MODEL") {
+            Some(p) => Some(Model::load(Path::new(&p)).unwrap()),
+            None if std::env::var_os("CI").is_some() => panic!(
+                "SWARM_EMBED_MODEL is not set: install the model (swarm model fetch, see README) and point SWARM_EMBED_MODEL at it"
+            ),
+            None => {
+                eprintln!("SKIPPED: SWARM_EMBED_MODEL is not set (swarm model fetch installs the model)");
+                None
+            }
+        }
+    }
+
+    const TEXTS: [&str; 8] = [
+        "disk full on db-1",
+        "disk full on db-2",
+        "p99 on checkout went up to 2.3 s",
+        "checkout's 99th percentile latency is now ~2300ms after the deploy of v2.14.1 to eu-west-1",
+        "db pool exhausted",
+        "no free DB connections left: the orders service waits 30 s for a connection and then fails every request with HTTP 503, starting 14:02 UTC",
+        "ok",
+        "The weather is lovely today.",
+    ];
+
+    #[test]
+    fn batch_does_not_change_bits() {
+        let Some(m) = model() else { return };
+        let together = m.embed(&TEXTS).unwrap();
+        // Texts of one token count share a batch, others do not: both cases are here.
+        assert_eq!(
+            m.tokens(TEXTS[0]).unwrap().len(),
+            m.tokens(TEXTS[1]).unwrap().len()
+        );
+        for (i, t) in TEXTS.iter().enumerate() {
+            let alone = m.embed(&[t]).unwrap();
+            assert_eq!(alone[0].len(), m.dim());
+            let same = alone[0]
+                .iter()
+                .zip(&together[i])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "vector of {t:?} differs alone and in a batch");
+        }
+        let n = crate::embed::dot(&together[0], &together[0]);
+        assert!((n - 1.0).abs() < 1e-5);
+    }
+
+    #[test]
+    fn threads_do_not_change_bits() {
+        let Some(m) = model() else { return };
+        let pool = |n| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .unwrap()
+        };
+        let one = pool(1).install(|| m.embed(&TEXTS).unwrap());
+        let two = pool(2).install(|| m.embed(&TEXTS).unwrap());
+        for (a, b) in one.iter().zip(&two) {
+            assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
+        }
+    }
+
+    #[test]
+    fn long_texts_are_truncated() {
+        let Some(m) = model() else { return };
+        let long = "the disk of broker-3 is full ".repeat(200);
+        assert_eq!(m.tokens(&long).unwrap().len(), m.seq_tokens_max());
+        assert_eq!(m.embed(&[&long]).unwrap()[0].len(), m.dim());
+        assert!(m.id().contains("@sha256:"));
+    }
+}
