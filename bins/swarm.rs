@@ -747,7 +747,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Runs { json } => runs(&store, json),
         Cmd::Index(IndexCmd::Rebuild { run }) => index_rebuild(&store, run),
         Cmd::Index(IndexCmd::Status { run }) => index_status(&store, run),
-        Cmd::Synth(a) => synth::synth(&store, a),
+        Cmd::Synth(a) => synth::synth(&store, &cli.data_dir, a),
         Cmd::Facts(a) => synth::facts(&store, a),
         Cmd::Search(a) => search::search(&store, &cli.data_dir, a),
         Cmd::Patterns { symptom } => synth::patterns(&store, &symptom),

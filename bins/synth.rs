@@ -61,9 +61,21 @@ pub struct SynthArgs {
     /// Source events per atomic pass (bounds memory and the work a crash loses).
     #[arg(long, default_value_t = swarm_memory::synth::PASS_EVENTS_MAX_DEFAULT)]
     pass_events: u64,
+    /// The sentence-embedding model directory for the semantic mode (else
+    /// SWARM_EMBED_MODEL, else DATA_DIR/.models/all-MiniLM-L6-v2, where `swarm model
+    /// fetch` puts it). Without one the synthesis is lexical and the report says why.
+    #[arg(long, value_name = "DIR")]
+    embed_model: Option<std::path::PathBuf>,
 }
 
-pub fn synth(store: &Store, a: SynthArgs) -> anyhow::Result<ExitCode> {
+pub fn synth(store: &Store, data_dir: &std::path::Path, a: SynthArgs) -> anyhow::Result<ExitCode> {
+    let model = crate::search::cached_model(a.embed_model.as_deref(), data_dir, store.user())?;
+    if model.embedder.is_none() {
+        eprintln!(
+            "semantic: off ({}); facts are matched lexically within subjects",
+            model.reason
+        );
+    }
     let opts = SynthOptions {
         // --all, or no --run at all: every run of the user.
         runs: (!a.all && !a.runs.is_empty()).then_some(a.runs),
@@ -78,6 +90,8 @@ pub fn synth(store: &Store, a: SynthArgs) -> anyhow::Result<ExitCode> {
         env_names: a.env_names,
         redact_names: a.redact_names,
         share_patterns: a.share_patterns.as_deref().map(str::parse).transpose()?,
+        embedder: model.embedder,
+        no_model_reason: model.reason,
         ..SynthOptions::default()
     };
     let bar = io::stderr().is_terminal().then(|| {
@@ -245,7 +259,13 @@ pub fn quality_set(
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     let root = std::env::temp_dir().join(format!("swarm-eval-{}-{nanos}", std::process::id()));
-    let r = swarm_memory::synth::eval::evaluate_set(&text, &root, &opts, model.embedder.as_deref());
+    // Behind a vector cache (in the temporary data dir): the search embeds the same
+    // candidates for every question.
+    if let Some(m) = opts.embedder.take() {
+        let cached = swarm_memory::embed::cache::Cached::open(m, &root.join(".vectors"))?;
+        opts.embedder = Some(std::sync::Arc::new(cached));
+    }
+    let r = swarm_memory::synth::eval::evaluate_set(&text, &root, &opts, opts.embedder.as_deref());
     let _ = std::fs::remove_dir_all(&root);
     let r = r?;
     if json {

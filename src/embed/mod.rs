@@ -40,7 +40,7 @@ pub enum Origin {
     Explicit,
     /// The environment variable [`MODEL_ENV`].
     Env,
-    /// The default location, `<data dir>/models/all-MiniLM-L6-v2`.
+    /// The default location, `<data dir>/.models/all-MiniLM-L6-v2`.
     DataDir,
 }
 
@@ -105,15 +105,25 @@ impl fmt::Display for Located {
     }
 }
 
+/// The folder under the data dir that holds installed models (a dot name: user ids
+/// cannot start with a dot, so no user's data shares it).
+pub const MODELS_DIR: &str = ".models";
+
+/// Where `swarm model fetch` installs the default model and [`locate`] looks last:
+/// `<data_dir>/.models/all-MiniLM-L6-v2`.
+pub fn default_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join(MODELS_DIR).join(DEFAULT_MODEL)
+}
+
 /// Where the model is: `explicit` (`--embed-model DIR`) if given, else the directory in
-/// [`MODEL_ENV`] if set and not empty, else `<data_dir>/models/all-MiniLM-L6-v2`. Only the
+/// [`MODEL_ENV`] if set and not empty, else `<data_dir>/.models/all-MiniLM-L6-v2`. Only the
 /// first of these that is given is tried.
 pub fn locate(explicit: Option<&Path>, data_dir: &Path) -> Located {
     let env = std::env::var_os(MODEL_ENV).filter(|v| !v.is_empty());
     let (path, origin) = match (explicit, env) {
         (Some(p), _) => (p.to_path_buf(), Origin::Explicit),
         (None, Some(e)) => (PathBuf::from(e), Origin::Env),
-        (None, None) => (data_dir.join("models").join(DEFAULT_MODEL), Origin::DataDir),
+        (None, None) => (default_dir(data_dir), Origin::DataDir),
     };
     let missing = MODEL_FILES
         .into_iter()

@@ -12,6 +12,8 @@
 //! - [`metrics`]: swarm metrics of one run (seed 004).
 //! - [`facts`]: the facts log's records (passes, commits) and their fold.
 //! - `driver`: `Store::synth`: passes, watermarks, the synth lock, the writer thread.
+//! - `findings`: what the driver does per finding: entry types, text, observation time,
+//!   the deduper rebuilt from the facts log, contradiction resolution.
 //! - [`judge`]: the optional LLM step for borderline pairs.
 //! - [`share`]: the shared scope: what is copied to every user, pattern books, advice.
 //! - [`views`]: facts, explain, as-of, metrics of a run, read back from the facts log.
@@ -29,6 +31,7 @@ pub mod dedup;
 mod driver;
 pub mod eval;
 pub mod facts;
+mod findings;
 pub mod judge;
 pub mod metrics;
 pub mod patterns;

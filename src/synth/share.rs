@@ -9,10 +9,9 @@ use crate::event::{EventType, SHARED_USER};
 use crate::log::meta::Durability;
 use crate::query::options::ReadOptions;
 use crate::store::Store;
-use crate::synth::driver::{
-    engine_event, sanitize_learnings, to_value, SynthOptions, LEARNED_SUBJECT, SHARED_RUN,
-};
+use crate::synth::driver::{sanitize_learnings, SynthOptions, LEARNED_SUBJECT, SHARED_RUN};
 use crate::synth::facts::{FactsFold, Record, FACTS_RUN};
+use crate::synth::findings::{engine_event, to_value};
 use crate::synth::patterns::{self, InvestigationPattern, PatternBook, ToolMistake};
 use crate::synth::sanitize::{SanitizeContext, Sanitizer};
 use crate::synth::settings::{SharePatterns, UserSettings};

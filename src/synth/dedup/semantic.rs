@@ -158,7 +158,7 @@ impl Deduper {
         text: &str,
         v: &[f32],
         ts: Ts,
-        mut judge: Option<&mut dyn Judge>,
+        judge: Option<&mut dyn Judge>,
     ) -> Classified {
         let mut out = Classified {
             matched: Match::New,
@@ -275,7 +275,7 @@ impl Deduper {
             }
         }
         if same.is_none() {
-            if let (Some((f, cos)), Some(j)) = (borderline, judge.as_deref_mut()) {
+            if let (Some((f, cos)), Some(j)) = (borderline, judge) {
                 let other = &self.facts[f].variants[0].text;
                 if j.same(scope, text, other, f64::from(cos)) == Some(true) {
                     out.matched = Match::Judged {

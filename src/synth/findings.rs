@@ -1,0 +1,192 @@
+//! What the driver does to each finding and to the facts it touches, free of the
+//! driver's state: which entries are findings and their text and observation time, the
+//! deduper rebuilt from the facts log, contradiction resolution, fact ids.
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::embed::Embedder;
+use crate::error::{Error, Result};
+use crate::event::ts::Ts;
+use crate::event::{Checked, Event, EventType, ENGINE_AGENT};
+use crate::synth::dedup::{DedupConfig, Deduper, FactIdx};
+use crate::synth::facts::{FactsFold, Record, FACT_TEXT_BYTES_MAX};
+use crate::synth::text::content_text;
+
+pub(super) fn clip(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+pub(super) fn fact_id(i: usize) -> String {
+    format!("F{}", i + 1)
+}
+
+/// Rebuilds the deduper from the fold: facts in number order, each with its wordings.
+/// The deduper's state does not depend on the order wordings arrived in (its postings
+/// are sorted by fact), so this is the deduper that wrote the log: a synth that crashed
+/// and was run again decides exactly as one that was never interrupted. In semantic mode
+/// every kept wording gets its vector (embedded in batches; a vector cache makes this
+/// free after the first time) and facts are scoped by entry type.
+pub(super) fn restore(
+    fold: &FactsFold,
+    cfg: &DedupConfig,
+    embedder: Option<&dyn Embedder>,
+) -> Result<Deduper> {
+    let mut d = Deduper::new(cfg.clone());
+    let mut kept: Vec<(FactIdx, &str)> = Vec::new();
+    for f in &fold.facts {
+        let scope = if embedder.is_some() {
+            f.kind.as_str()
+        } else {
+            f.scope()
+        };
+        let i = d.add_fact(scope, &f.text);
+        kept.push((i, &f.text));
+        for v in &f.variants {
+            if d.add_variant(i, v) {
+                kept.push((i, v));
+            }
+        }
+        if let Some(t) = f.last_observed.or(f.last_seen) {
+            d.observe(i, t);
+        }
+    }
+    if let Some(m) = embedder {
+        for chunk in kept.chunks(EMBED_BATCH) {
+            let texts: Vec<&str> = chunk.iter().map(|x| x.1).collect();
+            for ((i, _), v) in chunk.iter().zip(m.embed(&texts)?) {
+                d.add_vector(*i, &v);
+            }
+        }
+    }
+    Ok(d)
+}
+
+/// How far after its event an agent's `meta.observed_at` may lie (clock skew); later
+/// ones are ignored.
+pub(super) const OBSERVED_SKEW_US: u64 = 60_000_000;
+
+/// When the finding was observed: the agent's `meta.observed_at` (RFC 3339) when it is
+/// valid and not after the event (plus clock skew), else the event's time.
+pub(super) fn observed(e: &Event) -> Ts {
+    e.meta
+        .as_ref()
+        .and_then(|m| m.get("observed_at"))
+        .and_then(Value::as_str)
+        .and_then(Ts::parse)
+        .filter(|t| t.0 <= e.ts.0.saturating_add(OBSERVED_SKEW_US))
+        .unwrap_or(e.ts)
+}
+
+/// Findings embedded per model call.
+pub(super) const EMBED_BATCH: usize = 256;
+
+/// Entry types the synthesizer makes facts of.
+pub(super) fn synthesized(kind: EventType) -> bool {
+    matches!(
+        kind,
+        EventType::Evidence | EventType::Hypothesis | EventType::Decision | EventType::ActionTaken
+    )
+}
+
+/// The text a finding is compared by, as [`Pass::feed`] takes it (`None`: not a
+/// finding, or empty).
+pub(super) fn finding_text(e: &Event) -> Option<String> {
+    if !synthesized(e.kind) {
+        return None;
+    }
+    let t = content_text(&e.content);
+    let t = clip(t.trim(), FACT_TEXT_BYTES_MAX);
+    (!t.is_empty()).then(|| t.to_string())
+}
+
+/// Decides every contradiction touched by `touched` facts again: evidence weight first,
+/// then recency (the newer last evidence), then the newer fact. Returns the resolutions
+/// whose winner changed, applied to `fold`.
+pub(super) fn resolve(fold: &mut FactsFold, touched: &BTreeSet<usize>) -> Vec<Record> {
+    let mut todo: BTreeSet<usize> = BTreeSet::new();
+    for &f in touched {
+        if let Some(fact) = fold.facts.get(f) {
+            todo.extend(fact.contradictions.iter().copied());
+        }
+    }
+    let mut out = Vec::new();
+    for n in todo {
+        let Some(Some(c)) = fold.contradictions.get(n) else {
+            continue;
+        };
+        let (fa, fb) = (&fold.facts[c.a], &fold.facts[c.b]);
+        let (wa, wb) = (fa.weight(), fb.weight());
+        let (winner, reason) = if (wa - wb).abs() > 1e-9 {
+            (if wa > wb { c.a } else { c.b }, "evidence_weight")
+        } else if fa.last_seen != fb.last_seen {
+            (
+                if fa.last_seen > fb.last_seen {
+                    c.a
+                } else {
+                    c.b
+                },
+                "recency",
+            )
+        } else {
+            (c.a.max(c.b), "recency")
+        };
+        if c.winner == Some(winner) {
+            continue;
+        }
+        let loser = if winner == c.a { c.b } else { c.a };
+        let at = fa.last_seen.max(fb.last_seen).unwrap_or(c.at);
+        let (ww, wl) = if winner == c.a { (wa, wb) } else { (wb, wa) };
+        let r = Record::Resolution {
+            contradiction: c.id.clone(),
+            winner: fact_id(winner),
+            loser: fact_id(loser),
+            reason: reason.to_string(),
+            weights: (ww, wl),
+            at,
+        };
+        fold.apply_record(&r);
+        out.push(r);
+    }
+    out
+}
+
+/// An engine event of the synthesizer's (facts log, shared scope).
+pub(crate) fn engine_event(
+    user: &str,
+    kind: EventType,
+    subject: Option<String>,
+    content: Value,
+) -> Checked {
+    Checked::engine(ENGINE_AGENT, user, kind, content, subject, Vec::new())
+}
+
+/// Bytes a JSON value takes, roughly (strings and numbers counted, structure estimated),
+/// without serializing it: only frames are sized with it.
+pub(super) fn approx_json_len(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.len() + 2,
+        Value::Array(a) => 2 + a.iter().map(|x| approx_json_len(x) + 1).sum::<usize>(),
+        Value::Object(o) => {
+            2 + o
+                .iter()
+                .map(|(k, x)| k.len() + 4 + approx_json_len(x))
+                .sum::<usize>()
+        }
+        _ => 24,
+    }
+}
+
+/// A record as JSON content.
+pub(crate) fn to_value(v: &impl Serialize) -> Result<Value> {
+    serde_json::to_value(v).map_err(|e| Error::invalid("synth record", e.to_string()))
+}
