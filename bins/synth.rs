@@ -92,7 +92,6 @@ pub fn synth(store: &Store, data_dir: &std::path::Path, a: SynthArgs) -> anyhow:
         share_patterns: a.share_patterns.as_deref().map(str::parse).transpose()?,
         embedder: model.embedder,
         no_model_reason: model.reason,
-        ..SynthOptions::default()
     };
     let bar = io::stderr().is_terminal().then(|| {
         let b = indicatif::ProgressBar::new_spinner();
