@@ -18,6 +18,8 @@ mod index;
 mod kill;
 #[cfg(feature = "mcp")]
 mod mcp;
+#[cfg(feature = "mcp")]
+mod mcp_http;
 mod model;
 mod random_bytes;
 mod replay;
