@@ -20,6 +20,7 @@ mod kill;
 mod mcp;
 #[cfg(feature = "mcp")]
 mod mcp_http;
+mod memory_events;
 mod model;
 mod random_bytes;
 mod replay;

@@ -10,6 +10,7 @@
 //! - [`sanitize`]: the redactor every record passes before it reaches the shared scope.
 //! - [`patterns`]: investigation patterns and tool mistakes (seed 002), a pure fold.
 //! - [`metrics`]: swarm metrics of one run (seed 004).
+//! - [`memory_events`]: seed 002's memory events, derived from a run's events (pure).
 //! - [`facts`]: the facts log's records (passes, commits) and their fold.
 //! - `driver`: `Store::synth`: passes, watermarks, the synth lock, the writer thread.
 //! - [`judge`]: the optional LLM step for borderline pairs.
@@ -30,6 +31,7 @@ mod driver;
 pub mod eval;
 pub mod facts;
 pub mod judge;
+pub mod memory_events;
 pub mod metrics;
 pub mod patterns;
 pub mod quality;
