@@ -2,7 +2,7 @@
 streamable HTTP.
 
 Usage: http_client.py SCENARIO URL ALICE_TOKEN BOB_TOKEN
-Scenarios: basic, isolation. Each prints one JSON line of results on success; any failed
+Scenarios: basic, concurrency, subscribe, isolation. Each prints one JSON line of results on success; any failed
 check raises (exit code 1, the assertion on stderr). Called by tests/mcp_http.rs.
 """
 
@@ -18,12 +18,13 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 SCENARIO, URL, ALICE, BOB = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 
 
-async def connect(stack, token):
+async def connect(stack, token, handler=None):
     client = await stack.enter_async_context(
         create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}))
     streams = await stack.enter_async_context(streamable_http_client(URL + "/mcp", http_client=client))
     r, w = streams[0], streams[1]
-    s = await stack.enter_async_context(ClientSession(r, w))
+    kw = {"message_handler": handler} if handler else {}
+    s = await stack.enter_async_context(ClientSession(r, w, **kw))
     await s.initialize()
     return s
 
@@ -79,6 +80,14 @@ async def basic():
         out["cas_conflict"] = err["error"]
         err = await refused(s, "append_entry", {"run": run, "type": "evidence", "content": "x", "agent": "intruder"})
         out["forbidden"] = err["error"]
+        # Two agents disagree on an action: escalated; the next write on the subject refused.
+        await call(s, "append_entry", {"run": run, "type": "action_taken", "subject": "orders-db", "content": "fail over orders-db"})
+        esc = await call(s, "append_entry", {"run": run, "type": "action_taken", "subject": "orders-db", "agent": "lead",
+                                             "content": "restart orders-db"})
+        esc_seq = esc["engine_events"][0]["seq"]
+        err = await refused(s, "append_entry", {"run": run, "type": "decision", "subject": "orders-db", "content": "scale orders-db"})
+        assert err["error"] == "escalated" and err["escalation_seq"] == esc_seq, err
+        out["escalated"] = err["error"]
     out["no_token"] = await raw_status(None, INIT)
     out["wrong_token"] = await raw_status("swm_nope_0000", INIT)
     try:
@@ -88,6 +97,53 @@ async def basic():
     except Exception:  # the SDK raises an exception group (the 401 is checked above)
         out["sdk_wrong_token"] = "refused"
     return out
+
+
+async def concurrency():
+    """Two HTTP sessions, 20 concurrent add_finding_to_memory calls through each, then
+    every call retried with its client id through the other session."""
+    async with AsyncExitStack() as stack:
+        a = await connect(stack, ALICE)
+        b = await connect(stack, ALICE)
+        run = "inc-conc"
+
+        def args(i, who):
+            return {"run": run, "finding": f"finding {i} from {who}: shard {i} lags by {i} s",
+                    "subject": f"shard-{i}", "client_id": f"{who}-{i}", "agent": "sre" if who == "a" else "lead"}
+
+        async def burst(who, sender):
+            return await asyncio.gather(*[call(sender, "add_finding_to_memory", args(i, who)) for i in range(20)])
+
+        first = await asyncio.gather(burst("a", a), burst("b", b))
+        acked = {r["stored"]["id"]: r["stored"]["seq"] for part in first for r in part}
+        retry = await asyncio.gather(burst("a", b), burst("b", a))
+        same = all(acked.get(r["stored"]["id"]) == r["stored"]["seq"] for part in retry for r in part)
+        page = await call(a, "read_entries", {"run": run, "limit": 1000})
+        ids = [e["id"] for e in page["entries"]]
+        return {"acknowledged": len(acked), "stored": len(ids), "distinct": len(set(ids)),
+                "retried_same": same}
+
+
+async def subscribe():
+    """Subscribe to a run over HTTP; an append through another session arrives as
+    notifications/resources/updated on the subscriber's stream."""
+    got = asyncio.Event()
+    uris = []
+
+    async def handler(msg):
+        if getattr(msg, "method", None) == "notifications/resources/updated":
+            uris.append(str(msg.params.uri))
+            got.set()
+
+    async with AsyncExitStack() as stack:
+        s = await connect(stack, ALICE, handler)
+        other = await connect(stack, ALICE)
+        run = "inc-sub"
+        await call(s, "append_entry", {"run": run, "type": "evidence", "content": "first"})
+        await s.subscribe_resource(f"swarm://runs/{run}")
+        await call(other, "append_entry", {"run": run, "type": "evidence", "content": "second"})
+        await asyncio.wait_for(got.wait(), timeout=20)
+        return {"updated": uris[0]}
 
 
 async def isolation():
@@ -107,7 +163,7 @@ async def isolation():
                 "bob_runs": len(runs["runs"])}
 
 
-SCENARIOS = {"basic": basic, "isolation": isolation}
+SCENARIOS = {"basic": basic, "concurrency": concurrency, "subscribe": subscribe, "isolation": isolation}
 
 if __name__ == "__main__":
     print(json.dumps(asyncio.run(SCENARIOS[SCENARIO]())))
