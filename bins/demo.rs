@@ -644,6 +644,7 @@ pub fn run(
         back.len(),
         pinned
     );
+    memory_stream(&run, &back)?;
     synthesis(&store, &run)?;
     if io::stdout().is_terminal() {
         say!("\nnext: swarm read --run {run} | jq .   |   swarm replay --run {run} --timeline");
@@ -659,6 +660,32 @@ pub fn run(
         .into());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The incident's memory events (seed 002's UI stream, `swarm memory-events`): counts by
+/// action, and the first event of each action.
+fn memory_stream(run: &str, events: &[Event]) -> anyhow::Result<()> {
+    use swarm_memory::synth::memory_events::derive;
+    let all: Vec<_> = events.iter().flat_map(derive).collect();
+    let count = |a: &str| all.iter().filter(|m| m.action == a).count();
+    say!(
+        "\n   memory events (swarm memory-events --run {run}): {} stored, {} tool_tracked, {} pattern_learned",
+        count("stored"),
+        count("tool_tracked"),
+        count("pattern_learned")
+    );
+    for action in ["stored", "tool_tracked", "pattern_learned"] {
+        if let Some(m) = all.iter().find(|m| m.action == action) {
+            say!(
+                "     seq {:>3} {:<15} {:<8} {}",
+                m.seq,
+                m.action,
+                m.category,
+                m.title
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Stage 8: the nightly job. Synthesizes every run of the user into deduplicated,

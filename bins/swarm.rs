@@ -7,6 +7,7 @@ use std::process::ExitCode;
 mod demo;
 #[cfg(feature = "mcp")]
 mod mcp;
+mod memory_events;
 #[cfg(feature = "semantic")]
 mod model;
 mod prune;
@@ -293,6 +294,14 @@ enum Cmd {
     ///   swarm search "disk full" --since 2026-11-22 --json | jq -r '.hits[] | "\(.score) \(.text)"'
     #[command(after_help = EXIT_CODES, verbatim_doc_comment)]
     Search(search::SearchArgs),
+    /// Seed 002's memory events (stored, pattern_learned, tool_tracked) derived from the
+    /// runs' events, as NDJSON; each names the run and seq of the event that caused it.
+    ///
+    /// Examples:
+    ///   swarm memory-events --run inc-42
+    ///   swarm memory-events --run inc-42 --follow | jq -r '"\(.action) \(.title)"'
+    #[command(name = "memory-events", verbatim_doc_comment)]
+    MemoryEvents(memory_events::MemoryEventsArgs),
     /// Proven investigation patterns for a symptom (the user's own, then the shared
     /// scope's), as NDJSON, best first.
     ///
@@ -750,6 +759,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Synth(a) => synth::synth(&store, &cli.data_dir, a),
         Cmd::Facts(a) => synth::facts(&store, a),
         Cmd::Search(a) => search::search(&store, &cli.data_dir, a),
+        Cmd::MemoryEvents(a) => memory_events::memory_events(&store, a),
         Cmd::Patterns { symptom } => synth::patterns(&store, &symptom),
         Cmd::Advise { tool } => synth::advise(&store, &tool),
         Cmd::Metrics { run, json } => synth::metrics(&store, &run, json),

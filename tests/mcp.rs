@@ -15,7 +15,7 @@ use serde_json::Value;
 use crate::util::SWARM;
 
 /// The Python interpreter with the `mcp` package, or why there is none.
-fn python() -> Result<PathBuf, String> {
+pub(crate) fn python() -> Result<PathBuf, String> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let py = std::env::var_os("SWARM_MCP_PYTHON")
         .map(PathBuf::from)
@@ -35,11 +35,10 @@ fn python() -> Result<PathBuf, String> {
     }
 }
 
-/// Runs one scenario of `tests/mcp/client.py` against a fresh data dir; its JSON result.
-/// `None` only when skipping was asked for outside CI.
-fn scenario(name: &str) -> Option<Value> {
-    let py = match python() {
-        Ok(p) => p,
+/// The SDK's interpreter; `None` only when skipping was asked for outside CI.
+pub(crate) fn python_or_skip(name: &str) -> Option<PathBuf> {
+    match python() {
+        Ok(p) => Some(p),
         Err(why) => {
             let in_ci = std::env::var("CI").is_ok_and(|v| v == "true");
             if !in_ci && std::env::var_os("SWARM_SKIP_PYTHON_MCP").is_some() {
@@ -48,7 +47,13 @@ fn scenario(name: &str) -> Option<Value> {
             }
             panic!("{why}");
         }
-    };
+    }
+}
+
+/// Runs one scenario of `tests/mcp/client.py` against a fresh data dir; its JSON result.
+/// `None` only when skipping was asked for outside CI.
+fn scenario(name: &str) -> Option<Value> {
+    let py = python_or_skip(name)?;
     let dir = tempfile::tempdir().unwrap();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/client.py");
     let out = Command::new(py)

@@ -180,9 +180,9 @@ impl Resp {
 /// One server-sent event.
 #[derive(Debug)]
 pub(crate) struct Msg {
-    event: Option<String>,
-    id: Option<u64>,
-    data: String,
+    pub(crate) event: Option<String>,
+    pub(crate) id: Option<u64>,
+    pub(crate) data: String,
 }
 
 pub(crate) struct Sse {

@@ -20,6 +20,9 @@ mod index;
 mod kill;
 #[cfg(feature = "mcp")]
 mod mcp;
+#[cfg(feature = "mcp")]
+mod mcp_http;
+mod memory_events;
 mod model;
 mod random_bytes;
 mod replay;

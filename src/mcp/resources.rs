@@ -102,7 +102,7 @@ pub async fn read(s: Arc<Session>, uri: &str) -> Result<ReadResourceResult, McpE
                 &run,
                 ReadOptions {
                     last: Some(RESOURCE_EVENTS_MAX),
-                    reader: Some(s.agents[0].clone()),
+                    reader: Some(s.agent(None)?),
                     ..ReadOptions::default()
                 },
             )?

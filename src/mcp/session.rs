@@ -1,7 +1,7 @@
 //! Who a tool call acts as: the user (a [`Store`] opened for that user) and the agents
 //! the caller may write as. An [`Authority`] turns a request into a [`Session`]; the
-//! stdio server has one fixed session (`--user`, `--agent`), the HTTP server (later) one
-//! per bearer token.
+//! stdio server has one fixed session (`--user`, `--agent`), the HTTP server (`/mcp` on
+//! `swarm serve`) one per request, from its bearer token.
 //!
 //! **Invariant:** a tool's arguments never name a user: the store of the session is the
 //! only one a call touches, and an `agent` argument must be one of the session's agents.
@@ -16,20 +16,34 @@ use crate::store::Store;
 pub struct Session {
     /// The store, opened for the session's user (the partition key).
     pub store: Arc<Store>,
-    /// The agents the caller may act as; the first one is the default.
+    /// The agents the caller may act as: exact ids, or `prefix*` patterns (a bearer
+    /// token's agents; `*` alone: any). The first exact id is the default.
     pub agents: Vec<String>,
 }
 
 impl Session {
-    /// A session of `store`'s user acting as `agents` (at least one, each a valid id).
+    /// A session of `store`'s user acting as `agents` (at least one, each a valid id or
+    /// a valid id prefix followed by `*`).
     pub fn new(store: Arc<Store>, agents: Vec<String>) -> Result<Session> {
         if agents.is_empty() {
             return Err(Error::invalid("agent", "give at least one agent id"));
         }
         for a in &agents {
-            check_id("agent_id", a)?;
+            match a.strip_suffix('*') {
+                Some("") => {}
+                Some(prefix) => check_id("agent_id", prefix)?,
+                None => check_id("agent_id", a)?,
+            }
         }
         Ok(Session { store, agents })
+    }
+
+    /// Whether the session may act as agent `a`.
+    fn may_act_as(&self, a: &str) -> bool {
+        self.agents.iter().any(|p| match p.strip_suffix('*') {
+            Some(prefix) => a.starts_with(prefix),
+            None => p == a,
+        })
     }
 
     /// The user.
@@ -41,8 +55,24 @@ impl Session {
     /// Acting as an agent the session was not given is forbidden.
     pub fn agent(&self, asked: Option<&str>) -> Result<String> {
         match asked {
-            None => Ok(self.agents[0].clone()),
-            Some(a) if self.agents.iter().any(|x| x == a) => Ok(a.to_string()),
+            None => self
+                .agents
+                .iter()
+                .find(|a| !a.ends_with('*'))
+                .cloned()
+                .ok_or_else(|| {
+                    Error::invalid(
+                        "agent",
+                        format!(
+                            "this session acts as agents matching {:?}; name the agent",
+                            self.agents
+                        ),
+                    )
+                }),
+            Some(a) if self.may_act_as(a) => {
+                check_id("agent", a)?;
+                Ok(a.to_string())
+            }
             Some(a) => Err(Error::Forbidden(format!(
                 "this session acts as {:?}, not as agent {a:?}",
                 self.agents

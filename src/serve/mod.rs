@@ -11,6 +11,8 @@
 //! - `append.rs`: the append route (a JSON body, or an NDJSON stream acknowledged line by
 //!   line).
 //! - `sse.rs`: the live tail over SSE (bounded buffer per subscriber, resume by seq).
+//! - `mcp.rs` (with feature `mcp`): `/mcp`, the MCP tools over streamable HTTP with the
+//!   token's identity.
 //! - `metrics.rs`: the counters `/metrics` shows (Prometheus text).
 //! - `openapi.json`: the API's OpenAPI 3.1 document, served at `/v1/openapi.json`; a
 //!   test checks it names exactly the routes of `routes.rs`.
@@ -26,6 +28,8 @@
 pub mod app;
 mod append;
 pub mod extract;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 pub mod metrics;
 pub mod problem;
 pub mod routes;
@@ -89,7 +93,10 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
         metrics: Arc::default(),
         buckets: Mutex::new(HashMap::new()),
     });
-    let router = routes::router(app.clone())
+    let router = routes::router(app.clone());
+    #[cfg(feature = "mcp")]
+    let router = router.merge(mcp::router(app.clone()));
+    let router = router
         .layer(axum::middleware::from_fn_with_state(app.clone(), deadline))
         .layer(tower_http::trace::TraceLayer::new_for_http());
     {

@@ -65,6 +65,7 @@ pub fn router(app: Arc<App>) -> Router {
         .doc("/v1/facts", get(facts)).doc("/v1/facts/{fact}", get(explain))
         .doc("/v1/patterns", get(patterns)).doc("/v1/advise", get(advise))
         .doc("/v1/synth", post(synth)).doc("/v1/search", get(search))
+        .doc("/v1/memory-events", get(memory_events))
         .fallback(|| async { Problem::not_found("no such route") })
         .with_state(app)
 }
@@ -240,6 +241,7 @@ async fn read(
             },
             subject: q.subject,
             reader,
+            memory: false,
         };
         return sse::follow(app, id.store, sub).await;
     }
@@ -273,6 +275,40 @@ async fn read(
         next_from_seq: Some(next),
     })
     .into_response())
+}
+
+/// `GET /v1/memory-events?run=R`: seed 002's memory events of a run of the token's user
+/// (`synth::memory_events`), as a live SSE stream, read as the token's agent (the run's
+/// policy filters the events they come from). Each SSE `id` is the seq of the source
+/// event; `Last-Event-ID` resumes after it.
+async fn memory_events(
+    State(app): State<Arc<App>>,
+    Reading { id, reader }: Reading,
+    headers: HeaderMap,
+    Q(q): Q<MemoryEventsQuery>,
+) -> Result<Response, Problem> {
+    let from_seq = match sse::last_event_id(&headers)? {
+        Some(seen) => Some(seen.saturating_add(1)),
+        None => q.from_seq,
+    };
+    let sub = sse::Subscription {
+        run: q.run,
+        tail: TailOptions {
+            from_seq,
+            ..TailOptions::default()
+        },
+        subject: None,
+        reader,
+        memory: true,
+    };
+    sse::follow(app, id.store, sub).await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MemoryEventsQuery {
+    run: String,
+    from_seq: Option<u64>,
 }
 
 async fn verify(id: Identity, Path(run): Path<String>) -> Viewed {

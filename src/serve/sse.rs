@@ -20,6 +20,7 @@
 //! Permissions: the run's policy applies to the token's agent as in reads; the rules are
 //! taken again whenever a `policy` event goes by, so a new policy applies from it on.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,6 +38,7 @@ use crate::serve::app::{blocking, App};
 use crate::serve::metrics::Subscribed;
 use crate::serve::problem::Problem;
 use crate::store::Store;
+use crate::synth::memory_events;
 use crate::tail::{Tail, TailOptions};
 
 /// How long the tail thread waits for an event before it looks whether its subscriber is
@@ -51,6 +53,9 @@ pub(crate) struct Subscription {
     pub(crate) tail: TailOptions,
     pub(crate) subject: Option<String>,
     pub(crate) reader: Option<String>,
+    /// Send the memory events derived from each event (`synth::memory_events`) instead
+    /// of the event; events that derive none are skipped.
+    pub(crate) memory: bool,
 }
 
 /// What the tail thread hands to the response.
@@ -85,6 +90,7 @@ pub(crate) async fn follow(
     mut sub: Subscription,
 ) -> Result<Response, Problem> {
     let from = sub.tail.from_seq.unwrap_or(1).max(1);
+    let memory = sub.memory;
     let (tx, rx) = mpsc::channel(app.opts.sse_buffer_events.max(1) + 1);
     let stop = app.shutdown.clone();
     let thread_stop = app.shutdown.clone();
@@ -115,6 +121,8 @@ pub(crate) async fn follow(
             stop,
             next: from,
             done: false,
+            memory,
+            pending: VecDeque::new(),
         },
         step,
     );
@@ -176,6 +184,9 @@ fn pump(
                 continue;
             }
         }
+        if sub.memory && memory_events::derive(&e).is_empty() {
+            continue;
+        }
         // The last slot is kept for the message that ends the stream.
         if tx.capacity() <= 1 {
             counted.lagged();
@@ -194,9 +205,16 @@ struct Stream {
     /// The first seq not sent yet.
     next: u64,
     done: bool,
+    /// Memory mode (see [`Subscription::memory`]).
+    memory: bool,
+    /// Memory events of the last event not sent yet.
+    pending: VecDeque<SseEvent>,
 }
 
 async fn step(mut st: Stream) -> Option<(Result<SseEvent, Infallible>, Stream)> {
+    if let Some(ev) = st.pending.pop_front() {
+        return Some((Ok(ev), st));
+    }
     if st.done {
         return None;
     }
@@ -219,6 +237,18 @@ async fn step(mut st: Stream) -> Option<(Result<SseEvent, Infallible>, Stream)> 
             SseEvent::default()
                 .event("shutdown")
                 .data(json!({"resume_from_seq": st.next}).to_string())
+        }
+        Some(Some(Msg::Event(e))) if st.memory => {
+            st.next = e.seq + 1;
+            for m in memory_events::derive(&e) {
+                match SseEvent::default().id(e.seq.to_string()).json_data(&m) {
+                    Ok(ev) => st.pending.push_back(ev),
+                    Err(err) => tracing::error!(error = %err, "cannot encode a memory event"),
+                }
+            }
+            st.pending
+                .pop_front()
+                .unwrap_or_else(|| SseEvent::default().comment("no memory event"))
         }
         Some(Some(Msg::Event(e))) => {
             st.next = e.seq + 1;

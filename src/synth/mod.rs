@@ -10,6 +10,7 @@
 //! - [`sanitize`]: the redactor every record passes before it reaches the shared scope.
 //! - [`patterns`]: investigation patterns and tool mistakes (seed 002), a pure fold.
 //! - [`metrics`]: swarm metrics of one run (seed 004).
+//! - [`memory_events`]: seed 002's memory events, derived from a run's events (pure).
 //! - [`facts`]: the facts log's records (passes, commits) and their fold.
 //! - `driver`: `Store::synth`: passes, watermarks, the synth lock, the writer thread.
 //! - `findings`: what the driver does per finding: entry types, text, observation time,
@@ -33,6 +34,7 @@ pub mod eval;
 pub mod facts;
 mod findings;
 pub mod judge;
+pub mod memory_events;
 pub mod metrics;
 pub mod patterns;
 pub mod quality;

@@ -1,0 +1,129 @@
+//! `/mcp`: the MCP server of `swarm mcp` (every tool and resource) over streamable HTTP,
+//! with the bearer token's identity (issue 14 item 1). rmcp's `StreamableHttpService`
+//! speaks the protocol; this file puts the server's checks in front of it.
+//!
+//! Every request to `/mcp` (the `initialize`, each tool call, the SSE stream) goes
+//! through [`admit`] first: no valid token → 401, a reader token → 403, too many live MCP
+//! sessions → 503, all before rmcp reads a byte of the body. An admitted request carries
+//! the token's [`Session`] (its user's store, its agents) in its HTTP extensions; rmcp
+//! hands the request's parts to the handler, where [`TokenAuthority`] finds it. So the
+//! identity of a call is the token of *that* request, not of the one that opened the MCP
+//! session.
+//!
+//! **Invariant:** a tool call reaches only the store of its request's token's user and
+//! acts only as the token's agents (checked by `Session::agent`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{FromRequestParts, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, SessionConfig};
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+
+use crate::error::{Error, Result};
+use crate::mcp::server::SwarmMcp;
+use crate::mcp::session::{Authority, Session};
+use crate::serve::app::App;
+use crate::serve::extract::Identity;
+use crate::serve::problem::Problem;
+
+/// Live MCP sessions at most (each holds a task and a channel); a new one past it is
+/// refused with 503 until one ends or idles out.
+pub const MCP_SESSIONS_MAX: usize = 1_000;
+/// An MCP session with no request for this long is closed (the client re-initializes).
+pub const MCP_SESSION_IDLE: Duration = Duration::from_secs(600);
+
+/// What [`admit`] needs: the server's state and the live sessions.
+#[derive(Clone)]
+struct Gate {
+    app: Arc<App>,
+    sessions: Arc<LocalSessionManager>,
+}
+
+/// The `/mcp` route.
+pub fn router(app: Arc<App>) -> Router {
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config = {
+        let mut c = SessionConfig::default();
+        c.keep_alive = Some(MCP_SESSION_IDLE);
+        c
+    };
+    let sessions = Arc::new(sessions);
+    // Host checks guard a token-less local server against DNS rebinding; here every
+    // request needs a bearer token a rebound page cannot send, and the server may listen
+    // on any address.
+    let config = StreamableHttpServerConfig::default()
+        .disable_allowed_hosts()
+        .with_max_request_body_bytes(
+            usize::try_from(app.opts.body_limit_bytes).unwrap_or(usize::MAX),
+        )
+        .with_sse_keep_alive(Some(app.opts.heartbeat));
+    // At shutdown, end the MCP sessions and their streams (the graceful shutdown waits
+    // for open connections).
+    let cancel = config.cancellation_token.clone();
+    let mut stop = app.shutdown.clone();
+    tokio::spawn(async move {
+        let _ = stop.wait_for(|s| *s).await;
+        cancel.cancel();
+    });
+    let service = StreamableHttpService::new(
+        || Ok(SwarmMcp::new(Arc::new(TokenAuthority))),
+        sessions.clone(),
+        config,
+    );
+    Router::new()
+        .route_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(
+            Gate { app, sessions },
+            admit,
+        ))
+}
+
+/// The server's checks before rmcp sees the request (see the module's doc).
+async fn admit(State(g): State<Gate>, req: Request, next: Next) -> Response {
+    let (mut parts, body) = req.into_parts();
+    let id = match Identity::from_request_parts(&mut parts, &g.app).await {
+        Ok(id) => id,
+        Err(p) => return p.into_response(),
+    };
+    if !id.token.role.may_write() {
+        return Problem::forbidden(format!(
+            "token {} has the reader role; the MCP tools need an agent or admin token",
+            id.token.id
+        ))
+        .into_response();
+    }
+    let opens_session = !parts.headers.contains_key("mcp-session-id");
+    if opens_session && g.sessions.sessions.read().await.len() >= MCP_SESSIONS_MAX {
+        return Problem::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "mcp_sessions_full",
+            "Too many MCP sessions",
+            format!("{MCP_SESSIONS_MAX} MCP sessions are open; retry when one ends"),
+        )
+        .into_response();
+    }
+    let session = match Session::new(id.store, id.token.agents.clone()) {
+        Ok(s) => Arc::new(s),
+        Err(e) => return Problem::from(e).into_response(),
+    };
+    parts.extensions.insert(session);
+    next.run(Request::from_parts(parts, body)).await
+}
+
+/// The session of an MCP request: the one [`admit`] put in its HTTP request's
+/// extensions (rmcp passes the request's parts on in the MCP request's extensions).
+struct TokenAuthority;
+
+impl Authority for TokenAuthority {
+    fn session(&self, extensions: &rmcp::model::Extensions) -> Result<Arc<Session>> {
+        extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|p| p.extensions.get::<Arc<Session>>())
+            .cloned()
+            .ok_or_else(|| Error::Forbidden("this request carries no token identity".into()))
+    }
+}

@@ -1,0 +1,109 @@
+//! `/mcp` on `swarm serve` driven by the official MCP Python SDK's streamable HTTP client
+//! (`tests/mcp/http_client.py`) against a real server process, with bearer tokens.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::mcp::python_or_skip;
+use crate::serve::{token, Server};
+use crate::util::Env;
+
+/// Runs one scenario of `tests/mcp/http_client.py` against a fresh server with an agent
+/// token of alice's (agents `sre`, `lead`) and one of bob's; its JSON result.
+fn scenario(name: &str) -> Option<Value> {
+    let py = python_or_skip(name)?;
+    let env = Env::fast();
+    let srv = Server::start(&env, &[]);
+    let alice = token(&env, "alice", &["sre", "lead"], "agent");
+    let bob = token(&env, "bob", &["sre"], "agent");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/http_client.py");
+    let out = Command::new(py)
+        .arg(script)
+        .args([name, &srv.url, &alice, &bob])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "scenario {name} failed:\n{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or_default();
+    Some(serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}")))
+}
+
+#[test]
+fn mcp_over_http_lists_calls_and_refuses_with_the_tokens_identity() {
+    let Some(v) = scenario("basic") else { return };
+    assert_eq!(v["tools"], 20, "{v}");
+    assert_eq!(v["stored_seq"], 1, "{v}");
+    assert!(v["hits"].as_u64().is_some_and(|n| n >= 1), "{v}");
+    assert_eq!(v["cas_conflict"], "cas_conflict", "{v}");
+    assert_eq!(v["escalated"], "escalated", "{v}");
+    // An agent the token does not name is forbidden.
+    assert_eq!(v["forbidden"], "forbidden", "{v}");
+    assert_eq!(v["no_token"], 401, "{v}");
+    assert_eq!(v["wrong_token"], 401, "{v}");
+    assert_eq!(v["sdk_wrong_token"], "refused", "{v}");
+}
+
+#[test]
+fn mcp_over_http_keeps_40_concurrent_findings_of_two_sessions_once() {
+    let Some(v) = scenario("concurrency") else {
+        return;
+    };
+    assert_eq!(v["acknowledged"], 40, "{v}");
+    assert_eq!(v["stored"], 40, "{v}");
+    assert_eq!(v["distinct"], 40, "{v}");
+    assert_eq!(v["retried_same"], true, "{v}");
+}
+
+#[test]
+fn mcp_over_http_a_subscriber_hears_of_another_sessions_append() {
+    let Some(v) = scenario("subscribe") else {
+        return;
+    };
+    assert_eq!(v["updated"], "swarm://runs/inc-sub", "{v}");
+}
+
+#[test]
+fn mcp_over_http_a_bob_token_cannot_read_alices_findings() {
+    let Some(v) = scenario("isolation") else {
+        return;
+    };
+    assert!(v["alice_hits"].as_u64().is_some_and(|n| n >= 1), "{v}");
+    assert_eq!(v["bob_hits"], 0, "{v}");
+    assert_eq!(v["bob_read"], "run_not_found", "{v}");
+    assert_eq!(v["bob_runs"], 0, "{v}");
+}
+
+/// Checks of the server's own before MCP (no SDK needed): a reader token is refused, and
+/// a body over the server's limit is refused by the transport.
+#[test]
+fn mcp_over_http_refuses_reader_tokens_and_bodies_over_the_limit() {
+    let env = Env::fast();
+    let srv = Server::start(&env, &["--body-limit-bytes", "4096"]);
+    let reader = token(&env, "alice", &["sre"], "reader");
+    let agent = token(&env, "alice", &["sre"], "agent");
+    let init = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "t", "version": "1"}}});
+    let r = srv.post("/mcp", Some(&reader), &init);
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.body.contains("reader role"), "{}", r.body);
+    let big = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "x".repeat(8192), "version": "1"}}});
+    let r = srv
+        .http
+        .post(&format!("{}/mcp", srv.url))
+        .set("Authorization", &format!("Bearer {agent}"))
+        .set("Content-Type", "application/json")
+        .set("Accept", "application/json, text/event-stream")
+        .send_bytes(big.to_string().as_bytes());
+    let status = match r {
+        Ok(r) => r.status(),
+        Err(ureq::Error::Status(s, _)) => s,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(status, 413);
+}
