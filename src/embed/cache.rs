@@ -1,9 +1,9 @@
 //! The vector cache: [`Cached`] wraps any [`Embedder`] and keeps every vector it computed
 //! in a file, by the BLAKE3 hash of the text, so that a text is embedded once per model.
 //!
-//! One file per model id under the directory the caller gives (the synthesizer's, e.g.
-//! `<data dir>/synth/vectors/`; a directory per user keeps one user's vectors out of
-//! another's files): `<id, sanitised>-<blake3(id), 8 hex>.vec`. A
+//! One file per model id under the directory the caller gives (the CLI's is
+//! `<data dir>/.vectors/<user>/`, shared by `swarm synth` and `swarm search`: a directory
+//! per user keeps one user's vectors out of another's files): `<id, sanitised>-<blake3(id), 8 hex>.vec`. A
 //! different model (another name or other weights) never reads another model's vectors.
 //!
 //! File format (little-endian):
