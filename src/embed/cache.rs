@@ -3,8 +3,9 @@
 //!
 //! One file per model id under the directory the caller gives (the CLI's is
 //! `<data dir>/.vectors/<user>/`, shared by `swarm synth` and `swarm search`: a directory
-//! per user keeps one user's vectors out of another's files): `<id, sanitised>-<blake3(id), 8 hex>.vec`. A
-//! different model (another name or other weights) never reads another model's vectors.
+//! per user keeps one user's vectors out of another's files):
+//! `<id, sanitised>-<blake3(id), 8 hex>.vec`. A different model (another name or other
+//! weights) never reads another model's vectors.
 //!
 //! File format (little-endian):
 //!
