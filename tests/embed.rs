@@ -143,7 +143,7 @@ fn info_says_where_it_looked_and_what_is_missing() {
     assert!(v["path"]
         .as_str()
         .unwrap()
-        .ends_with("models/all-MiniLM-L6-v2"));
+        .ends_with(".models/all-MiniLM-L6-v2"));
     assert!(
         v["reason"].as_str().unwrap().contains("swarm model fetch"),
         "{v}"
@@ -167,7 +167,7 @@ fn fetch_from_a_directory_installs_a_model_that_loads() {
     );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["dim"], 384);
-    let installed = env.path().join("models/all-MiniLM-L6-v2");
+    let installed = env.path().join(".models/all-MiniLM-L6-v2");
     assert!(installed.join("model.safetensors").is_file());
     let info = env
         .cmd(&["model", "info", "--json"])

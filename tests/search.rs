@@ -74,7 +74,7 @@ fn search_ranks_the_users_facts_and_findings_and_filters_them() {
     assert_eq!(v["mode"], "lexical");
     assert!(v["model"].is_null());
     assert!(
-        v["reason"].as_str().unwrap().contains("not built yet"),
+        v["reason"].as_str().unwrap().contains("model not found at"),
         "{v}"
     );
     let t = texts(&v);
