@@ -19,10 +19,16 @@ pub struct McpArgs {
         required = true
     )]
     agents: Vec<String>,
+    /// The sentence-embedding model `search_memory` ranks with (else SWARM_EMBED_MODEL,
+    /// else DATA_DIR/.models/all-MiniLM-L6-v2); without one its search is lexical and
+    /// says why.
+    #[arg(long, value_name = "DIR")]
+    embed_model: Option<std::path::PathBuf>,
 }
 
-pub fn mcp(store: Store, args: McpArgs) -> anyhow::Result<ExitCode> {
-    let session = Session::new(Arc::new(store), args.agents)?;
+pub fn mcp(store: Store, data_dir: &std::path::Path, args: McpArgs) -> anyhow::Result<ExitCode> {
+    let m = crate::search::cached_model(args.embed_model.as_deref(), data_dir, store.user())?;
+    let session = Session::new(Arc::new(store), args.agents)?.with_model(m.embedder, m.reason);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

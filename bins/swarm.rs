@@ -778,7 +778,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Cmd::Quality { fixture, json, .. } => synth::quality(fixture, json),
         #[cfg(feature = "mcp")]
-        Cmd::Mcp(a) => mcp::mcp(store, a),
+        Cmd::Mcp(a) => mcp::mcp(store, &cli.data_dir, a),
         Cmd::Demo { run } => {
             demo::run(&cli.data_dir, &checkpoint_dir, &archive_dir, &cli.user, run)
         }

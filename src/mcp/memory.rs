@@ -197,9 +197,6 @@ fn session_batch(s: &Session, a: &SessionArgs) -> Result<Vec<NewEvent>> {
     Ok(batch)
 }
 
-/// Why `search_memory` ranks by words only: the MCP server loads no model yet.
-pub const MCP_LEXICAL_REASON: &str = "swarm mcp loads no embedding model yet";
-
 /// `search_memory`: the library's search as the session's agent.
 pub fn search_memory(s: &Session, a: SearchArgs) -> ToolResult {
     let filters = ReadOptions {
@@ -229,7 +226,7 @@ pub fn search_memory(s: &Session, a: SearchArgs) -> ToolResult {
     to_json(&search::search(
         &s.store,
         &q,
-        Ranker::Lexical(MCP_LEXICAL_REASON),
+        Ranker::new(s.embedder.as_deref(), &s.no_model_reason),
     )?)
 }
 

@@ -12,6 +12,9 @@ use crate::error::{Error, Result};
 use crate::event::check_id;
 use crate::store::Store;
 
+/// Why `search_memory` is lexical when the session was given no model.
+pub const MCP_LEXICAL_REASON: &str = "no embedding model given to this MCP session";
+
 /// The identity a tool call acts with.
 pub struct Session {
     /// The store, opened for the session's user (the partition key).
@@ -19,6 +22,10 @@ pub struct Session {
     /// The agents the caller may act as: exact ids, or `prefix*` patterns (a bearer
     /// token's agents; `*` alone: any). The first exact id is the default.
     pub agents: Vec<String>,
+    /// The embedding model `search_memory` ranks with (hybrid search); `None`: lexical.
+    pub embedder: Option<Arc<dyn crate::embed::Embedder>>,
+    /// Why there is no model (said in `search_memory`'s answer).
+    pub no_model_reason: String,
 }
 
 impl Session {
@@ -35,7 +42,24 @@ impl Session {
                 None => check_id("agent_id", a)?,
             }
         }
-        Ok(Session { store, agents })
+        Ok(Session {
+            store,
+            agents,
+            embedder: None,
+            no_model_reason: MCP_LEXICAL_REASON.to_string(),
+        })
+    }
+
+    /// The session with an embedding model for `search_memory` (`None`: lexical, with
+    /// `reason` in its answers).
+    pub fn with_model(
+        mut self,
+        embedder: Option<Arc<dyn crate::embed::Embedder>>,
+        reason: String,
+    ) -> Session {
+        self.embedder = embedder;
+        self.no_model_reason = reason;
+        self
     }
 
     /// Whether the session may act as agent `a`.
