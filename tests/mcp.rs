@@ -115,3 +115,30 @@ fn one_user_cannot_see_another_users_findings() {
     };
     assert_eq!(v["bob_hits"], 0);
 }
+
+#[test]
+fn named_look_ups_become_searched_and_pattern_applied_memory_events() {
+    let Some(v) = scenario("lookups") else { return };
+    assert_eq!(
+        v["actions"],
+        serde_json::json!(["searched", "pattern_applied", "searched", "pattern_applied"])
+    );
+    assert!(v["facts"].as_u64().is_some_and(|n| n > 0), "{v}");
+}
+
+/// With the embedding model (`SWARM_EMBED_MODEL`; CI installs it), `search_memory` over
+/// stdio ranks hybrid and finds a paraphrase that shares no word with the finding.
+#[test]
+fn search_memory_with_a_model_finds_a_paraphrase() {
+    if std::env::var_os("SWARM_EMBED_MODEL").is_none_or(|v| v.is_empty()) {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "SWARM_EMBED_MODEL is not set under CI: .ci/run installs the model"
+        );
+        eprintln!("SKIPPED: SWARM_EMBED_MODEL is not set; hybrid search_memory did not run");
+        return;
+    }
+    let Some(v) = scenario("hybrid") else { return };
+    assert_eq!(v["mode"], "hybrid");
+    assert!(v["top"].as_str().unwrap().contains("pool exhausted"), "{v}");
+}

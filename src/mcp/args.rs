@@ -135,8 +135,9 @@ args! {
         limit: Option<usize> => "Raw events read back, at most (default 10, at most 100).",
     }
     /// Arguments of `get_tool_advice`.
-    AdviceArgs {
+    AdviceArgs(agent) {
         tool: String => "The tool you are about to call (as recorded in track_tool_call).",
+        record_in: Option<String> => "The investigation's run this look-up serves: when given, the look-up is recorded there, so the run's memory-event stream shows it (`pattern_applied` when advice was found, else `searched`). Recording never fails the look-up.",
     }
     /// Arguments of `detect_agent_anti_patterns`.
     AntiArgs(agent) {
@@ -156,6 +157,7 @@ args! {
         subject: Option<String> => "Only this subject.",
         since: Option<String> => "Only from this RFC 3339 time on.",
         until: Option<String> => "Only up to this RFC 3339 time.",
+        record_in: Option<String> => "The investigation's run this search serves: when given, the search (query, hit count, the ids found) is recorded there, so the run's memory-event stream shows it (`searched`) and a replay shows what the agent looked up. Recording never fails the search.",
     }
     /// Arguments of `add_finding_to_memory`.
     FindingArgs(agent) {
@@ -188,11 +190,12 @@ args! {
         lesson: Option<String> => "The lesson in words (\"always give resource.type in metric filters\").",
     }
     /// Arguments of `get_recommended_investigation_strategy`.
-    StrategyArgs {
+    StrategyArgs(agent) {
         symptom: String => "The symptom type (\"high_latency_checkout\"); exact match first, then shared words.",
         #[serde(default)]
         own_only: bool => "Only your own patterns, not those shared by other users.",
         limit: Option<usize> => "Strategies wanted (default 5, at most 50).",
+        record_in: Option<String> => "The investigation's run this look-up serves: when given, the look-up (symptom, the strategies found) is recorded there, so the run's memory-event stream shows it (`pattern_applied` when a strategy was found, else `searched`). Recording never fails the look-up.",
     }
     /// Arguments of `track_tool_call`.
     TrackArgs(agent) {

@@ -20,11 +20,12 @@ use crate::mcp::args::{
     AntiArgs, CallStatus, CompleteArgs, EntryKind, FailurePatternArgs, FindingArgs, MessageRole,
     SearchArgs, SessionArgs, StrategyArgs, TrackArgs,
 };
+use crate::mcp::lookup::{clip_read, record_read};
 use crate::mcp::reply::{to_json, ToolResult};
 use crate::mcp::scratch::{append_entry, parse_time};
 use crate::mcp::session::Session;
 use crate::query::options::ReadOptions;
-use crate::synth::search::{self, Ranker, SearchQuery};
+use crate::synth::search::{self, Found, Ranker, SearchQuery};
 use crate::synth::SynthOptions;
 
 /// Longest text of one message or tool result stored by `add_session_to_memory`, in bytes.
@@ -216,6 +217,7 @@ pub fn search_memory(s: &Session, a: SearchArgs) -> ToolResult {
         reader: Some(s.agent(a.agent.as_deref())?),
         ..ReadOptions::default()
     };
+    let agent = filters.reader.clone().unwrap_or_default();
     let q = SearchQuery {
         text: &a.query,
         run: a.run.as_deref(),
@@ -223,11 +225,32 @@ pub fn search_memory(s: &Session, a: SearchArgs) -> ToolResult {
         limit: a.limit.unwrap_or(10),
         facts: true,
     };
-    to_json(&search::search(
+    let answer = search::search(
         &s.store,
         &q,
         Ranker::new(s.embedder.as_deref(), &s.no_model_reason),
-    )?)
+    )?;
+    let mut out = to_json(&answer)?;
+    if let Some(run) = &a.record_in {
+        let found = answer
+            .hits
+            .iter()
+            .map(|h| match &h.found {
+                Found::Fact { fact } => fact.id.clone(),
+                Found::Finding { entry } => format!("{}:{}", entry.run_id, entry.seq),
+            })
+            .collect();
+        let query = clip_read(&a.query);
+        let mut m = Map::new();
+        m.insert("query".into(), json!(query));
+        m.insert("mode".into(), json!(answer.mode));
+        let text = format!(
+            "searched the memory for \"{query}\": {} hits",
+            answer.hits.len()
+        );
+        out["recorded"] = record_read(s, run, &agent, "search_memory", text, found, m);
+    }
+    Ok(out)
 }
 
 /// `add_finding_to_memory`: an evidence (or, inferred, a hypothesis) entry.
@@ -285,10 +308,38 @@ pub fn record_failure(s: &Session, a: FailurePatternArgs) -> ToolResult {
 
 /// `get_recommended_investigation_strategy`.
 pub fn strategy(s: &Session, a: StrategyArgs) -> ToolResult {
+    let agent = s.agent(a.agent.as_deref())?;
     let mut p = s.store.patterns(&a.symptom)?;
     p.retain(|x| !a.own_only || x.scope == "private");
     p.truncate(a.limit.unwrap_or(5).clamp(1, 50));
-    Ok(json!({"symptom": a.symptom, "strategies": to_json(&p)?}))
+    let mut out = json!({"symptom": a.symptom, "strategies": to_json(&p)?});
+    if let Some(run) = &a.record_in {
+        let found: Vec<String> = p
+            .iter()
+            .map(|x| format!("{}:{}", x.scope, x.item.fingerprint))
+            .collect();
+        let symptom = clip_read(&a.symptom);
+        let text = match p.first() {
+            Some(best) => format!(
+                "applied a learned strategy for {symptom}: {} ({})",
+                best.item.tool_sequence.join(" -> "),
+                best.item.root_cause_category
+            ),
+            None => format!("no learned strategy yet for {symptom}"),
+        };
+        let mut m = Map::new();
+        m.insert("symptom".into(), json!(symptom));
+        out["recorded"] = record_read(
+            s,
+            run,
+            &agent,
+            "get_recommended_investigation_strategy",
+            text,
+            found,
+            m,
+        );
+    }
+    Ok(out)
 }
 
 /// `track_tool_call`: never an error (a call that cannot be recorded says so in its answer).

@@ -29,6 +29,7 @@
 
 pub mod anti;
 pub mod args;
+pub mod lookup;
 pub mod memory;
 pub mod reply;
 pub mod resources;

@@ -13,6 +13,7 @@ use crate::mcp::args::{
     AdviceArgs, AppendEntryArgs, BoardArgs, ContextArgs, EntryKind, EscalationsArgs, ExplainArgs,
     FactsArgs, ListRunsArgs, PickArgs, ReadChannelArgs, ReadEntriesArgs, WriteChannelArgs,
 };
+use crate::mcp::lookup::{clip_read, record_read};
 use crate::mcp::reply::{to_json, ToolError, ToolResult};
 use crate::mcp::session::Session;
 use crate::query::options::ReadOptions;
@@ -214,7 +215,27 @@ pub fn explain(s: &Session, a: ExplainArgs) -> ToolResult {
 
 /// `get_tool_advice`.
 pub fn advice(s: &Session, a: AdviceArgs) -> ToolResult {
-    Ok(json!({"advice": to_json(&s.store.advise(&a.tool)?)?}))
+    let agent = s.agent(a.agent.as_deref())?;
+    let advice = s.store.advise(&a.tool)?;
+    let mut out = json!({"advice": to_json(&advice)?});
+    if let Some(run) = &a.record_in {
+        let found: Vec<String> = advice
+            .iter()
+            .map(|x| format!("{}:{}", x.scope, x.item.fingerprint))
+            .collect();
+        let tool = clip_read(&a.tool);
+        let text = match advice.first() {
+            Some(m) => format!(
+                "applied a learned lesson for {tool}: {}",
+                m.item.correction.as_deref().unwrap_or(&m.item.error)
+            ),
+            None => format!("no learned lesson yet for {tool}"),
+        };
+        let mut m = serde_json::Map::new();
+        m.insert("for_tool".into(), json!(tool));
+        out["recorded"] = record_read(s, run, &agent, "get_tool_advice", text, found, m);
+    }
+    Ok(out)
 }
 
 /// `list_runs`: at most [`RUNS_LISTED_MAX`].

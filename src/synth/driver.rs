@@ -29,8 +29,8 @@ use crate::synth::facts::{
     FACT_TEXT_BYTES_MAX,
 };
 use crate::synth::findings::{
-    approx_json_len, clip, engine_event, fact_id, finding_text, observed, resolve, restore,
-    synthesized, to_value, EMBED_BATCH,
+    approx_json_len, clip, engine_event, fact_id, finding_text, is_finding, observed, resolve,
+    restore, to_value, EMBED_BATCH,
 };
 use crate::synth::judge::{LlmJudge, LlmOptions};
 use crate::synth::patterns::{self};
@@ -266,7 +266,7 @@ impl Pass {
         }
         self.source_events += 1;
         match e.kind {
-            k if synthesized(k) => {}
+            _ if is_finding(&e) => {}
             EventType::RunClosed => {
                 self.closed.push(e.run_id.clone());
                 return;

@@ -13,6 +13,7 @@ use crate::event::ts::Ts;
 use crate::event::{Checked, Event, EventType, ENGINE_AGENT};
 use crate::synth::dedup::{DedupConfig, Deduper, FactIdx};
 use crate::synth::facts::{FactsFold, Record, FACT_TEXT_BYTES_MAX};
+use crate::synth::search::is_bookkeeping;
 use crate::synth::text::content_text;
 
 pub(super) fn clip(s: &str, max: usize) -> &str {
@@ -91,17 +92,24 @@ pub(super) fn observed(e: &Event) -> Ts {
 pub(super) const EMBED_BATCH: usize = 256;
 
 /// Entry types the synthesizer makes facts of.
-pub(super) fn synthesized(kind: EventType) -> bool {
+fn synthesized(kind: EventType) -> bool {
     matches!(
         kind,
         EventType::Evidence | EventType::Hypothesis | EventType::Decision | EventType::ActionTaken
     )
 }
 
+/// Whether the synthesizer makes a fact of `e`: an entry of a [`synthesized`] type that
+/// is not the memory's bookkeeping (a tracked tool call such as "called query_metrics:
+/// ok", or a recorded memory look-up).
+pub(super) fn is_finding(e: &Event) -> bool {
+    synthesized(e.kind) && !is_bookkeeping(e)
+}
+
 /// The text a finding is compared by, as [`Pass::feed`] takes it (`None`: not a
 /// finding, or empty).
 pub(super) fn finding_text(e: &Event) -> Option<String> {
-    if !synthesized(e.kind) {
+    if !is_finding(e) {
         return None;
     }
     let t = content_text(&e.content);

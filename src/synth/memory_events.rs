@@ -11,8 +11,12 @@
 //! | `evidence`, or an `add_finding_to_memory` hypothesis | `stored` | `success` (`failure` for a failed tool's result) |
 //! | the decision of `complete_investigation` (`meta.symptom`, `meta.root_cause`) | `pattern_learned` | `pattern` |
 //!
-//! Not derivable yet: `searched` and `pattern_applied` (searches, strategy and advice
-//! look-ups are reads; nothing of them is logged). Messages of `add_session_to_memory`
+//! | a recorded `search_memory` (`meta.memory_read`, see `src/mcp/lookup.rs`) | `searched` | `search` |
+//! | a recorded strategy or advice look-up that found something | `pattern_applied` | `pattern` |
+//! | the same look-up that found nothing | `searched` | `search` |
+//!
+//! Look-ups are reads: they appear only when the agent names the investigation they serve
+//! (`record_in`), which writes them into that run. Messages of `add_session_to_memory`
 //! (`meta.role`) are conversation, not findings: no record.
 //!
 //! **Invariant:** [`derive`] is a pure function of one event; its records carry the
@@ -77,7 +81,8 @@ fn meta_str<'a>(m: &'a Map<String, Value>, k: &str) -> Option<&'a str> {
 pub fn derive(e: &Event) -> Vec<MemoryEvent> {
     let empty = Map::new();
     let m = e.meta.as_ref().unwrap_or(&empty);
-    let tool = meta_str(m, "tool").map(str::to_string);
+    let read = meta_str(m, "memory_read");
+    let tool = meta_str(m, "tool").or(read).map(str::to_string);
     let failed = meta_str(m, "tool_status") == Some("error");
     let mut md = json!({"agent": e.agent_id, "event_type": e.kind});
     if let Some(s) = &e.subject {
@@ -90,6 +95,12 @@ pub fn derive(e: &Event) -> Vec<MemoryEvent> {
         "symptom",
         "root_cause",
         "resolution",
+        "hits",
+        "found",
+        "query",
+        "mode",
+        "symptom",
+        "for_tool",
     ] {
         if let Some(v) = m.get(k) {
             md[k] = v.clone();
@@ -109,6 +120,36 @@ pub fn derive(e: &Event) -> Vec<MemoryEvent> {
     };
     let name = tool.as_deref().unwrap_or("a tool");
     let mut out = Vec::new();
+    if let Some(read) = read {
+        let hits = m.get("hits").and_then(Value::as_u64).unwrap_or(0);
+        let what = ["query", "symptom", "for_tool"]
+            .iter()
+            .find_map(|k| meta_str(m, k))
+            .unwrap_or("?");
+        out.push(match (read, hits) {
+            ("search_memory", _) => rec(
+                "searched",
+                "search",
+                format!("Memory searched: {what} ({hits} hits)"),
+            ),
+            ("get_recommended_investigation_strategy", 1..) => rec(
+                "pattern_applied",
+                "pattern",
+                format!("Learned strategy applied for {what}"),
+            ),
+            ("get_tool_advice", 1..) => rec(
+                "pattern_applied",
+                "pattern",
+                format!("Learned lesson applied for {what}"),
+            ),
+            _ => rec(
+                "searched",
+                "search",
+                format!("Memory searched for {what}: nothing learned yet"),
+            ),
+        });
+        return out;
+    }
     let tracked = m.get("tracked").and_then(Value::as_bool) == Some(true);
     if e.kind == EventType::ActionTaken && tracked {
         out.push(rec(
@@ -200,6 +241,28 @@ mod tests {
         assert!(actions(&ev(EventType::Evidence, json!({"role": "user"}))).is_empty());
         assert!(actions(&ev(EventType::Hypothesis, json!({}))).is_empty());
         assert!(actions(&ev(EventType::ActionTaken, json!({}))).is_empty());
+        let search = ev(
+            EventType::ActionTaken,
+            json!({"memory_read": "search_memory", "hits": 2, "query": "pool"}),
+        );
+        assert_eq!(actions(&search), ["searched"]);
+        assert_eq!(
+            derive(&search)[0].tool_name.as_deref(),
+            Some("search_memory")
+        );
+        let strategy = |hits: u64| {
+            ev(
+                EventType::ActionTaken,
+                json!({"memory_read": "get_recommended_investigation_strategy", "hits": hits, "symptom": "s"}),
+            )
+        };
+        assert_eq!(actions(&strategy(1)), ["pattern_applied"]);
+        assert_eq!(actions(&strategy(0)), ["searched"]);
+        let advice = ev(
+            EventType::ActionTaken,
+            json!({"memory_read": "get_tool_advice", "hits": 1, "for_tool": "q"}),
+        );
+        assert_eq!(actions(&advice), ["pattern_applied"]);
         let done = ev(
             EventType::Decision,
             json!({"symptom": "s", "root_cause": "r"}),

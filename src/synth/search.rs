@@ -361,6 +361,20 @@ pub fn is_tracked_call(e: &Event) -> bool {
         == Some(true)
 }
 
+/// Whether an entry records a look-up of the memory (`meta.memory_read`: a search, a
+/// strategy or advice asked for; see `src/mcp/memory.rs`), not a finding.
+pub fn is_memory_read(e: &Event) -> bool {
+    e.meta
+        .as_ref()
+        .is_some_and(|m| m.contains_key("memory_read"))
+}
+
+/// Whether an entry is the memory's bookkeeping (a tracked tool call or a memory
+/// look-up): never a finding, a fact or a search hit.
+pub fn is_bookkeeping(e: &Event) -> bool {
+    is_tracked_call(e) || is_memory_read(e)
+}
+
 fn facts(store: &Store, run: Option<&str>, f: &ReadOptions) -> Result<Vec<Hit>> {
     let fq = FactsQuery {
         subject: f.subject.clone(),
@@ -410,7 +424,7 @@ fn findings(store: &Store, run: Option<&str>, f: &ReadOptions) -> Result<Vec<Hit
         };
         for e in store.read(&run, opts)? {
             let entry = e?;
-            if entry.kind.is_client() && !is_tracked_call(&entry) {
+            if entry.kind.is_client() && !is_bookkeeping(&entry) {
                 out.push(Hit::new(Found::Finding { entry }));
             }
         }

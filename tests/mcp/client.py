@@ -1,13 +1,15 @@
 """Drives `swarm mcp` with the official MCP Python SDK (`mcp` on PyPI), over stdio.
 
 Usage: client.py SCENARIO SWARM_BIN DATA_DIR
-Scenarios: basic, concurrency, subscribe, isolation. Each prints one JSON line of
+Scenarios: basic, concurrency, subscribe, isolation, lookups, hybrid (needs
+$SWARM_EMBED_MODEL). Each prints one JSON line of
 results on success; any failed check raises (exit code 1, the assertion on stderr).
 Called by tests/mcp.rs (cargo test); nobody here wrote the client side.
 """
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from contextlib import AsyncExitStack
@@ -285,7 +287,80 @@ async def isolation():
         return {"shared_strategies": len(strat["strategies"]), "bob_hits": 0}
 
 
-SCENARIOS = {"basic": basic, "concurrency": concurrency, "subscribe": subscribe, "isolation": isolation}
+async def lookups():
+    """Look-ups named with `record_in` become seed 002's `searched` and `pattern_applied`
+    memory events of that run (derived from the log: `swarm memory-events`), each linked
+    to its seq; look-ups and tracked calls never become facts."""
+    async with AsyncExitStack() as stack:
+        s = await connect(stack, "alice", "sre")
+        old = "inc-old"
+        await call(s, "add_finding_to_memory", {"run": old, "finding": "orders-db connection pool exhausted: 100 of 100 connections in use",
+                                                "subject": "orders-db", "tool": "query_metrics"})
+        await call(s, "record_tool_failure_pattern", {"run": old, "tool": "query_metrics", "error": "missing resource.type",
+                                                      "failed_args": {"filter": "latency"},
+                                                      "corrected_args": {"filter": "latency", "resource.type": "k8s_container"},
+                                                      "lesson": "give resource.type in metric filters"})
+        await call(s, "track_tool_call", {"run": old, "tool": "get_logs_for_trace", "status": "ok"})
+        await call(s, "complete_investigation", {"run": old, "symptom": "high_latency_checkout",
+                                                 "root_cause": "connection_pool_saturation",
+                                                 "resolution": "increased pool size from 10 to 50"})
+        run = "inc-new"
+        hits = await call(s, "search_memory", {"query": "connection pool exhausted", "record_in": run})
+        assert hits["hits"] and hits["recorded"]["run"] == run and hits["recorded"]["seq"] >= 1, hits
+        strat = await call(s, "get_recommended_investigation_strategy", {"symptom": "high_latency_checkout", "record_in": run})
+        assert strat["strategies"] and "seq" in strat["recorded"], strat
+        none = await call(s, "get_recommended_investigation_strategy", {"symptom": "dns_failure_everywhere", "record_in": run})
+        assert none["strategies"] == [] and "seq" in none["recorded"], none
+        advice = await call(s, "get_tool_advice", {"tool": "query_metrics", "record_in": run})
+        assert advice["advice"] and "seq" in advice["recorded"], advice
+        plain = await call(s, "search_memory", {"query": "connection pool exhausted"})
+        assert "recorded" not in plain, plain
+        # Recording never fails the look-up: a closed run refuses the write, not the search.
+        closed = await call(s, "search_memory", {"query": "pool", "record_in": old})
+        assert closed["hits"] and "error" in closed["recorded"], closed
+        events = [json.loads(line) for line in cli("memory-events", "--run", run).splitlines() if line.strip()]
+        got = [(e["action"], e["category"], e["tool_name"], e["seq"]) for e in events]
+        want = [("searched", "search", "search_memory", hits["recorded"]["seq"]),
+                ("pattern_applied", "pattern", "get_recommended_investigation_strategy", strat["recorded"]["seq"]),
+                ("searched", "search", "get_recommended_investigation_strategy", none["recorded"]["seq"]),
+                ("pattern_applied", "pattern", "get_tool_advice", advice["recorded"]["seq"])]
+        assert got == want, (got, want)
+        assert events[0]["metadata"]["hits"] == len(hits["hits"]), events[0]
+        # The new run's look-ups are not findings: synthesizing it makes no fact of them,
+        # and the old run's tracked calls made none either.
+        cli("synth")
+        facts = await call(s, "list_facts", {"limit": 100})
+        texts = [f["text"] for f in facts["facts"]]
+        assert texts, facts
+        for t in texts:
+            assert not t.startswith(("called ", "searched the memory", "applied a learned", "no learned")), texts
+            assert "succeeded after a correction" not in t and " failed: " not in t, texts
+        return {"actions": [g[0] for g in got], "facts": len(texts)}
+
+
+async def hybrid():
+    """With a model (`--embed-model`), search_memory finds a paraphrase that shares no
+    word with the finding; the answer says it ranked in hybrid mode."""
+    model = os.environ["SWARM_EMBED_MODEL"]
+    params = StdioServerParameters(
+        command=SWARM, args=["--data-dir", DATA, "--user", "alice", "mcp", "--agent", "sre", "--embed-model", model])
+    async with AsyncExitStack() as stack:
+        r, w = await stack.enter_async_context(stdio_client(params))
+        s = await stack.enter_async_context(ClientSession(r, w))
+        await s.initialize()
+        for text in ["orders-db connection pool exhausted: 100 of 100 connections in use",
+                     "disk full on the log volume of kafka-3",
+                     "TLS certificate for api-gateway expired at 09:00"]:
+            await call(s, "add_finding_to_memory", {"run": "inc-h", "finding": text})
+        hits = await call(s, "search_memory", {"query": "the database has no free sessions left"})
+        assert hits["mode"] == "hybrid" and hits["model"], hits
+        top = hits["hits"][0]["entry"]["content"]
+        assert "pool exhausted" in top, hits
+        return {"mode": hits["mode"], "top": top}
+
+
+SCENARIOS = {"basic": basic, "concurrency": concurrency, "subscribe": subscribe, "isolation": isolation,
+             "lookups": lookups, "hybrid": hybrid}
 
 if __name__ == "__main__":
     print(json.dumps(asyncio.run(SCENARIOS[SCENARIO]())))
