@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::mcp::python_or_skip;
 use crate::serve::{token, Server};
-use crate::util::Env;
+use crate::util::{Env, SWARM};
 
 /// Runs one scenario of `tests/mcp/http_client.py` against a fresh server with an agent
 /// token of alice's (agents `sre`, `lead`) and one of bob's; its JSON result.
@@ -29,6 +29,59 @@ fn scenario(name: &str) -> Option<Value> {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let last = stdout.lines().last().unwrap_or_default();
     Some(serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}")))
+}
+
+/// Runs a scenario of the stdio client (`tests/mcp/client.py`) against `/mcp` of a server
+/// on the same data dir, alice's token holding agents `sre` and `lead`, bob's `sre`.
+fn stdio_scenario_over_http(name: &str) -> Option<Value> {
+    let py = python_or_skip(name)?;
+    let env = Env::fast();
+    let srv = Server::start(&env, &[]);
+    let alice = token(&env, "alice", &["sre", "lead"], "agent");
+    let bob = token(&env, "bob", &["sre"], "agent");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/client.py");
+    let out = Command::new(py)
+        .arg(script)
+        .arg(name)
+        .arg(SWARM)
+        .arg(env.path())
+        .env("MCP_URL", &srv.url)
+        .env("MCP_TOKEN_ALICE", &alice)
+        .env("MCP_TOKEN_BOB", &bob)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "scenario {name} over HTTP failed:\n{stderr}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or_default();
+    Some(serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}")))
+}
+
+/// Every one of the 20 tools over streamable HTTP, with the stdio test's checks (CAS
+/// conflicts, an escalation, forbidden agents, the memory tools, resources).
+#[test]
+fn mcp_over_http_calls_every_tool_as_over_stdio() {
+    let Some(v) = stdio_scenario_over_http("basic") else {
+        return;
+    };
+    assert_eq!(v["tools"], 20);
+    assert_eq!(v["cas_conflict"], "cas_conflict");
+    assert_eq!(v["forbidden"], true);
+}
+
+/// Recorded look-ups over HTTP become memory events of the run, like over stdio.
+#[test]
+fn mcp_over_http_records_named_look_ups() {
+    let Some(v) = stdio_scenario_over_http("lookups") else {
+        return;
+    };
+    assert_eq!(
+        v["actions"],
+        serde_json::json!(["searched", "pattern_applied", "searched", "pattern_applied"])
+    );
 }
 
 #[test]

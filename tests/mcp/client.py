@@ -1,6 +1,8 @@
 """Drives `swarm mcp` with the official MCP Python SDK (`mcp` on PyPI), over stdio.
 
 Usage: client.py SCENARIO SWARM_BIN DATA_DIR
+With $MCP_URL (and $MCP_TOKEN_ALICE, $MCP_TOKEN_BOB) the sessions go to a `swarm serve`
+over streamable HTTP instead (tests/mcp_http.rs), so every tool is driven over both.
 Scenarios: basic, concurrency, subscribe, isolation, lookups, hybrid (needs
 $SWARM_EMBED_MODEL). Each prints one JSON line of
 results on success; any failed check raises (exit code 1, the assertion on stderr).
@@ -38,9 +40,22 @@ def cli(*args, user="alice", stdin=None):
 
 
 async def connect(stack, user, agents, handler=None):
-    params = StdioServerParameters(
-        command=SWARM, args=["--data-dir", DATA, "--user", user, "mcp", "--agent", agents])
-    r, w = await stack.enter_async_context(stdio_client(params))
+    """A session of `user` acting as `agents`: a `swarm mcp` process over stdio, or, with
+    $MCP_URL set, the server's `/mcp` over streamable HTTP with the token in
+    $MCP_TOKEN_<USER> (whose agents must be `agents`; the server serves DATA)."""
+    url = os.environ.get("MCP_URL")
+    if url:
+        from mcp.client.streamable_http import streamable_http_client
+        from mcp.shared._httpx_utils import create_mcp_http_client
+        token = os.environ["MCP_TOKEN_" + user.upper()]
+        client = await stack.enter_async_context(
+            create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}))
+        streams = await stack.enter_async_context(streamable_http_client(url + "/mcp", http_client=client))
+        r, w = streams[0], streams[1]
+    else:
+        params = StdioServerParameters(
+            command=SWARM, args=["--data-dir", DATA, "--user", user, "mcp", "--agent", agents])
+        r, w = await stack.enter_async_context(stdio_client(params))
     kw = {"message_handler": handler} if handler else {}
     s = await stack.enter_async_context(ClientSession(r, w, **kw))
     await s.initialize()
