@@ -7,6 +7,8 @@ use std::process::ExitCode;
 mod demo;
 #[cfg(feature = "mcp")]
 mod mcp;
+#[cfg(all(feature = "mcp", feature = "server"))]
+mod mcp_bridge;
 mod memory_events;
 #[cfg(feature = "semantic")]
 mod model;
@@ -402,6 +404,10 @@ enum Cmd {
     ///
     /// Example (an MCP client's server entry):
     ///   {"command": "swarm", "args": ["--data-dir", "/var/lib/swarm", "--user", "alice", "mcp", "--agent", "sre-agent"]}
+    ///
+    /// With SWARM_URL (and SWARM_TOKEN) set, the same stdio server runs its tools on that
+    /// `swarm serve` (its /mcp endpoint), as the user and agents of the token:
+    ///   {"command": "swarm", "args": ["mcp"], "env": {"SWARM_URL": "http://127.0.0.1:7700", "SWARM_TOKEN": "..."}}
     #[cfg(feature = "mcp")]
     #[command(verbatim_doc_comment)]
     Mcp(mcp::McpArgs),
@@ -704,6 +710,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Token(c) => return serve::token(c, &cli.data_dir, &cli.user),
         cmd => {
             if let Some(url) = remote::url() {
+                #[cfg(feature = "mcp")]
+                if let Cmd::Mcp(a) = &cmd {
+                    if !a.agents.is_empty() {
+                        eprintln!("swarm mcp: SWARM_URL is set: the tools act as the agents of SWARM_TOKEN; --agent is not used");
+                    }
+                    return mcp_bridge::run(&url);
+                }
                 return remote::run(url, cmd);
             }
             cmd

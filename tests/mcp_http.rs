@@ -32,15 +32,21 @@ fn scenario(name: &str) -> Option<Value> {
 }
 
 /// Runs a scenario of the stdio client (`tests/mcp/client.py`) against `/mcp` of a server
-/// on the same data dir, alice's token holding agents `sre` and `lead`, bob's `sre`.
-fn stdio_scenario_over_http(name: &str) -> Option<Value> {
+/// on the same data dir, alice's token holding agents `sre`, `lead` and `agent-*`, bob's
+/// `sre`.
+/// `bridge`: through `swarm mcp` over stdio with `SWARM_URL` and `SWARM_TOKEN`.
+fn stdio_scenario_over_http(name: &str, bridge: bool) -> Option<Value> {
     let py = python_or_skip(name)?;
     let env = Env::fast();
     let srv = Server::start(&env, &[]);
-    let alice = token(&env, "alice", &["sre", "lead"], "agent");
+    let alice = token(&env, "alice", &["sre", "lead", "agent-*"], "agent");
     let bob = token(&env, "bob", &["sre"], "agent");
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/client.py");
-    let out = Command::new(py)
+    let mut cmd = Command::new(py);
+    if bridge {
+        cmd.env("MCP_BRIDGE", "1");
+    }
+    let out = cmd
         .arg(script)
         .arg(name)
         .arg(SWARM)
@@ -64,7 +70,7 @@ fn stdio_scenario_over_http(name: &str) -> Option<Value> {
 /// conflicts, an escalation, forbidden agents, the memory tools, resources).
 #[test]
 fn mcp_over_http_calls_every_tool_as_over_stdio() {
-    let Some(v) = stdio_scenario_over_http("basic") else {
+    let Some(v) = stdio_scenario_over_http("basic", false) else {
         return;
     };
     assert_eq!(v["tools"], 20);
@@ -75,7 +81,7 @@ fn mcp_over_http_calls_every_tool_as_over_stdio() {
 /// Recorded look-ups over HTTP become memory events of the run, like over stdio.
 #[test]
 fn mcp_over_http_records_named_look_ups() {
-    let Some(v) = stdio_scenario_over_http("lookups") else {
+    let Some(v) = stdio_scenario_over_http("lookups", false) else {
         return;
     };
     assert_eq!(
@@ -159,4 +165,90 @@ fn mcp_over_http_refuses_reader_tokens_and_bodies_over_the_limit() {
         Err(e) => panic!("{e}"),
     };
     assert_eq!(status, 413);
+}
+
+/// `swarm mcp` over stdio with `SWARM_URL` and `SWARM_TOKEN`: the same 20 tools and checks,
+/// run by the server as the token's user and agents.
+#[test]
+fn swarm_mcp_with_swarm_url_bridges_every_tool_to_the_server() {
+    let Some(v) = stdio_scenario_over_http("basic", true) else {
+        return;
+    };
+    assert_eq!(v["tools"], 20);
+    assert_eq!(v["cas_conflict"], "cas_conflict");
+    assert_eq!(v["forbidden"], true);
+}
+
+/// Through the bridge, a subscription hears of another process's append (the server's
+/// GET stream is forwarded to stdout), and bob's token sees none of alice's findings.
+#[test]
+fn swarm_mcp_with_swarm_url_forwards_updates_and_keeps_users_apart() {
+    let Some(v) = stdio_scenario_over_http("subscribe", true) else {
+        return;
+    };
+    assert_eq!(v["updated"], "swarm://runs/inc-sub");
+    let Some(v) = stdio_scenario_over_http("isolation", true) else {
+        return;
+    };
+    assert_eq!(v["bob_hits"], 0);
+}
+
+/// Two `swarm mcp` bridge processes, 20 concurrent `add_finding_to_memory` calls through
+/// each (and again, retried with the same client ids): 40 of 40 stored once.
+#[test]
+fn swarm_mcp_with_swarm_url_keeps_40_concurrent_findings_once() {
+    let Some(v) = stdio_scenario_over_http("concurrency", true) else {
+        return;
+    };
+    assert_eq!(v["acknowledged"], 40);
+    assert_eq!(v["stored"], 40);
+    assert_eq!(v["distinct"], 40);
+    assert_eq!(v["retried"], 40);
+}
+
+/// The bridge answers a request the server refuses with a JSON-RPC error that names the
+/// cause (so a client never waits), and `swarm mcp` without `--agent` and without
+/// `SWARM_URL` says what to give (exit 2).
+#[test]
+fn swarm_mcp_bridge_names_a_refused_token_and_mcp_needs_an_agent() {
+    use std::io::Write;
+    let env = Env::fast();
+    let srv = Server::start(&env, &[]);
+    let mut child = env
+        .cmd(&["mcp"])
+        .env("SWARM_URL", &srv.url)
+        .env("SWARM_TOKEN", "not-a-token")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{init}").unwrap();
+    writeln!(stdin, "not json").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0]["id"], 1);
+    let msg = lines[0]["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("401") && msg.contains("SWARM_TOKEN"), "{msg}");
+    assert_eq!(lines[1]["error"]["code"], -32700);
+
+    let out = env
+        .cmd(&["mcp"])
+        .env_remove("SWARM_AGENT")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--agent") && err.contains("SWARM_URL"),
+        "{err}"
+    );
 }

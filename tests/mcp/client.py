@@ -2,7 +2,8 @@
 
 Usage: client.py SCENARIO SWARM_BIN DATA_DIR
 With $MCP_URL (and $MCP_TOKEN_ALICE, $MCP_TOKEN_BOB) the sessions go to a `swarm serve`
-over streamable HTTP instead (tests/mcp_http.rs), so every tool is driven over both.
+over streamable HTTP instead (tests/mcp_http.rs), so every tool is driven over both; with
+$MCP_BRIDGE too, through `swarm mcp` over stdio with SWARM_URL and SWARM_TOKEN (the bridge).
 Scenarios: basic, concurrency, subscribe, isolation, lookups, hybrid (needs
 $SWARM_EMBED_MODEL). Each prints one JSON line of
 results on success; any failed check raises (exit code 1, the assertion on stderr).
@@ -44,7 +45,14 @@ async def connect(stack, user, agents, handler=None):
     $MCP_URL set, the server's `/mcp` over streamable HTTP with the token in
     $MCP_TOKEN_<USER> (whose agents must be `agents`; the server serves DATA)."""
     url = os.environ.get("MCP_URL")
-    if url:
+    if url and os.environ.get("MCP_BRIDGE"):
+        # `swarm mcp` over stdio with SWARM_URL: the stdio bridge to the server's /mcp.
+        from mcp.client.stdio import get_default_environment
+        env = {**get_default_environment(), "SWARM_URL": url,
+               "SWARM_TOKEN": os.environ["MCP_TOKEN_" + user.upper()]}
+        params = StdioServerParameters(command=SWARM, args=["mcp"], env=env)
+        r, w = await stack.enter_async_context(stdio_client(params))
+    elif url:
         from mcp.client.streamable_http import streamable_http_client
         from mcp.shared._httpx_utils import create_mcp_http_client
         token = os.environ["MCP_TOKEN_" + user.upper()]

@@ -1,0 +1,266 @@
+//! `swarm mcp` with `SWARM_URL` set: an MCP server over stdio whose tools run on a
+//! `swarm serve`, as the user and agents of the bearer token in `SWARM_TOKEN` (issue 14:
+//! "identity from `SWARM_TOKEN` against a server"). A byte-level bridge: each JSON-RPC
+//! line read on stdin is POSTed to the server's `/mcp` (streamable HTTP), and every
+//! message the server answers with (a JSON body, or the events of an SSE stream) is
+//! written to stdout as one line; the session's GET stream (resource updates) is
+//! forwarded the same way. The server does everything else (identity, tools, limits), so
+//! a stdio client and an HTTP client see the same server.
+//!
+//! Limits: at most [`IN_FLIGHT_MAX`] requests in flight (stdin is not read further until
+//! one ends); a request line over [`LINE_BYTES_MAX`] is answered with an error without
+//! being sent. A request the server refuses (401, 403, 413, unreachable) is answered with
+//! a JSON-RPC error naming the cause, so the client never waits for an answer that
+//! cannot come.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::process::ExitCode;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+/// Requests forwarded at once.
+pub const IN_FLIGHT_MAX: usize = 64;
+/// Longest request line read from stdin, in bytes (the server's own body limit is lower).
+pub const LINE_BYTES_MAX: usize = 16 << 20;
+/// How long one request may take (a tool call that synthesizes a run included).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+/// GET stream reconnections after it drops, before the bridge stops listening.
+const STREAM_RETRIES_MAX: u32 = 5;
+
+struct Bridge {
+    endpoint: String,
+    token: Option<String>,
+    post: ureq::Agent,
+    stream: ureq::Agent,
+    session: Mutex<Option<String>>,
+    out: Mutex<io::Stdout>,
+}
+
+impl Bridge {
+    fn emit(&self, line: &str) {
+        let line = line.trim();
+        if line.is_empty() {
+            return;
+        }
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        // A closed stdout ends the client's session: nothing left to tell it.
+        let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+    }
+
+    fn request(&self, agent: &ureq::Agent, method: &str) -> ureq::Request {
+        let mut r = agent
+            .request(method, &self.endpoint)
+            .set("Accept", "application/json, text/event-stream");
+        if let Some(t) = &self.token {
+            r = r.set("Authorization", &format!("Bearer {t}"));
+        }
+        if let Some(s) = self
+            .session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            r = r.set("Mcp-Session-Id", s);
+        }
+        r
+    }
+
+    /// Writes every message of an SSE body as a line; stops at its end.
+    fn forward_sse(&self, body: impl Read) -> io::Result<()> {
+        let mut data = String::new();
+        for line in BufReader::new(body).lines() {
+            let line = line?;
+            if line.is_empty() {
+                if !data.is_empty() {
+                    self.emit(&data);
+                    data.clear();
+                }
+            } else if let Some(d) = line.strip_prefix("data:") {
+                if !data.is_empty() {
+                    data.push('\n');
+                }
+                data.push_str(d.strip_prefix(' ').unwrap_or(d));
+            }
+        }
+        if !data.is_empty() {
+            self.emit(&data);
+        }
+        Ok(())
+    }
+
+    /// Forwards one message; answers a request the server cannot take with an error.
+    fn forward(&self, line: &str, msg: &Value) {
+        let id = msg
+            .get("id")
+            .filter(|_| msg.get("method").is_some())
+            .cloned();
+        let fail = |why: String| match &id {
+            Some(id) => self.emit(
+                &json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32000, "message": why}})
+                    .to_string(),
+            ),
+            None => eprintln!("swarm mcp: {why}"),
+        };
+        let sent = self
+            .request(&self.post, "POST")
+            .set("Content-Type", "application/json")
+            .send_string(line);
+        let resp = match sent {
+            Ok(r) => r,
+            Err(ureq::Error::Status(status, r)) => {
+                let body = r.into_string().unwrap_or_default();
+                let detail = serde_json::from_str::<Value>(&body)
+                    .ok()
+                    .and_then(|v| v["detail"].as_str().map(str::to_string))
+                    .unwrap_or(body);
+                let hint = match status {
+                    401 => " (SWARM_TOKEN is missing, unknown or revoked)",
+                    403 => " (the token's role may not use the tools: an agent token is needed)",
+                    _ => "",
+                };
+                return fail(format!(
+                    "{} answered {status}{hint}: {}",
+                    self.endpoint,
+                    detail.trim()
+                ));
+            }
+            Err(e) => return fail(format!("cannot reach {}: {e}", self.endpoint)),
+        };
+        if let Some(s) = resp.header("mcp-session-id") {
+            *self.session.lock().unwrap_or_else(|e| e.into_inner()) = Some(s.to_string());
+        }
+        if resp.status() == 202 {
+            return;
+        }
+        let sse = resp.content_type() == "text/event-stream";
+        let mut body = resp.into_reader().take(LINE_BYTES_MAX as u64 * 4);
+        let read = if sse {
+            self.forward_sse(body)
+        } else {
+            let mut s = String::new();
+            body.read_to_string(&mut s).map(|_| self.emit(&s))
+        };
+        if let Err(e) = read {
+            fail(format!("the answer of {} broke off: {e}", self.endpoint));
+        }
+    }
+
+    /// The session's GET stream (server-initiated messages: resource updates), forwarded
+    /// until the session ends; reconnects a few times if it drops.
+    fn listen(&self) {
+        let mut retries = 0;
+        while retries <= STREAM_RETRIES_MAX {
+            match self.request(&self.stream, "GET").call() {
+                Ok(resp) => {
+                    retries = 0;
+                    let _ = self.forward_sse(resp.into_reader());
+                }
+                // 405: the server offers no GET stream; 404: the session ended.
+                Err(ureq::Error::Status(405 | 404, _)) => return,
+                Err(_) => {}
+            }
+            retries += 1;
+            thread::sleep(Duration::from_millis(200 * u64::from(retries)));
+        }
+    }
+}
+
+/// Runs the bridge until stdin closes; then ends the server's session.
+pub fn run(base: &str) -> anyhow::Result<ExitCode> {
+    let bridge = Arc::new(Bridge {
+        endpoint: format!("{base}/mcp"),
+        token: std::env::var("SWARM_TOKEN").ok().filter(|t| !t.is_empty()),
+        post: ureq::AgentBuilder::new()
+            .timeout_connect(Duration::from_secs(10))
+            .timeout_read(REQUEST_TIMEOUT)
+            .build(),
+        stream: ureq::AgentBuilder::new()
+            .timeout_connect(Duration::from_secs(10))
+            .build(),
+        session: Mutex::new(None),
+        out: Mutex::new(io::stdout()),
+    });
+    if bridge.token.is_none() {
+        eprintln!("swarm mcp: SWARM_TOKEN is not set; the server will refuse the session (make one with `swarm token add`)");
+    }
+    // Permits: a request takes one before it is sent and gives it back when it ends.
+    let (give, take): (SyncSender<()>, Receiver<()>) = sync_channel(IN_FLIGHT_MAX);
+    for _ in 0..IN_FLIGHT_MAX {
+        give.send(())?;
+    }
+    let mut workers = Vec::new();
+    let mut listening = false;
+    let mut stdin = io::stdin().lock();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = (&mut stdin)
+            .take(LINE_BYTES_MAX as u64 + 1)
+            .read_line(&mut line)?;
+        if n == 0 {
+            break;
+        }
+        if line.len() > LINE_BYTES_MAX {
+            bridge.emit(
+                &json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32600,
+                    "message": format!("a message over {LINE_BYTES_MAX} bytes was not sent")}})
+                .to_string(),
+            );
+            // Skip the rest of the oversized line.
+            let mut rest = Vec::new();
+            stdin.read_until(b'\n', &mut rest)?;
+            continue;
+        }
+        let text = line.trim();
+        if text.is_empty() {
+            continue;
+        }
+        let msg: Value = match serde_json::from_str(text) {
+            Ok(v) => v,
+            Err(e) => {
+                bridge.emit(
+                    &json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32700,
+                        "message": format!("not JSON: {e}")}})
+                    .to_string(),
+                );
+                continue;
+            }
+        };
+        let initialized = msg["method"] == "notifications/initialized";
+        let is_init = msg["method"] == "initialize";
+        take.recv()?;
+        let (b, give, text) = (Arc::clone(&bridge), give.clone(), text.to_string());
+        let worker = thread::spawn(move || {
+            b.forward(&text, &msg);
+            let _ = give.send(());
+        });
+        // The session id comes with initialize's answer: nothing else may go before it.
+        if is_init || initialized {
+            let _ = worker.join();
+        } else {
+            workers.push(worker);
+            workers.retain(|w| !w.is_finished());
+        }
+        if initialized && !listening {
+            listening = true;
+            let b = Arc::clone(&bridge);
+            thread::spawn(move || b.listen());
+        }
+    }
+    for w in workers {
+        let _ = w.join();
+    }
+    if bridge
+        .session
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .is_some()
+    {
+        let _ = bridge.request(&bridge.post, "DELETE").call();
+    }
+    Ok(ExitCode::SUCCESS)
+}
