@@ -182,3 +182,94 @@ fn fetch_from_a_directory_installs_a_model_that_loads() {
     let hash = |id: &str| id.split_once('@').map(|(_, h)| h.to_string());
     assert_eq!(hash(i["id"].as_str().unwrap()), hash(load(&dir).id()));
 }
+
+/// The same log and model give the same facts whether the model runs on one thread or
+/// two (`RAYON_NUM_THREADS`): 205 findings of one user of the tuning set, synthesized in
+/// two copies of one data directory, then `swarm facts --all` compared byte for byte.
+#[test]
+fn facts_are_identical_on_one_or_two_threads() {
+    let Some(dir) = model_dir() else { return };
+    let user = "t-user1";
+    let one = Env::new();
+    let store = swarm_memory::Store::open(one.path())
+        .unwrap()
+        .with_user(user, true)
+        .unwrap();
+    let set = include_str!("../data/fixtures/semantic/tune.jsonl");
+    let mut written = 0;
+    for line in set.lines() {
+        let r: Value = serde_json::from_str(line).unwrap();
+        if r["kind"] != "event" || r["user"] != user {
+            continue;
+        }
+        let kind: swarm_memory::EventType =
+            serde_json::from_value(r["type"].clone()).expect("entry type");
+        let mut e = swarm_memory::NewEvent::new(
+            r["agent_id"].as_str().unwrap(),
+            kind,
+            r["content"].as_str().unwrap(),
+        );
+        e.subject = r["subject"].as_str().map(str::to_string);
+        e.confidence = r["confidence"].as_f64();
+        let mut meta = serde_json::Map::new();
+        meta.insert("observed_at".into(), r["ts"].clone());
+        e.meta = Some(meta);
+        store
+            .append(
+                r["run"].as_str().unwrap(),
+                e,
+                swarm_memory::Durability::None,
+            )
+            .unwrap();
+        written += 1;
+    }
+    assert!(written > 150, "{written}");
+    drop(store);
+    let two = Env::new();
+    let cp = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(one.path().join("."))
+        .arg(two.path())
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    let synth = |env: &Env, threads: &str| -> String {
+        let out = env
+            .cmd(&[
+                "--user",
+                user,
+                "synth",
+                "--all",
+                "--embed-model",
+                dir.to_str().unwrap(),
+            ])
+            .env("RAYON_NUM_THREADS", threads)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(
+            report["semantic"].as_str().unwrap().starts_with("on"),
+            "{report}"
+        );
+        let facts = env
+            .cmd(&["--user", user, "facts", "--all"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(facts.status.success());
+        String::from_utf8(facts.stdout).unwrap()
+    };
+    let (a, b) = (synth(&one, "1"), synth(&two, "2"));
+    let n = serde_json::from_str::<Value>(&a).unwrap()["facts"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert!(n > 20 && n < written, "{n} facts of {written} findings");
+    assert!(a == b, "the facts differ between one and two threads");
+}
