@@ -73,6 +73,22 @@ impl App {
 }
 
 impl App {
+    /// The writers' fsync counters summed over every user's store (`/metrics`).
+    pub fn sync_totals(&self) -> crate::commit::SyncCounters {
+        let stores: Vec<Arc<Store>> = {
+            let m = self.stores.lock().unwrap_or_else(|e| e.into_inner());
+            m.values().cloned().collect()
+        };
+        stores.iter().map(|s| s.sync_totals()).fold(
+            crate::commit::SyncCounters::default(),
+            |a, c| crate::commit::SyncCounters {
+                fsyncs: a.fsyncs + c.fsyncs,
+                coalesced: a.coalesced + c.coalesced,
+                durable_events: a.durable_events + c.durable_events,
+            },
+        )
+    }
+
     /// Takes one request from the bucket of token `id`; 429 with the seconds to wait
     /// when it is empty.
     pub fn admit(&self, id: &str) -> Result<(), Problem> {

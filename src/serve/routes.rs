@@ -97,12 +97,13 @@ async fn openapi() -> Response {
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let sync = app.sync_totals();
     (
         [(
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        app.metrics.render(),
+        app.metrics.render(sync),
     )
         .into_response()
 }
