@@ -52,15 +52,11 @@ pub fn model(explicit: Option<&Path>, data_dir: &Path) -> anyhow::Result<Model> 
 pub fn cached_model(explicit: Option<&Path>, data_dir: &Path, user: &str) -> anyhow::Result<Model> {
     let mut m = model(explicit, data_dir)?;
     if let Some(inner) = m.embedder.take() {
-        let dir = data_dir.join(VECTORS_DIR).join(user);
+        let dir = embed::cache::user_dir(data_dir, user);
         m.embedder = Some(Arc::new(embed::cache::Cached::open(inner, &dir)?));
     }
     Ok(m)
 }
-
-/// The folder under the data dir that holds the vector caches (a dot name: no user id
-/// starts with a dot).
-const VECTORS_DIR: &str = ".vectors";
 
 /// Fixed vectors computed elsewhere (`.ci/embed_vectors.py`: a JSON object, text to
 /// vector) as the model, for measuring: a text the file does not hold is an error.

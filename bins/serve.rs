@@ -37,6 +37,15 @@ pub struct ServeArgs {
     /// it: 429 with Retry-After. 0: no limit.
     #[arg(long, default_value_t = 0)]
     rate_limit_per_s: u32,
+    /// The sentence-embedding model `GET /v1/search` and the `/mcp` tool `search_memory`
+    /// rank with (hybrid: words and meaning), loaded once at start. Else
+    /// SWARM_EMBED_MODEL, else DATA_DIR/.models/all-MiniLM-L6-v2 (`swarm model fetch`
+    /// installs it there). Only the first one given is tried; without a model, search
+    /// ranks by words and its answers say why (`mode: lexical`, `reason`). The start-up
+    /// log (stderr) says which. Files that are there but do not load: the server does
+    /// not start.
+    #[arg(long, value_name = "DIR")]
+    embed_model: Option<std::path::PathBuf>,
 }
 
 /// `swarm token ...`
@@ -85,6 +94,7 @@ pub fn serve(
         sse_buffer_events: a.sse_buffer_events.max(1),
         shutdown_timeout: Duration::from_millis(a.shutdown_timeout_ms),
         rate_limit_per_s: a.rate_limit_per_s,
+        embed_model: a.embed_model,
     })?;
     Ok(ExitCode::SUCCESS)
 }

@@ -338,6 +338,19 @@ impl Store {
         logs.get(run).map(|l| l.counters()).unwrap_or_default()
     }
 
+    /// [`Store::sync_counters`] summed over every run this store has appended to (the
+    /// server's `/metrics`). Each count only grows: a store never forgets a run's writer.
+    pub fn sync_totals(&self) -> SyncCounters {
+        let logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+        logs.values()
+            .map(|l| l.counters())
+            .fold(SyncCounters::default(), |a, c| SyncCounters {
+                fsyncs: a.fsyncs + c.fsyncs,
+                coalesced: a.coalesced + c.coalesced,
+                durable_events: a.durable_events + c.durable_events,
+            })
+    }
+
     pub(crate) fn writer(&self, run: &str, user: &str) -> Result<Arc<RunLog>> {
         let mut logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(l) = logs.get(run) {

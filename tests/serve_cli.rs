@@ -311,3 +311,84 @@ fn serve_operator_routes_health_metrics_and_openapi() {
     // Nothing was written by those bodiless calls.
     assert_eq!(srv.get("/v1/runs/inc/events", Some(&t)).seqs(), [1]);
 }
+
+/// The value of an unlabelled series in a `/metrics` text.
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("{name} in\n{text}"))
+        .parse()
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// `/metrics` counts the writers' fsyncs and the durable events they covered (events per
+/// fsync), and the live tail's subscribers and what is buffered for them.
+#[test]
+fn serve_metrics_count_fsyncs_durable_events_and_tail_subscribers() {
+    let env = Env::fast();
+    // Heartbeats show the server a closed tail connection quickly.
+    let srv = Server::start(&env, &["--heartbeat-ms", "100"]);
+    let t = token(&env, "alice", &["db"], "agent");
+    let scrape = || srv.get("/metrics", None).body;
+    let before = scrape();
+    for name in [
+        "swarm_fsyncs_total",
+        "swarm_durable_events_total",
+        "swarm_tail_subscribers",
+    ] {
+        assert_eq!(metric(&before, name), 0, "{name}");
+    }
+    // Durable appends: a single event and a batch of three.
+    let ev = |c: &str| json!({"agent_id": "db", "type": "evidence", "content": c});
+    let r = srv.post("/v1/runs/inc/events?durability=sync", Some(&t), &ev("one"));
+    assert_eq!(r.status, 201, "{}", r.body);
+    let batch = json!([ev("two"), ev("three"), ev("four")]);
+    assert_eq!(
+        srv.post("/v1/runs/inc/events", Some(&t), &batch).status,
+        201
+    );
+    // Not durable: counted as appended, not as durable.
+    let r = srv.post("/v1/runs/inc/events?durability=none", Some(&t), &ev("five"));
+    assert_eq!(r.status, 201, "{}", r.body);
+    let m = scrape();
+    let fsyncs = metric(&m, "swarm_fsyncs_total");
+    assert!(fsyncs >= 1, "{m}");
+    assert_eq!(metric(&m, "swarm_durable_events_total"), 4, "{m}");
+    assert_eq!(metric(&m, "swarm_appended_events_total"), 5, "{m}");
+    assert!(m.contains("# TYPE swarm_fsyncs_total counter"), "{m}");
+    // Another user's store counts too (the totals are the server's).
+    let bob = token(&env, "bob", &["db"], "agent");
+    assert_eq!(
+        srv.post("/v1/runs/x/events", Some(&bob), &ev("b")).status,
+        201
+    );
+    let m = scrape();
+    assert!(metric(&m, "swarm_fsyncs_total") > fsyncs, "{m}");
+    assert_eq!(metric(&m, "swarm_durable_events_total"), 5, "{m}");
+    // A live tail: one subscriber while it is open; the events it got were sent and
+    // nothing stays buffered once it read them.
+    let mut sse = srv.follow("/v1/runs/inc/events?follow=1", &t, None);
+    for want in 1..=5 {
+        assert_eq!(sse.next_seq(), want);
+    }
+    let m = scrape();
+    assert_eq!(metric(&m, "swarm_tail_subscribers"), 1, "{m}");
+    assert_eq!(metric(&m, "swarm_tail_sent_events_total"), 5, "{m}");
+    assert_eq!(metric(&m, "swarm_tail_buffered_events"), 0, "{m}");
+    drop(sse);
+    // The server sees the connection gone at its next write or check (a heartbeat at
+    // the latest): wait for the gauge to come down.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let m = scrape();
+        if metric(&m, "swarm_tail_subscribers") == 0 {
+            assert_eq!(metric(&m, "swarm_tail_buffered_events"), 0, "{m}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the subscriber stayed\n{m}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

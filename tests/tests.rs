@@ -33,6 +33,8 @@ mod semantic;
 mod serve;
 mod serve_cli;
 mod serve_crash;
+#[cfg(feature = "mcp")]
+mod serve_model;
 mod synth;
 mod tail;
 mod truncate;

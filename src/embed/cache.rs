@@ -98,6 +98,17 @@ pub struct Cached {
     written: AtomicU64,
 }
 
+/// The folder under the data dir that holds the vector caches (a dot name: no user id
+/// starts with a dot).
+pub const VECTORS_DIR: &str = ".vectors";
+
+/// The directory of `user`'s vector caches, `<data_dir>/.vectors/<user>/`: shared by the
+/// CLI's `swarm synth` and `swarm search`, `swarm mcp` and `swarm serve`, never by two
+/// users. `user` must be a checked user id (no `/`, no leading `.`).
+pub fn user_dir(data_dir: &Path, user: &str) -> PathBuf {
+    data_dir.join(VECTORS_DIR).join(user)
+}
+
 /// The cache file of model `id` under `dir`.
 pub fn cache_file(dir: &Path, id: &str) -> PathBuf {
     let safe: String = id

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use crate::serve::metrics::Metrics;
 use crate::serve::problem::Problem;
 use crate::serve::token::TokenSet;
+use crate::serve::vectors::Vectors;
 use crate::store::Store;
 
 /// How to serve.
@@ -38,6 +39,9 @@ pub struct ServeOptions {
     /// Requests per second each token may make (a bucket of one second's worth, so
     /// bursts up to it pass); 0: no limit.
     pub rate_limit_per_s: u32,
+    /// The embedding model's directory given on the command line (`--embed-model`);
+    /// `None`: `SWARM_EMBED_MODEL`, else `<data dir>/.models/all-MiniLM-L6-v2`.
+    pub embed_model: Option<PathBuf>,
 }
 
 /// What every request shares: options, tokens, the stores, the shutdown signal.
@@ -53,6 +57,8 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     /// Each token's rate-limit bucket: tokens left, and when it was last filled.
     pub(crate) buckets: Mutex<HashMap<String, (f64, Instant)>>,
+    /// The embedding model searches rank with, and each user's vector cache.
+    pub vectors: Vectors,
 }
 
 impl App {
@@ -73,6 +79,35 @@ impl App {
 }
 
 impl App {
+    /// The model behind `user`'s vector cache (`None`: lexical, see
+    /// [`Vectors::reason`]); opening the cache reads a file: on a blocking thread.
+    pub async fn embedder_for(
+        self: &Arc<Self>,
+        user: &str,
+    ) -> Result<Option<Arc<crate::embed::cache::Cached>>, Problem> {
+        if !self.vectors.has_model() {
+            return Ok(None);
+        }
+        let (app, user) = (self.clone(), user.to_string());
+        blocking(move || app.vectors.for_user(&app.opts.data_dir, &user)).await
+    }
+
+    /// The writers' fsync counters summed over every user's store (`/metrics`).
+    pub fn sync_totals(&self) -> crate::commit::SyncCounters {
+        let stores: Vec<Arc<Store>> = {
+            let m = self.stores.lock().unwrap_or_else(|e| e.into_inner());
+            m.values().cloned().collect()
+        };
+        stores.iter().map(|s| s.sync_totals()).fold(
+            crate::commit::SyncCounters::default(),
+            |a, c| crate::commit::SyncCounters {
+                fsyncs: a.fsyncs + c.fsyncs,
+                coalesced: a.coalesced + c.coalesced,
+                durable_events: a.durable_events + c.durable_events,
+            },
+        )
+    }
+
     /// Takes one request from the bucket of token `id`; 429 with the seconds to wait
     /// when it is empty.
     pub fn admit(&self, id: &str) -> Result<(), Problem> {

@@ -23,6 +23,7 @@ use axum::Router;
 use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, SessionConfig};
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
+use crate::embed::Embedder;
 use crate::error::{Error, Result};
 use crate::mcp::server::SwarmMcp;
 use crate::mcp::session::{Authority, Session};
@@ -106,8 +107,13 @@ async fn admit(State(g): State<Gate>, req: Request, next: Next) -> Response {
         )
         .into_response();
     }
+    // search_memory ranks with the server's model through the user's own vector cache.
+    let embedder = match g.app.embedder_for(id.store.user()).await {
+        Ok(e) => e.map(|c| c as Arc<dyn Embedder>),
+        Err(p) => return p.into_response(),
+    };
     let session = match Session::new(id.store, id.token.agents.clone()) {
-        Ok(s) => Arc::new(s),
+        Ok(s) => Arc::new(s.with_model(embedder, g.app.vectors.reason().to_string())),
         Err(e) => return Problem::from(e).into_response(),
     };
     parts.extensions.insert(session);

@@ -1,6 +1,7 @@
 //! The server's own counters, served at `/metrics` in the Prometheus text format:
-//! requests by status, append latency (a histogram), events appended, live tail
-//! subscribers and the ones closed for lagging.
+//! requests by status, append latency (a histogram), events appended, the writers'
+//! fsyncs and the durable events they covered (so events per fsync), live tail
+//! subscribers, the events buffered for them and the ones closed for lagging.
 //!
 //! Plain atomics and one small mutex-guarded map: no metrics crate is worth its weight
 //! for a handful of series, and the text format is a few lines.
@@ -11,6 +12,8 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
+
+use crate::commit::SyncCounters;
 
 /// Upper bounds of the append latency buckets, in microseconds.
 const APPEND_BUCKETS_US: [u64; 12] = [
@@ -27,6 +30,10 @@ pub struct Metrics {
     appended_events: AtomicU64,
     subscribers: AtomicU64,
     lagged: AtomicU64,
+    /// Events handed to subscribers' buffers and not yet written to their connections.
+    buffered: AtomicU64,
+    /// Events written to subscribers' connections.
+    tail_sent: AtomicU64,
 }
 
 impl Metrics {
@@ -59,8 +66,23 @@ impl Metrics {
         self.lagged.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The Prometheus text exposition of every series.
-    pub fn render(&self) -> String {
+    /// An event went into a subscriber's buffer.
+    pub fn buffered(&self) {
+        self.buffered.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An event left a subscriber's buffer: written to its connection (`sent`), or
+    /// dropped with a connection that went away.
+    pub fn unbuffered(&self, sent: bool) {
+        self.buffered.fetch_sub(1, Ordering::Relaxed);
+        if sent {
+            self.tail_sent.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The Prometheus text exposition of every series; `sync` is the writers' durable
+    /// path, summed over the server's stores ([`crate::store::Store::sync_totals`]).
+    pub fn render(&self, sync: SyncCounters) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -113,13 +135,49 @@ impl Metrics {
                 "counter",
                 &self.lagged,
             ),
+            (
+                "swarm_tail_buffered_events",
+                "Events queued for live tail subscribers, not yet written to their connections (a subscriber is closed as lagged when its own queue reaches --sse-buffer-events).",
+                "gauge",
+                &self.buffered,
+            ),
+            (
+                "swarm_tail_sent_events_total",
+                "Events written to live tail subscribers' connections.",
+                "counter",
+                &self.tail_sent,
+            ),
         ] {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
-            let _ = writeln!(out, "{name} {}", v.load(Ordering::Relaxed));
+            counter(&mut out, name, help, kind, v.load(Ordering::Relaxed));
+        }
+        for (name, help, v) in [
+            (
+                "swarm_fsyncs_total",
+                "fdatasync calls this server made on run segments (sync appends, the batch flusher, rotations, repairs).",
+                sync.fsyncs,
+            ),
+            (
+                "swarm_fsyncs_coalesced_total",
+                "fsyncs saved because another process's fsync had already covered this server's frames.",
+                sync.coalesced,
+            ),
+            (
+                "swarm_durable_events_total",
+                "Events appended with sync durability and acknowledged; over swarm_fsyncs_total: events per fsync.",
+                sync.durable_events,
+            ),
+        ] {
+            counter(&mut out, name, help, "counter", v);
         }
         out
     }
+}
+
+/// One series with its help and type lines.
+fn counter(out: &mut String, name: &str, help: &str, kind: &str, v: u64) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    let _ = writeln!(out, "{name} {v}");
 }
 
 /// Counts one live tail subscriber while it lives.
@@ -127,6 +185,11 @@ impl Metrics {
 pub struct Subscribed(std::sync::Arc<Metrics>);
 
 impl Subscribed {
+    /// The counters it counts in.
+    pub fn metrics(&self) -> std::sync::Arc<Metrics> {
+        self.0.clone()
+    }
+
     /// The subscriber is being closed because it read too slowly.
     pub fn lagged(&self) {
         self.0.lagged();
@@ -152,7 +215,14 @@ mod tests {
         m.request(201);
         m.request(201);
         let s = m.subscribe();
-        let text = m.render();
+        m.buffered();
+        m.buffered();
+        m.unbuffered(true);
+        let text = m.render(SyncCounters {
+            fsyncs: 2,
+            coalesced: 1,
+            durable_events: 7,
+        });
         assert!(
             text.contains("swarm_append_seconds_bucket{le=\"0.00025\"} 1\n"),
             "{text}"
@@ -175,7 +245,13 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("swarm_tail_subscribers 1\n"), "{text}");
+        assert!(text.contains("swarm_tail_buffered_events 1\n"), "{text}");
+        assert!(text.contains("swarm_tail_sent_events_total 1\n"), "{text}");
+        assert!(text.contains("swarm_fsyncs_total 2\n"), "{text}");
+        assert!(text.contains("swarm_fsyncs_coalesced_total 1\n"), "{text}");
+        assert!(text.contains("swarm_durable_events_total 7\n"), "{text}");
         drop(s);
-        assert!(m.render().contains("swarm_tail_subscribers 0\n"));
+        let text = m.render(SyncCounters::default());
+        assert!(text.contains("swarm_tail_subscribers 0\n"), "{text}");
     }
 }

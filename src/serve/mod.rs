@@ -14,6 +14,8 @@
 //! - `mcp.rs` (with feature `mcp`): `/mcp`, the MCP tools over streamable HTTP with the
 //!   token's identity.
 //! - `metrics.rs`: the counters `/metrics` shows (Prometheus text).
+//! - `vectors.rs`: the embedding model (loaded once) and each user's vector cache, for
+//!   hybrid search.
 //! - `openapi.json`: the API's OpenAPI 3.1 document, served at `/v1/openapi.json`; a
 //!   test checks it names exactly the routes of `routes.rs`.
 //!
@@ -35,6 +37,7 @@ pub mod problem;
 pub mod routes;
 pub mod sse;
 pub mod token;
+pub mod vectors;
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -51,6 +54,7 @@ use hyper_util::service::TowerToHyperService;
 pub use crate::serve::app::{App, ServeOptions};
 use crate::serve::problem::Problem;
 use crate::serve::token::TokenSet;
+use crate::serve::vectors::Vectors;
 
 /// Default address (loopback: exposing the server is a deliberate choice).
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:7700";
@@ -64,6 +68,8 @@ pub const REQUEST_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 pub const HEARTBEAT_MS_DEFAULT: u64 = 15_000;
 /// Default events buffered per SSE subscriber before it is closed as too slow.
 pub const SSE_BUFFER_EVENTS_DEFAULT: usize = 1024;
+/// How often new vectors are written to the users' cache files.
+const VECTOR_FLUSH_EVERY: Duration = Duration::from_secs(5);
 /// Default longest wait for in-flight requests at shutdown.
 pub const SHUTDOWN_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 
@@ -82,6 +88,20 @@ pub fn run(opts: ServeOptions) -> std::io::Result<()> {
 
 async fn serve(opts: ServeOptions) -> std::io::Result<()> {
     let tokens = TokenSet::open(&opts.data_dir).map_err(std::io::Error::other)?;
+    // The model loads before the socket is bound: once `listening` is printed, searches
+    // rank as the log line below says.
+    let (explicit, data_dir) = (opts.embed_model.clone(), opts.data_dir.clone());
+    let vectors =
+        tokio::task::spawn_blocking(move || Vectors::load(explicit.as_deref(), &data_dir))
+            .await
+            .map_err(std::io::Error::other)?
+            .map_err(std::io::Error::other)?;
+    {
+        let line = vectors.describe();
+        tracing::info!("{line}");
+        let mut err = std::io::stderr().lock();
+        writeln!(err, "{line}")?;
+    }
     let listener = tokio::net::TcpListener::bind(opts.listen).await?;
     let addr = listener.local_addr()?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -92,7 +112,25 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
         shutdown: stop_rx,
         metrics: Arc::default(),
         buckets: Mutex::new(HashMap::new()),
+        vectors,
     });
+    // New vectors reach the users' cache files every few seconds (and at shutdown), so
+    // a restart does not embed the same texts again.
+    let flusher = {
+        let app = app.clone();
+        let mut stop = app.shutdown.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(VECTOR_FLUSH_EVERY);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stop.wait_for(|s| *s) => break,
+                }
+                let app = app.clone();
+                let _ = tokio::task::spawn_blocking(move || app.vectors.flush_all()).await;
+            }
+        })
+    };
     let router = routes::router(app.clone());
     #[cfg(feature = "mcp")]
     let router = router.merge(mcp::router(app.clone()));
@@ -144,6 +182,8 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
     {
         tracing::warn!("shutdown timeout: closing the connections still open");
     }
+    let _ = flusher.await;
+    let _ = tokio::task::spawn_blocking(move || app.vectors.flush_all()).await;
     Ok(())
 }
 

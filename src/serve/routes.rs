@@ -12,6 +12,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::embed::Embedder;
 use crate::event::ts::Ts;
 use crate::event::{Event, EventType};
 use crate::fold::replay::Target;
@@ -97,12 +98,13 @@ async fn openapi() -> Response {
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let sync = app.sync_totals();
     (
         [(
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        app.metrics.render(),
+        app.metrics.render(sync),
     )
         .into_response()
 }
@@ -595,9 +597,6 @@ async fn facts(id: Identity, Q(q): Q<FactsParams>) -> Viewed {
     answer(id.call(move |s| s.facts(&query)).await?)
 }
 
-/// Why `GET /v1/search` ranks by words only: the server loads no model yet.
-pub const SERVE_LEXICAL_REASON: &str = "swarm serve loads no embedding model yet";
-
 /// The search asked for.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -614,8 +613,9 @@ struct SearchParams {
 /// `GET /v1/search?q=...`: the token's user's memory searched (`swarm search --json`'s
 /// answer). Findings are read as the reading agent (the runs' policies apply); facts,
 /// drawn from every run past any run's read policy, only for admin tokens (as
-/// `GET /v1/facts`).
-async fn search(r: Reading, Q(p): Q<SearchParams>) -> Viewed {
+/// `GET /v1/facts`). Hybrid with the server's model, through the user's own vector
+/// cache; lexical without one, saying why.
+async fn search(State(app): State<Arc<App>>, r: Reading, Q(p): Q<SearchParams>) -> Viewed {
     let Some(text) = p.q else {
         return Err(Problem::invalid("q: required (the words to look for)"));
     };
@@ -627,6 +627,7 @@ async fn search(r: Reading, Q(p): Q<SearchParams>) -> Viewed {
         reader: r.reader,
         ..ReadOptions::default()
     };
+    let embedder = app.embedder_for(r.id.store.user()).await?;
     let rows =
         r.id.call(move |s| {
             let q = SearchQuery {
@@ -636,7 +637,18 @@ async fn search(r: Reading, Q(p): Q<SearchParams>) -> Viewed {
                 limit: p.limit.unwrap_or(10),
                 facts,
             };
-            search::search(s, &q, Ranker::Lexical(SERVE_LEXICAL_REASON)).map(|a| a.rows())
+            let ranker = Ranker::new(
+                embedder.as_deref().map(|e| e as &dyn Embedder),
+                app.vectors.reason(),
+            );
+            let rows = search::search(s, &q, ranker).map(|a| a.rows());
+            if let Some(e) = &embedder {
+                // New vectors go to the user's cache file now (a no-op without any).
+                if let Err(err) = e.flush() {
+                    tracing::warn!(error = %err, "cannot write the vector cache");
+                }
+            }
+            rows
         })
         .await?;
     answer(rows)

@@ -35,7 +35,7 @@ use tokio::sync::watch;
 use crate::event::{Event, EventType};
 use crate::fold::state::State;
 use crate::serve::app::{blocking, App};
-use crate::serve::metrics::Subscribed;
+use crate::serve::metrics::{Metrics, Subscribed};
 use crate::serve::problem::Problem;
 use crate::store::Store;
 use crate::synth::memory_events;
@@ -95,6 +95,7 @@ pub(crate) async fn follow(
     let stop = app.shutdown.clone();
     let thread_stop = app.shutdown.clone();
     let counted = app.metrics.subscribe();
+    let metrics = app.metrics.clone();
     blocking(move || {
         store.run_meta(&sub.run)?;
         let state = match &sub.reader {
@@ -123,6 +124,7 @@ pub(crate) async fn follow(
             done: false,
             memory,
             pending: VecDeque::new(),
+            metrics,
         },
         step,
     );
@@ -151,6 +153,7 @@ fn pump(
     stop: watch::Receiver<bool>,
     counted: Subscribed,
 ) {
+    let metrics = counted.metrics();
     loop {
         if tx.is_closed() || *stop.borrow() {
             return;
@@ -196,6 +199,7 @@ fn pump(
         if tx.try_send(Msg::Event(e)).is_err() {
             return;
         }
+        metrics.buffered();
     }
 }
 
@@ -209,6 +213,21 @@ struct Stream {
     memory: bool,
     /// Memory events of the last event not sent yet.
     pending: VecDeque<SseEvent>,
+    /// Counts the events in `rx` (`swarm_tail_buffered_events`).
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for Stream {
+    /// The connection went away (or the stream ended): what is still buffered leaves the
+    /// gauge. Closing first makes the tail thread's next send fail, so none is missed.
+    fn drop(&mut self) {
+        self.rx.close();
+        while let Ok(m) = self.rx.try_recv() {
+            if matches!(m, Msg::Event(_)) {
+                self.metrics.unbuffered(false);
+            }
+        }
+    }
 }
 
 async fn step(mut st: Stream) -> Option<(Result<SseEvent, Infallible>, Stream)> {
@@ -239,6 +258,7 @@ async fn step(mut st: Stream) -> Option<(Result<SseEvent, Infallible>, Stream)> 
                 .data(json!({"resume_from_seq": st.next}).to_string())
         }
         Some(Some(Msg::Event(e))) if st.memory => {
+            st.metrics.unbuffered(true);
             st.next = e.seq + 1;
             for m in memory_events::derive(&e) {
                 match SseEvent::default().id(e.seq.to_string()).json_data(&m) {
@@ -251,6 +271,7 @@ async fn step(mut st: Stream) -> Option<(Result<SseEvent, Infallible>, Stream)> 
                 .unwrap_or_else(|| SseEvent::default().comment("no memory event"))
         }
         Some(Some(Msg::Event(e))) => {
+            st.metrics.unbuffered(true);
             st.next = e.seq + 1;
             match SseEvent::default().id(e.seq.to_string()).json_data(&e) {
                 Ok(ev) => ev,
