@@ -25,6 +25,12 @@
 //! and batch size, run by the Python in `SWARM_BENCH_ST_PYTHON` (default
 //! `/work/venv-ref/bin/python` when it exists; else that column is skipped, saying so).
 //! `SYNTH_BENCH_ONLY=embed` runs this cell alone.
+//!
+//! The `semantic` cell (same model): `swarm synth --all` with the model on
+//! `SYNTH_BENCH_SEMANTIC_EVENTS` (default 100,000) events of the same generator, cold (an
+//! empty vector cache) and warm (the same events in a second data dir, with the cold
+//! run's vector cache copied in): events/s and peak RSS of each.
+//! `SYNTH_BENCH_ONLY=semantic` runs this cell alone.
 
 use std::process::Command;
 use std::time::Instant;
@@ -108,6 +114,10 @@ fn generate(store: &Store, runs: u64, per_run: u64, seed: u64) {
 fn swarm(data: &std::path::Path, args: &[&str]) -> (Value, f64) {
     let t = Instant::now();
     let mut cmd = Command::new(SWARM);
+    if !args.contains(&"--embed-model") {
+        // The lexical cells stay lexical even where a model is installed.
+        cmd.env_remove("SWARM_EMBED_MODEL");
+    }
     if let Some(f) = std::env::var_os("SYNTH_BENCH_LOG") {
         cmd.env("SWARM_LOG", f);
     }
@@ -249,7 +259,85 @@ fn print_embed_row(cell: &Option<(usize, f64, Result<f64, String>)>) {
     }
 }
 
+/// The `semantic` cell: `swarm synth --all` with the model over the same kind of data,
+/// `SYNTH_BENCH_SEMANTIC_EVENTS` events (default 100,000): cold (an empty vector cache:
+/// every distinct text goes through the model) and warm (a second data dir holding the
+/// same events, with the first one's vector cache copied in: every text is a cache hit).
+/// Whole-process events/s and the process's peak resident memory for each.
+#[cfg(feature = "semantic")]
+fn semantic_cell(base: &std::path::Path) {
+    use swarm_memory::embed;
+    let located = embed::locate(None, std::path::Path::new("data"));
+    if let Some(why) = located.reason() {
+        println!("semantic cell skipped: {why}");
+        return;
+    }
+    let model = located.path.to_str().unwrap().to_string();
+    let n: u64 = std::env::var("SYNTH_BENCH_SEMANTIC_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let runs = 10;
+    let dir = tempfile::tempdir_in(base).unwrap();
+    let make = |name: &str| {
+        let data = dir.path().join(name).join("data");
+        let store = Store::open(&data)
+            .unwrap()
+            .with_checkpoints(dir.path().join(name).join("ck"), 0)
+            .with_user("bench", true)
+            .unwrap();
+        generate(&store, runs, n / runs, 1);
+        data
+    };
+    let (cold_dir, warm_dir) = (make("cold"), make("warm"));
+    let args = ["synth", "--all", "--embed-model", model.as_str()];
+    let (cold, cold_secs) = swarm(&cold_dir, &args);
+    assert_eq!(cold["events"].as_u64(), Some(n), "{cold}");
+    assert!(
+        cold["semantic"].as_str().unwrap_or("").starts_with("on"),
+        "{cold}"
+    );
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(cold_dir.join(".vectors"))
+        .arg(&warm_dir)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let (warm, warm_secs) = swarm(&warm_dir, &args);
+    assert_eq!(warm["facts_total"], cold["facts_total"], "{cold} {warm}");
+    let mib = |v: &Value| v["peak_rss_bytes"].as_u64().unwrap_or(0) as f64 / (1 << 20) as f64;
+    println!(
+        "| semantic synth, {n} events, cold (empty vector cache; {} facts) | {:.0} events/s ({:.1} s), peak RSS {:.0} MiB | RSS < 512 MiB |",
+        cold["facts_total"], n as f64 / cold_secs, cold_secs, mib(&cold)
+    );
+    println!(
+        "| semantic synth, {n} events, warm (every vector cached) | {:.0} events/s ({:.1} s), peak RSS {:.0} MiB | >= 100,000 events/s, RSS < 512 MiB |",
+        n as f64 / warm_secs, warm_secs, mib(&warm)
+    );
+    println!(
+        "{}",
+        serde_json::json!({"bench": "synth-semantic", "events": n, "cold_events_per_s": n as f64 / cold_secs,
+            "cold_peak_rss_mib": mib(&cold), "warm_events_per_s": n as f64 / warm_secs,
+            "warm_peak_rss_mib": mib(&warm), "facts": cold["facts_total"]})
+    );
+}
+
+#[cfg(not(feature = "semantic"))]
+fn semantic_cell(_: &std::path::Path) {
+    println!("semantic cell skipped: built without the `semantic` feature");
+}
+
 fn main() {
+    if std::env::var("SYNTH_BENCH_ONLY").as_deref() == Ok("semantic") {
+        let base = std::env::current_dir().unwrap().join("target");
+        std::fs::create_dir_all(&base).unwrap();
+        println!();
+        println!("| measure | result | target |");
+        println!("|---|---:|---:|");
+        semantic_cell(&base);
+        return;
+    }
     let embed = embed_cell();
     if std::env::var("SYNTH_BENCH_ONLY").as_deref() == Ok("embed") {
         println!();
@@ -334,6 +422,7 @@ fn main() {
     );
     println!("| peak resident memory of the synth process | {rss:.0} MiB | < 256 MiB |");
     print_embed_row(&embed);
+    semantic_cell(&base);
     println!(
         "| re-run with nothing new (whole process; inside the synth: {} ms) | {:.0} ms | < 1 s |",
         again["elapsed_ms"],
