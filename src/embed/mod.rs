@@ -174,7 +174,19 @@ impl std::fmt::Debug for dyn Embedder {
 /// Dot product of two vectors of one length (the cosine of unit vectors).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+    // Eight independent sums, so the compiler can keep them in SIMD lanes (a single
+    // running sum is a chain of dependent adds it may not reorder); a fixed order, so
+    // the result is the same bits on every machine and run.
+    let mut acc = [0.0f32; 8];
+    let (ac, at) = a.split_at(a.len() - a.len() % 8);
+    let (bc, bt) = b.split_at(ac.len().min(b.len()));
+    for (x, y) in ac.chunks_exact(8).zip(bc.chunks_exact(8)) {
+        for k in 0..8 {
+            acc[k] += x[k] * y[k];
+        }
+    }
+    let tail: f32 = at.iter().zip(bt).map(|(x, y)| x * y).sum();
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
 /// Scales `v` to unit length (a zero vector stays zero).
@@ -254,6 +266,24 @@ impl Embedder for Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dot_agrees_with_a_plain_sum_at_every_length() {
+        for n in [0usize, 1, 7, 8, 9, 16, 383, 384] {
+            let a: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5)
+                .collect();
+            let b: Vec<f32> = (0..n)
+                .map(|i| ((i * 104_729) % 89) as f32 / 89.0 - 0.5)
+                .collect();
+            let plain: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| f64::from(*x) * f64::from(*y))
+                .sum();
+            assert!((f64::from(dot(&a, &b)) - plain).abs() < 1e-4, "n {n}");
+        }
+    }
 
     #[test]
     fn table_normalises_and_refuses_unknown_texts() {

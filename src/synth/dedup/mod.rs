@@ -156,6 +156,15 @@ struct Fact {
     variants: Vec<Variant>,
 }
 
+/// The vectors of one scope's kept wordings: `data` holds them end to end (`dim` floats
+/// each), `facts[k]` is the fact of the `k`-th.
+#[derive(Default)]
+pub(crate) struct ScopeVectors {
+    pub(crate) dim: usize,
+    pub(crate) facts: Vec<u32>,
+    pub(crate) data: Vec<f32>,
+}
+
 /// The in-memory dedup engine; memory grows with distinct facts and wordings kept, never
 /// with the number of findings classified.
 pub struct Deduper {
@@ -166,9 +175,9 @@ pub struct Deduper {
     exact: FnvMap<u64, FactIdx>,
     /// Per scope: token (`w:` word, `v:` value, `i:` identifier) -> facts, sorted by index.
     index: Vec<ScopeIndex>,
-    /// Semantic mode: the vector of every kept wording, with its fact, in the order
-    /// they were added (scanned whole: see `semantic.rs`).
-    vectors: Vec<(u32, Box<[f32]>)>,
+    /// Semantic mode, per scope: the vector of every kept wording of its facts, in the
+    /// order they were added, in one contiguous array (scanned whole: see `semantic.rs`).
+    vectors: Vec<ScopeVectors>,
     /// Per fact, the time of its latest finding (a change over time versus a
     /// contradiction).
     last_ts: Vec<Option<Ts>>,

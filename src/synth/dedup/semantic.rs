@@ -132,8 +132,21 @@ fn same_thing(c: &Cmp) -> bool {
 impl Deduper {
     /// Remembers the vector of the wording of fact `f` added last (call right after
     /// [`Deduper::add_fact`] or a kept [`Deduper::add_variant`]).
+    ///
+    /// Panics if `v`'s dimension differs from the scope's earlier vectors (one model per
+    /// synthesis).
     pub fn add_vector(&mut self, f: FactIdx, v: &[f32]) {
-        self.vectors.push((f as u32, v.into()));
+        let sid = self.facts[f].scope as usize;
+        if self.vectors.len() <= sid {
+            self.vectors.resize_with(sid + 1, Default::default);
+        }
+        let sv = &mut self.vectors[sid];
+        if sv.facts.is_empty() {
+            sv.dim = v.len();
+        }
+        assert_eq!(sv.dim, v.len(), "one embedding dimension per synthesis");
+        sv.facts.push(f as u32);
+        sv.data.extend_from_slice(v);
     }
 
     /// The time fact `f` was last found (as told by [`Deduper::observe`]).
@@ -170,16 +183,20 @@ impl Deduper {
             return out;
         }
         let cfg = &self.cfg.semantic;
-        // Best cosine per fact, with the wording it came from.
-        let mut best: Vec<(u32, f32, usize)> = Vec::new();
+        // Best cosine per fact.
+        let mut best: Vec<(u32, f32)> = Vec::new();
         let mut slot: std::collections::HashMap<u32, usize> = Default::default();
         let Some(&sid) = self.scopes.get(scope) else {
             return out;
         };
-        for (i, (f, w)) in self.vectors.iter().enumerate() {
-            if self.facts[*f as usize].scope != sid {
-                continue;
-            }
+        let Some(sv) = self
+            .vectors
+            .get(sid as usize)
+            .filter(|sv| sv.dim == v.len())
+        else {
+            return out;
+        };
+        for (f, w) in sv.facts.iter().zip(sv.data.chunks_exact(sv.dim)) {
             let cos = crate::embed::dot(v, w);
             if cos < cfg.floor {
                 continue;
@@ -187,12 +204,12 @@ impl Deduper {
             match slot.get(f) {
                 Some(&k) => {
                     if cos > best[k].1 {
-                        best[k] = (*f, cos, i);
+                        best[k] = (*f, cos);
                     }
                 }
                 None => {
                     slot.insert(*f, best.len());
-                    best.push((*f, cos, i));
+                    best.push((*f, cos));
                 }
             }
         }
@@ -206,7 +223,7 @@ impl Deduper {
         let mut same: Option<(FactIdx, f32)> = None;
         // The nearest unguarded candidate in the borderline band: the judge's question.
         let mut borderline: Option<(FactIdx, f32)> = None;
-        for &(f, cos, _) in &best {
+        for &(f, cos) in &best {
             let f = f as usize;
             // The decision over every kept wording: same if any wording says so (and
             // none of them trips a guard), related by the best one.
