@@ -8,9 +8,8 @@
 //! the library's own types in their field order, and this client prints events through
 //! the same `Event` type and every other value as the raw JSON the server sent.
 
-use std::io::{self, BufRead, BufReader, BufWriter, Write};
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::{bail, Context};
 use serde::Deserialize;
@@ -18,6 +17,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use swarm_memory::Event;
 
+use crate::http::Transport;
 use crate::prune::ContextArgs;
 use crate::scratch::BoardArgs;
 use crate::{AppendArgs, Cmd, ReadArgs, TailArgs};
@@ -59,61 +59,70 @@ fn exit_code(status: u16) -> i32 {
 }
 
 struct Client {
-    base: String,
+    server: Transport,
     token: Option<String>,
-    http: ureq::Agent,
+}
+
+/// A request to send: its method, and its path with the encoded query.
+struct Req {
+    method: &'static str,
+    target: String,
 }
 
 impl Client {
-    fn new(base: String) -> Client {
-        let http = ureq::AgentBuilder::new()
-            .timeout_connect(Duration::from_secs(10))
-            .build();
-        Client {
-            base,
+    fn new(url: &str) -> anyhow::Result<Client> {
+        Ok(Client {
+            server: Transport::new(url)?,
             token: std::env::var("SWARM_TOKEN").ok().filter(|t| !t.is_empty()),
-            http,
-        }
+        })
     }
 
-    fn request(&self, method: &str, path: &str, query: &[(&str, String)]) -> ureq::Request {
-        let mut r = self.http.request(method, &format!("{}{path}", self.base));
-        for (k, v) in query {
-            r = r.query(k, v);
+    fn request(&self, method: &'static str, path: &str, query: &[(&str, String)]) -> Req {
+        let mut target = path.to_string();
+        for (i, (k, v)) in query.iter().enumerate() {
+            target.push(if i == 0 { '?' } else { '&' });
+            target.extend(url_escape(k));
+            target.push('=');
+            target.extend(url_escape(v));
         }
+        Req { method, target }
+    }
+
+    /// The body of a request that succeeded; a refusal becomes [`Refused`].
+    fn send(&self, r: Req, body: Option<&str>) -> anyhow::Result<Box<dyn Read + Send>> {
+        let mut headers = Vec::new();
         if let Some(t) = &self.token {
-            r = r.set("Authorization", &format!("Bearer {t}"));
+            headers.push(("Authorization", format!("Bearer {t}")));
         }
-        r
-    }
-
-    /// The response of a request that succeeded; a refusal becomes [`Refused`].
-    fn send(&self, r: ureq::Request, body: Option<&str>) -> anyhow::Result<ureq::Response> {
-        let sent = match body {
-            Some(b) => r.set("Content-Type", "application/json").send_string(b),
-            None => r.call(),
-        };
-        match sent {
-            Ok(resp) => Ok(resp),
-            Err(ureq::Error::Status(status, resp)) => {
-                let text = resp.into_string().unwrap_or_default();
-                let detail = serde_json::from_str::<Value>(&text)
-                    .ok()
-                    .and_then(|v| v["detail"].as_str().map(str::to_string))
-                    .unwrap_or_else(|| format!("the server answered {status}: {text}"));
-                Err(Refused {
-                    code: exit_code(status),
-                    detail,
-                }
-                .into())
-            }
-            Err(e) => Err(anyhow::Error::new(e).context(format!("cannot reach {}", self.base))),
+        if body.is_some() {
+            headers.push(("Content-Type", "application/json".to_string()));
         }
+        let a = self
+            .server
+            .send(r.method, &r.target, &headers, body.map(str::as_bytes))?;
+        if a.status < 400 {
+            return Ok(a.body);
+        }
+        let mut text = String::new();
+        let _ = a.body.take(1 << 20).read_to_string(&mut text);
+        let status = a.status;
+        let detail = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v["detail"].as_str().map(str::to_string))
+            .unwrap_or_else(|| format!("the server answered {status}: {text}"));
+        Err(Refused {
+            code: exit_code(status),
+            detail,
+        }
+        .into())
     }
 
     fn get_text(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<String> {
-        let resp = self.send(self.request("GET", path, query), None)?;
-        Ok(resp.into_string()?)
+        let mut text = String::new();
+        self.send(self.request("GET", path, query), None)?
+            .read_to_string(&mut text)
+            .with_context(|| format!("reading the answer of {}", self.server.name()))?;
+        Ok(text)
     }
 }
 
@@ -124,8 +133,9 @@ fn run_path(run: &str, rest: &str) -> String {
     p
 }
 
-/// Percent-encodes a path segment (run ids are `[A-Za-z0-9._:@-]`, but an invalid one
-/// must reach the server intact to be refused there with the embedded mode's message).
+/// Percent-encodes a path segment or a query part (run ids are `[A-Za-z0-9._:@-]`, but
+/// an invalid one must reach the server intact to be refused there with the embedded
+/// mode's message).
 fn url_escape(s: &str) -> impl Iterator<Item = String> + '_ {
     s.bytes().map(|b| match b {
         b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b'-' | b':' | b'@' => {
@@ -137,7 +147,7 @@ fn url_escape(s: &str) -> impl Iterator<Item = String> + '_ {
 
 /// Runs `cmd` against the server at `base`.
 pub fn run(base: String, cmd: Cmd) -> anyhow::Result<ExitCode> {
-    let c = Client::new(base);
+    let c = Client::new(&base)?;
     match cmd {
         Cmd::Append(a) => append(&c, a),
         Cmd::Read(a) => read(&c, a),
@@ -165,7 +175,7 @@ fn append(c: &Client, a: AppendArgs) -> anyhow::Result<ExitCode> {
     let mut out = out.lock();
     let post = |body: &str, out: &mut io::StdoutLock| -> anyhow::Result<Option<ExitCode>> {
         let resp = c.send(c.request("POST", &path, &query), Some(body))?;
-        let stored: Events = serde_json::from_reader(resp.into_reader())?;
+        let stored: Events = serde_json::from_reader(resp)?;
         Ok(crate::acknowledge(out, &stored.events).err())
     };
     if a.stdin {
@@ -303,7 +313,7 @@ fn tail(c: &Client, a: TailArgs) -> anyhow::Result<ExitCode> {
         let mut q = query.clone();
         q.push(("from_seq", from.to_string()));
         let resp = c.send(c.request("GET", &path, &q), None)?;
-        match follow(BufReader::new(resp.into_reader()), &mut out, &mut from)? {
+        match follow(BufReader::new(resp), &mut out, &mut from)? {
             // Too slow a reader: the server closed the stream naming where to go on, and
             // nothing was skipped; go on from there.
             Some(resume) => from = resume,

@@ -12,10 +12,20 @@ use swarm_memory::serve::{self as server, ServeOptions};
 /// Arguments of `swarm serve`.
 #[derive(Args)]
 pub struct ServeArgs {
-    /// Address to listen on; port 0 picks a free one. The first line on stdout is
-    /// `listening on http://ADDR`.
-    #[arg(long, env = "SWARM_LISTEN", default_value = server::LISTEN_DEFAULT)]
-    listen: SocketAddr,
+    /// TCP address to listen on; port 0 picks a free one. Stdout then says `listening on
+    /// http://ADDR` (its first line). Default: 127.0.0.1:7700, unless --socket is given
+    /// (then TCP only with --listen too).
+    #[arg(long, env = "SWARM_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// Also, or instead (without --listen), listen on a Unix socket at PATH: mode 0600, so
+    /// only this OS user can connect (bearer tokens are still required). Stdout says
+    /// `listening on unix://PATH`. An existing PATH is removed when it is a stale socket
+    /// (nothing answers on it) and refused when a server answers on it or it is not a
+    /// socket; the server removes its socket when it stops. Clients:
+    /// SWARM_URL=unix:///abs/path (`curl --unix-socket PATH http://localhost/...`).
+    /// At most 107 bytes.
+    #[arg(long, value_name = "PATH")]
+    socket: Option<std::path::PathBuf>,
     /// Largest request body, in bytes (413 above it).
     #[arg(long, default_value_t = server::BODY_LIMIT_BYTES_DEFAULT)]
     body_limit_bytes: u64,
@@ -83,7 +93,12 @@ pub fn serve(
     archive_dir: &Path,
 ) -> anyhow::Result<ExitCode> {
     server::run(ServeOptions {
-        listen: a.listen,
+        listen: match (a.listen, &a.socket) {
+            (Some(l), _) => Some(l),
+            (None, Some(_)) => None,
+            (None, None) => Some(server::LISTEN_DEFAULT.parse()?),
+        },
+        socket: a.socket,
         data_dir: data_dir.to_path_buf(),
         checkpoint_dir: checkpoint_dir.to_path_buf(),
         checkpoint_every,

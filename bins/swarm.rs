@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod demo;
+#[cfg(feature = "server")]
+mod http;
 #[cfg(feature = "mcp")]
 mod mcp;
 #[cfg(all(feature = "mcp", feature = "server"))]

@@ -35,6 +35,7 @@ mod serve_cli;
 mod serve_crash;
 #[cfg(feature = "mcp")]
 mod serve_model;
+mod serve_socket;
 mod synth;
 mod tail;
 mod truncate;

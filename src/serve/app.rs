@@ -16,8 +16,11 @@ use crate::store::Store;
 /// How to serve.
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
-    /// Address to listen on (port 0: any free port; the bound address is printed).
-    pub listen: SocketAddr,
+    /// TCP address to listen on (port 0: any free port; the bound address is printed);
+    /// `None`: no TCP (a Unix socket only).
+    pub listen: Option<SocketAddr>,
+    /// A Unix socket to listen on (`--socket`), besides or instead of TCP.
+    pub socket: Option<PathBuf>,
     /// The data directory (runs, and the tokens file).
     pub data_dir: PathBuf,
     /// Where checkpoints go.

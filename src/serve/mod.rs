@@ -3,6 +3,7 @@
 //! user, so every client shares its group commit and its cached head states.
 //!
 //! - `mod.rs` (this file): the accept loop (limits, timeouts, graceful shutdown).
+//! - `listen.rs`: the Unix socket (`--socket`: mode 0600, stale and live sockets).
 //! - `app.rs`: options and the shared [`App`] state (tokens, one store per user).
 //! - `token.rs`: the tokens file and `swarm token add | list | revoke`.
 //! - `extract.rs`: identity, JSON body and query extractors (every check before a call).
@@ -30,6 +31,7 @@
 pub mod app;
 mod append;
 pub mod extract;
+pub mod listen;
 #[cfg(feature = "mcp")]
 pub mod mcp;
 pub mod metrics;
@@ -48,7 +50,7 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 
 pub use crate::serve::app::{App, ServeOptions};
@@ -76,8 +78,9 @@ pub const SHUTDOWN_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 /// Serves until SIGTERM or SIGINT, then stops accepting, lets in-flight requests finish
 /// (at most `shutdown_timeout`), ends live tails with a `shutdown` event, and returns.
 ///
-/// The first line on stdout is `listening on http://ADDR` once the socket is bound, so a
-/// script (or a test) that started the server with port 0 learns the port from it.
+/// Once bound, stdout says `listening on http://ADDR` (TCP; first) and/or `listening on
+/// unix://PATH` (`--socket`), one line each, so a script (or a test) that started the
+/// server with port 0 learns the port from it.
 pub fn run(opts: ServeOptions) -> std::io::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -102,8 +105,18 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
         let mut err = std::io::stderr().lock();
         writeln!(err, "{line}")?;
     }
-    let listener = tokio::net::TcpListener::bind(opts.listen).await?;
-    let addr = listener.local_addr()?;
+    let tcp = match opts.listen {
+        Some(a) => Some(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .map_err(|e| std::io::Error::new(e.kind(), format!("--listen {a}: {e}")))?,
+        ),
+        None => None,
+    };
+    let unix = match &opts.socket {
+        Some(p) => Some(listen::bind_unix(p)?),
+        None => None,
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let app = Arc::new(App {
         opts: opts.clone(),
@@ -138,17 +151,28 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
         .layer(axum::middleware::from_fn_with_state(app.clone(), deadline))
         .layer(tower_http::trace::TraceLayer::new_for_http());
     {
+        // One write: a reader that takes the first line and closes the pipe must not
+        // make the second line's write fail.
+        let mut lines = String::new();
+        if let Some(l) = &tcp {
+            let addr = l.local_addr()?;
+            lines.push_str(&format!("listening on http://{addr}\n"));
+            tracing::info!(%addr, "listening");
+        }
+        if let Some(u) = &unix {
+            lines.push_str(&format!("listening on unix://{}\n", u.path.display()));
+            tracing::info!(path = %u.path.display(), "listening");
+        }
         let mut out = std::io::stdout().lock();
-        writeln!(out, "listening on http://{addr}")?;
+        out.write_all(lines.as_bytes())?;
         out.flush()?;
     }
-    tracing::info!(%addr, "listening");
     let graceful = GracefulShutdown::new();
     let mut signal = std::pin::pin!(stop_signal());
     loop {
         tokio::select! {
-            r = listener.accept() => {
-                let (stream, _) = match r {
+            r = accept(tcp.as_ref(), unix.as_ref()) => {
+                let io = match r {
                     Ok(x) => x,
                     Err(e) => {
                         // Out of descriptors, mostly: wait a little instead of spinning.
@@ -157,23 +181,26 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
                         continue;
                     }
                 };
-                let _ = stream.set_nodelay(true);
-                let svc = TowerToHyperService::new(router.clone());
-                let mut b = hyper::server::conn::http1::Builder::new();
-                // A client that never finishes its request headers is cut off here;
-                // one that never finishes its body, by `deadline`.
-                b.timer(TokioTimer::new()).header_read_timeout(opts.request_timeout);
-                let conn = graceful.watch(b.serve_connection(TokioIo::new(stream), svc));
+                let (router, watcher) = (router.clone(), graceful.watcher());
+                let timeout = opts.request_timeout;
                 tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, "connection ended with an error");
+                    match io {
+                        Accepted::Tcp(s) => {
+                            let _ = s.set_nodelay(true);
+                            serve_conn(s, router, watcher, timeout).await
+                        }
+                        Accepted::Unix(s) => serve_conn(s, router, watcher, timeout).await,
                     }
                 });
             }
             _ = &mut signal => break,
         }
     }
-    drop(listener);
+    drop(tcp);
+    if let Some(u) = &unix {
+        u.remove();
+    }
+    drop(unix);
     tracing::info!("shutting down: no new connections; waiting for requests in flight");
     let _ = stop_tx.send(true);
     if tokio::time::timeout(opts.shutdown_timeout, graceful.shutdown())
@@ -185,6 +212,53 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
     let _ = flusher.await;
     let _ = tokio::task::spawn_blocking(move || app.vectors.flush_all()).await;
     Ok(())
+}
+
+/// A connection the accept loop took.
+enum Accepted {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+/// The next connection on either listener.
+async fn accept(
+    tcp: Option<&tokio::net::TcpListener>,
+    unix: Option<&listen::UnixSocket>,
+) -> std::io::Result<Accepted> {
+    let t = async {
+        match tcp {
+            Some(l) => l.accept().await.map(|(s, _)| Accepted::Tcp(s)),
+            None => std::future::pending().await,
+        }
+    };
+    let u = async {
+        match unix {
+            Some(u) => u.listener.accept().await.map(|(s, _)| Accepted::Unix(s)),
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = t => r,
+        r = u => r,
+    }
+}
+
+/// Serves HTTP/1.1 on one connection until it closes (or the graceful shutdown ends it).
+async fn serve_conn<I>(io: I, router: axum::Router, watcher: Watcher, timeout: Duration)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = TowerToHyperService::new(router);
+    let mut b = hyper::server::conn::http1::Builder::new();
+    // A client that never finishes its request headers is cut off here; one that never
+    // finishes its body, by `deadline`.
+    b.timer(TokioTimer::new()).header_read_timeout(timeout);
+    if let Err(e) = watcher
+        .watch(b.serve_connection(TokioIo::new(io), svc))
+        .await
+    {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
 }
 
 /// Resolves at the first SIGTERM or SIGINT.
