@@ -17,18 +17,179 @@ use anyhow::{bail, Context};
 use serde_json::{json, Value};
 use swarm_memory::{Error, Event, EventType, PickOutcome, ReadOptions, Store, Target, Ts};
 
+/// Starts the demo's agent processes: on the data directory, or (`--server`) as clients
+/// of a `swarm serve` the demo started, each agent with a bearer token of its own.
+struct Launcher {
+    exe: std::path::PathBuf,
+    server: Option<DemoServer>,
+}
+
+/// The server of `swarm demo --server`: a child `swarm serve` on a free loopback port,
+/// stopped with SIGTERM (a graceful shutdown) when the demo ends.
+struct DemoServer {
+    child: std::process::Child,
+    url: String,
+    data_dir: std::path::PathBuf,
+    user: String,
+    /// Agent -> (token, token id).
+    tokens: std::sync::Mutex<std::collections::HashMap<String, (String, String)>>,
+}
+
+impl DemoServer {
+    fn start(exe: &Path, data_dir: &Path, user: &str) -> anyhow::Result<DemoServer> {
+        use std::io::BufRead;
+        let mut child = Command::new(exe)
+            .env_remove("SWARM_URL")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting swarm serve")?;
+        let mut first = String::new();
+        io::BufReader::new(child.stdout.take().context("server stdout")?)
+            .read_line(&mut first)
+            .context("reading the server's address")?;
+        let Some(url) = first.trim().strip_prefix("listening on ") else {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("swarm serve did not start (it printed {first:?})");
+        };
+        Ok(DemoServer {
+            url: url.to_string(),
+            child,
+            data_dir: data_dir.to_path_buf(),
+            user: user.to_string(),
+            tokens: Default::default(),
+        })
+    }
+
+    /// The token of `agent` (made on first use: `swarm token add`, role agent, that
+    /// agent only).
+    fn token(&self, exe: &Path, agent: &str) -> anyhow::Result<String> {
+        let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((t, _)) = tokens.get(agent) {
+            return Ok(t.clone());
+        }
+        let out = Command::new(exe)
+            .env_remove("SWARM_URL")
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .args([
+                "--user", &self.user, "token", "add", "--role", "agent", "--agent", agent,
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .context("swarm token add")?;
+        if !out.status.success() {
+            bail!(
+                "swarm token add failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        let t = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        // The token's record (its id, for the revocation at the end) is on stderr.
+        let id = String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .find_map(|l| serde_json::from_str::<Value>(l).ok())
+            .and_then(|v| v["id"].as_str().map(str::to_string))
+            .context("swarm token add printed no token id")?;
+        tokens.insert(agent.to_string(), (t.clone(), id));
+        Ok(t)
+    }
+
+    /// Revokes the demo's tokens (they were never shown; revoked all the same).
+    fn revoke_tokens(&self, exe: &Path) -> anyhow::Result<usize> {
+        let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        for (_, id) in tokens.values() {
+            let st = Command::new(exe)
+                .env_remove("SWARM_URL")
+                .arg("--data-dir")
+                .arg(&self.data_dir)
+                .args(["--user", &self.user, "token", "revoke", id])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .context("swarm token revoke")?;
+            if !st.success() {
+                bail!("swarm token revoke {id} failed");
+            }
+        }
+        Ok(tokens.len())
+    }
+
+    /// SIGTERM, then the exit status (SIGKILL after 10 s).
+    fn stop(&mut self) -> anyhow::Result<Option<i32>> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            if let Some(st) = self.child.try_wait()? {
+                return Ok(st.code());
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                return Ok(self.child.wait()?.code());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for DemoServer {
+    /// A demo that ends early does not leave its server behind.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Launcher {
+    /// `swarm` with the arguments for `agent`: `--data-dir` and `--user`, or the server's
+    /// address and the agent's token.
+    fn command(&self, data_dir: &Path, user: &str, agent: &str) -> anyhow::Result<Command> {
+        let mut c = Command::new(&self.exe);
+        c.arg("--data-dir").arg(data_dir).args(["--user", user]);
+        match &self.server {
+            Some(s) => {
+                c.env("SWARM_URL", &s.url)
+                    .env("SWARM_TOKEN", s.token(&self.exe, agent)?);
+            }
+            None => {
+                c.env_remove("SWARM_URL");
+            }
+        }
+        Ok(c)
+    }
+}
+
 /// One agent process fed NDJSON lines; returns the events it stored.
 fn agent_process(
-    exe: &Path,
+    exe: &Launcher,
     data_dir: &Path,
     user: &str,
     run: &str,
     lines: Vec<Value>,
 ) -> anyhow::Result<std::process::Child> {
-    let mut child = Command::new(exe)
-        .arg("--data-dir")
-        .arg(data_dir)
-        .args(["--user", user, "append", "--run", run, "--stdin"])
+    let agent = lines
+        .first()
+        .and_then(|l| l["agent_id"].as_str())
+        .unwrap_or("agent")
+        .to_string();
+    let mut child = exe
+        .command(data_dir, user, &agent)?
+        .args(["append", "--run", run, "--stdin"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -133,9 +294,13 @@ pub fn run(
     archive_dir: &Path,
     user: &str,
     run: Option<String>,
+    server: bool,
 ) -> anyhow::Result<ExitCode> {
     let run = run.unwrap_or_else(|| format!("demo-{}", Ts::now().0 / 1000));
-    let exe = std::env::current_exe().context("locating the swarm binary")?;
+    let mut exe = Launcher {
+        exe: std::env::current_exe().context("locating the swarm binary")?,
+        server: None,
+    };
     let store = Store::open(data_dir)?
         .with_checkpoints(checkpoint_dir, 10_000)
         .with_archive_dir(archive_dir)
@@ -149,12 +314,19 @@ pub fn run(
     // (in a data dir that exists: read-only commands refuse a missing one).
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("creating the data dir {}", data_dir.display()))?;
-    let mut tail = Command::new(&exe)
-        .arg("--data-dir")
-        .arg(data_dir)
+    if server {
+        let s = DemoServer::start(&exe.exe, data_dir, user)?;
+        say!(
+            "   --server: the agents are clients of `swarm serve` at {} (SWARM_URL), each with a token
+   of its own (role agent, that agent only); the orchestrator and the human stay in this process",
+            s.url
+        );
+        exe.server = Some(s);
+    }
+    let mut tail = exe
+        .command(data_dir, user, "tail-watcher")?
         .args([
-            "--user", user, "tail", "--run", &run, "--follow", "--agent", "logs", "--type",
-            "evidence",
+            "tail", "--run", &run, "--follow", "--agent", "logs", "--type", "evidence",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -645,6 +817,18 @@ pub fn run(
         pinned
     );
     memory_stream(&run, &back)?;
+    if let Some(s) = exe.server.as_mut() {
+        let code = s.stop()?;
+        let revoked = s.revoke_tokens(&exe.exe)?;
+        say!(
+            "\n   swarm serve at {} stopped by SIGTERM: exit {}; the {revoked} agent tokens revoked",
+            s.url,
+            code.map_or("by a signal".to_string(), |c| c.to_string())
+        );
+        if code != Some(0) {
+            bail!("swarm serve did not shut down cleanly");
+        }
+    }
     synthesis(&store, &run)?;
     if io::stdout().is_terminal() {
         say!("\nnext: swarm read --run {run} | jq .   |   swarm replay --run {run} --timeline");

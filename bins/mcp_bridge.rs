@@ -171,6 +171,12 @@ impl Bridge {
 
 /// Runs the bridge until stdin closes; then ends the server's session.
 pub fn run(base: &str) -> anyhow::Result<ExitCode> {
+    if !base.starts_with("http://") {
+        anyhow::bail!(crate::invalid(
+            "SWARM_URL",
+            format!("{base:?}: `swarm mcp` reaches a server over http://HOST:PORT only (not a Unix socket yet): start the server with --listen too")
+        ));
+    }
     let bridge = Arc::new(Bridge {
         endpoint: format!("{base}/mcp"),
         token: std::env::var("SWARM_TOKEN").ok().filter(|t| !t.is_empty()),

@@ -10,6 +10,7 @@
 
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use serde::Deserialize;
@@ -21,6 +22,9 @@ use crate::http::Transport;
 use crate::prune::ContextArgs;
 use crate::scratch::BoardArgs;
 use crate::{AppendArgs, Cmd, ReadArgs, TailArgs};
+
+/// How often `tail --follow` asks again for a run that does not exist yet, in ms.
+const RUN_WAIT_MS: u64 = 250;
 
 /// The server's address, when the CLI is to be its client.
 pub fn url() -> Option<String> {
@@ -37,6 +41,8 @@ pub struct Refused {
     /// The exit code.
     pub code: i32,
     detail: String,
+    /// The HTTP status, when the server answered with one.
+    status: Option<u16>,
 }
 
 impl std::fmt::Display for Refused {
@@ -113,6 +119,7 @@ impl Client {
         Err(Refused {
             code: exit_code(status),
             detail,
+            status: Some(status),
         }
         .into())
     }
@@ -157,6 +164,7 @@ pub fn run(base: String, cmd: Cmd) -> anyhow::Result<ExitCode> {
         _ => bail!(Refused {
             code: 2,
             detail: "this command is not available through SWARM_URL yet (append, read, tail, board and context are); unset SWARM_URL to use the data directory".into(),
+            status: None,
         }),
     }
 }
@@ -189,6 +197,7 @@ fn append(c: &Client, a: AppendArgs) -> anyhow::Result<ExitCode> {
                 Ok(r) => anyhow::Error::new(Refused {
                     code: r.code,
                     detail: format!("line {}: {}", n + 1, r.detail),
+                    status: r.status,
                 }),
                 Err(e) => e,
             })?;
@@ -312,7 +321,16 @@ fn tail(c: &Client, a: TailArgs) -> anyhow::Result<ExitCode> {
     loop {
         let mut q = query.clone();
         q.push(("from_seq", from.to_string()));
-        let resp = c.send(c.request("GET", &path, &q), None)?;
+        let resp = match c.send(c.request("GET", &path, &q), None) {
+            Ok(r) => r,
+            // Like the embedded tail, a run that does not exist yet is waited for (a
+            // 404 says no more than that: another user's run looks the same).
+            Err(e) if e.downcast_ref::<Refused>().and_then(|r| r.status) == Some(404) => {
+                std::thread::sleep(Duration::from_millis(RUN_WAIT_MS));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         match follow(BufReader::new(resp), &mut out, &mut from)? {
             // Too slow a reader: the server closed the stream naming where to go on, and
             // nothing was skipped; go on from there.
@@ -320,6 +338,7 @@ fn tail(c: &Client, a: TailArgs) -> anyhow::Result<ExitCode> {
             None => bail!(Refused {
                 code: 1,
                 detail: format!("the server closed the stream; resume with --from-seq {from}"),
+                status: None,
             }),
         }
     }
@@ -363,6 +382,7 @@ fn follow(
                 bail!(Refused {
                     code: exit_code(v["status"].as_u64().unwrap_or(500) as u16),
                     detail: v["detail"].as_str().unwrap_or("the stream failed").into(),
+                    status: None,
                 });
             }
             _ => {}

@@ -397,6 +397,11 @@ enum Cmd {
         /// Run id to use (default: demo-<time>).
         #[arg(long)]
         run: Option<String>,
+        /// Start a `swarm serve` on a free loopback port and run the agent processes as
+        /// its clients (SWARM_URL, one token per agent); the summary is the same.
+        #[cfg(feature = "server")]
+        #[arg(long)]
+        server: bool,
     },
     /// Serve the memory tools, the scratchpad tools and the runs (as resources) over the
     /// Model Context Protocol on stdin/stdout, for an agent framework or an MCP client.
@@ -794,9 +799,24 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Quality { fixture, json, .. } => synth::quality(fixture, json),
         #[cfg(feature = "mcp")]
         Cmd::Mcp(a) => mcp::mcp(store, &cli.data_dir, a),
-        Cmd::Demo { run } => {
-            demo::run(&cli.data_dir, &checkpoint_dir, &archive_dir, &cli.user, run)
-        }
+        #[cfg(feature = "server")]
+        Cmd::Demo { run, server } => demo::run(
+            &cli.data_dir,
+            &checkpoint_dir,
+            &archive_dir,
+            &cli.user,
+            run,
+            server,
+        ),
+        #[cfg(not(feature = "server"))]
+        Cmd::Demo { run } => demo::run(
+            &cli.data_dir,
+            &checkpoint_dir,
+            &archive_dir,
+            &cli.user,
+            run,
+            false,
+        ),
         #[cfg(feature = "server")]
         Cmd::Serve(_) | Cmd::Token(_) => unreachable!("handled above"),
         #[cfg(feature = "semantic")]

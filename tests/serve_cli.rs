@@ -392,3 +392,93 @@ fn serve_metrics_count_fsyncs_durable_events_and_tail_subscribers() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// `swarm demo --server`: the agent processes are clients of a `swarm serve` the demo
+/// starts (one token per agent); the incident runs to the same stages, the live tail
+/// included, and the server stops cleanly on SIGTERM.
+#[test]
+fn demo_with_a_server_runs_the_incident_through_it() {
+    let env = Env::fast();
+    let out = env
+        .cmd(&["demo", "--server", "--run", "inc-demo"])
+        .env_remove("SWARM_URL")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "the agents are clients of `swarm serve` at http://127.0.0.1:",
+        "the tailing agent got the logs agent's finding",
+        "ESCALATION",
+        "verify: ok=true",
+        "stopped by SIGTERM: exit 0",
+        "the nightly synthesis",
+    ] {
+        assert!(stdout.contains(want), "missing {want:?} in:\n{stdout}");
+    }
+    // The agents wrote through the server as themselves, one token per agent, all
+    // revoked at the end.
+    let tokens: Vec<Value> = env
+        .swarm(&["token", "list"])
+        .ok()
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for agent in ["metrics", "logs", "traces"] {
+        assert!(
+            tokens.iter().any(|t| t["agents"] == json!([agent])),
+            "{tokens:?}"
+        );
+    }
+    assert!(
+        tokens
+            .iter()
+            .all(|t| t.get("revoked").is_some_and(|r| !r.is_null())),
+        "{tokens:?}"
+    );
+}
+
+/// `swarm tail --follow` through `SWARM_URL` waits for a run that does not exist yet, as
+/// the embedded tail does, and prints its first event once another client creates it.
+#[test]
+fn remote_follow_waits_for_a_run_to_be_created() {
+    let env = Env::fast();
+    let srv = Server::start(&env, &[]);
+    let t = token(&env, "alice", &["db"], "agent");
+    let mut tail = env
+        .cmd(&["tail", "--run", "later", "--follow"])
+        .env("SWARM_URL", &srv.url)
+        .env("SWARM_TOKEN", &t)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    assert!(
+        tail.try_wait().unwrap().is_none(),
+        "the tail gave up on a missing run"
+    );
+    let body = json!({"agent_id": "db", "type": "evidence", "content": "first"});
+    assert_eq!(
+        srv.post("/v1/runs/later/events", Some(&t), &body).status,
+        201
+    );
+    let mut line = String::new();
+    BufReader::new(tail.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _ = tail.kill();
+    let _ = tail.wait();
+    let e: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(
+        (e["seq"].as_u64(), e["content"].as_str()),
+        (Some(1), Some("first"))
+    );
+}
