@@ -408,8 +408,46 @@ async fn declare_channel(Path(run): Path<String>, a: Act<DeclareBody>) -> Create
     .await
 }
 
-async fn channel(Path((run, name)): Path<(String, String)>, r: Reading, _: Q<NoParams>) -> Viewed {
+/// `?history=true`: the channel's writes and conflicts (`swarm channel history`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryQuery {
+    #[serde(default)]
+    history: bool,
+}
+
+/// `GET .../channels/{channel}`: its value and version, or (`history=true`) its writes
+/// and conflicts as events, read as the reading agent.
+async fn channel(
+    Path((run, name)): Path<(String, String)>,
+    r: Reading,
+    Q(q): Q<HistoryQuery>,
+) -> Viewed {
     let n = name.clone();
+    if q.history {
+        let events =
+            r.id.call(move |s| {
+                let c = s.channel(&run, r.reader.as_deref(), &n)?;
+                let mut seqs: Vec<u64> = c.history.iter().chain(&c.conflicts).copied().collect();
+                seqs.sort_unstable();
+                let opts = ReadOptions {
+                    from_seq: Some(seqs.first().copied().unwrap_or(1)),
+                    to_seq: Some(seqs.last().copied().unwrap_or(0)),
+                    reader: r.reader,
+                    ..ReadOptions::default()
+                };
+                let mut out = Vec::new();
+                for e in s.read(&run, opts)? {
+                    let e = e?;
+                    if seqs.binary_search(&e.seq).is_ok() {
+                        out.push(e);
+                    }
+                }
+                Ok(out)
+            })
+            .await?;
+        return answer(Keyed("events", events));
+    }
     let c =
         r.id.call(move |s| s.channel(&run, r.reader.as_deref(), &n))
             .await?;
@@ -511,6 +549,19 @@ fn target(at_seq: Option<u64>, at: Option<String>) -> Result<Target, Problem> {
     }
 }
 
+/// A run at a point as an agent saw it.
+#[derive(Serialize)]
+struct AgentReplay {
+    replay: crate::fold::replay::ReplayStats,
+    view: crate::store::travel::AgentView,
+}
+
+/// What `replay` answers: an agent's view, or the whole state.
+enum Replayed {
+    View(AgentReplay),
+    State(Value),
+}
+
 /// `GET .../replay?at_seq=N|at=T`: the run at a point, as the token's agent sees it (its
 /// agent view: what the run's policy lets it read). An admin token that names no agent
 /// gets the whole state.
@@ -520,32 +571,44 @@ async fn replay(Path(run): Path<String>, r: Reading, Q(q): Q<ReplayQuery>) -> Vi
         r.id.call(move |s| {
             let st = s.state_at(&run, target, |_| {})?;
             Ok(match r.reader {
-                Some(agent) => {
-                    json!({"replay": st.stats, "view": s.agent_view(&run, &st.state, &agent)?})
-                }
-                None => json!({"replay": st.stats, "state": st.state}),
+                // In field order: the view as `swarm replay --agent` prints it.
+                Some(agent) => Replayed::View(AgentReplay {
+                    view: s.agent_view(&run, &st.state, &agent)?,
+                    replay: st.stats,
+                }),
+                // Through a JSON value (members sorted), as `swarm replay` prints it.
+                None => Replayed::State(json!({"replay": st.stats, "state": st.state})),
             })
         })
         .await?;
-    answer(out)
+    match out {
+        Replayed::View(v) => answer(v),
+        Replayed::State(v) => answer(v),
+    }
 }
 
-/// Two points of a run.
+/// Two points of a run, each a seq or a time (`to`: the head when neither is given).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DiffQuery {
-    from_seq: u64,
+    from_seq: Option<u64>,
+    from: Option<String>,
     to_seq: Option<u64>,
+    to: Option<String>,
 }
 
-/// `GET .../diff?from_seq=A&to_seq=B`: what changed between two seqs (admin tokens: a
-/// diff names every subject's entries).
+/// `GET .../diff?from_seq=A|from=T&to_seq=B|to=T`: what changed between two points (admin
+/// tokens: a diff names every subject's entries).
 async fn diff(id: Identity, Path(run): Path<String>, Q(q): Q<DiffQuery>) -> Viewed {
     id.admin()?;
-    let to = q.to_seq.map_or(Target::Head, Target::Seq);
+    let from = match target(q.from_seq, q.from)? {
+        Target::Head => return Err(Problem::invalid("from_seq or from: required")),
+        t => t,
+    };
+    let to = target(q.to_seq, q.to)?;
     let d = id
         .call(move |s| {
-            let a = s.state_at(&run, Target::Seq(q.from_seq), |_| {})?;
+            let a = s.state_at(&run, from, |_| {})?;
             let b = s.state_at(&run, to, |_| {})?;
             s.diff(&run, &a.state, &b.state)
         })

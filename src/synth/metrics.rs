@@ -27,7 +27,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::event::ts::Ts;
@@ -43,7 +43,7 @@ const EXACT_MAX: usize = 4096;
 const BUCKETS: usize = 32 + 59 * 32;
 
 /// A latency distribution, in milliseconds.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Latency {
     /// Samples.
     pub count: u64,
@@ -58,7 +58,7 @@ pub struct Latency {
 }
 
 /// The metrics of one run.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunMetrics {
     /// Events read.
     pub events: u64,
