@@ -16,13 +16,13 @@ use crate::scratch::invalid;
 pub struct MemoryEventsArgs {
     /// Only this run (default: every run of --user, one after the other).
     #[arg(long)]
-    run: Option<String>,
+    pub(crate) run: Option<String>,
     /// Keep running and print the memory events of new appends (needs --run).
     #[arg(long)]
-    follow: bool,
+    pub(crate) follow: bool,
     /// First seq of the run to derive from (with --run).
     #[arg(long)]
-    from_seq: Option<u64>,
+    pub(crate) from_seq: Option<u64>,
 }
 
 fn print(out: &mut impl Write, e: &Event) -> anyhow::Result<()> {

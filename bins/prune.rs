@@ -14,26 +14,26 @@ use swarm_memory::Store;
 pub struct PruneArgs {
     /// The run.
     #[arg(long)]
-    run: String,
+    pub(crate) run: String,
     /// The agent id the summary is written as.
     #[arg(long, default_value = "pruner")]
-    agent: String,
+    pub(crate) agent: String,
     /// External summariser: gets the events as a JSON array on stdin, prints the summary
     /// (e.g. an LLM command line). Default: the built-in extractive summariser.
     /// Its failure (start, time-out, non-zero exit, empty output) is exit 1 and leaves the
     /// run unchanged. The command line is never stored (it may hold a key): summaries
     /// name it `cmd`, or `cmd:NAME` with --summarizer-name.
     #[arg(long)]
-    summarizer_cmd: Option<String>,
+    pub(crate) summarizer_cmd: Option<String>,
     /// The name summaries by --summarizer-cmd record (e.g. the model's name).
     #[arg(long, requires = "summarizer_cmd")]
-    summarizer_name: Option<String>,
+    pub(crate) summarizer_name: Option<String>,
     /// Longest the summariser may run.
     #[arg(long, default_value_t = 60)]
-    timeout_secs: u64,
+    pub(crate) timeout_secs: u64,
     /// Summarise even when the policy's threshold is not crossed (or pruning is off).
     #[arg(long)]
-    force: bool,
+    pub(crate) force: bool,
 }
 
 /// Arguments of `swarm context`.

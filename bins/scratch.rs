@@ -189,13 +189,13 @@ pub struct BoardArgs {
 pub struct PickArgs {
     /// The run.
     #[arg(long)]
-    run: String,
+    pub(crate) run: String,
     /// The subject with competing hypotheses.
     #[arg(long)]
-    subject: String,
+    pub(crate) subject: String,
     /// The agent id the decision is written as.
     #[arg(long, default_value = "orchestrator")]
-    agent: String,
+    pub(crate) agent: String,
 }
 
 /// Arguments of `swarm resolve`.
@@ -203,19 +203,19 @@ pub struct PickArgs {
 pub struct ResolveArgs {
     /// The run.
     #[arg(long)]
-    run: String,
+    pub(crate) run: String,
     /// Seq of the escalation.
     #[arg(long)]
-    escalation: u64,
+    pub(crate) escalation: u64,
     /// The escalated entry that stands (optional).
     #[arg(long)]
-    winner: Option<u64>,
+    pub(crate) winner: Option<u64>,
     /// Who resolves it.
     #[arg(long, default_value = "human")]
-    by: String,
+    pub(crate) by: String,
     /// Why.
     #[arg(long)]
-    note: String,
+    pub(crate) note: String,
 }
 
 pub fn policy(store: &Store, cmd: PolicyCmd) -> anyhow::Result<ExitCode> {

@@ -77,31 +77,31 @@ pub fn table_model(path: &Path) -> anyhow::Result<Model> {
 #[derive(Args)]
 pub struct SearchArgs {
     /// What to look for, in words ("connection pool exhausted orders-db").
-    query: String,
+    pub(crate) query: String,
     /// Only this run (a closed run is searched only when named).
     #[arg(long)]
-    run: Option<String>,
+    pub(crate) run: Option<String>,
     /// Only what this agent wrote (facts: that it found).
     #[arg(long)]
-    agent: Option<String>,
+    pub(crate) agent: Option<String>,
     /// Only this entry type: hypothesis, evidence, decision or action_taken.
     #[arg(long, alias = "type")]
-    kind: Option<String>,
+    pub(crate) kind: Option<String>,
     /// Only entries (facts: with evidence) at or after this RFC 3339 time (or date).
     #[arg(long)]
-    since: Option<String>,
+    pub(crate) since: Option<String>,
     /// Hits wanted (at most 100).
     #[arg(long, default_value_t = 10)]
-    limit: usize,
+    pub(crate) limit: usize,
     /// Search as this agent: only what the runs' policies let it see.
     #[arg(long)]
-    as_agent: Option<String>,
+    pub(crate) as_agent: Option<String>,
     /// One JSON object (mode, model, hits) instead of a table.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// A sentence-transformers model directory (default: the one under the data dir).
     #[arg(long, env = "SWARM_EMBED_MODEL")]
-    embed_model: Option<PathBuf>,
+    pub(crate) embed_model: Option<PathBuf>,
 }
 
 pub fn search(store: &Store, data_dir: &Path, a: SearchArgs) -> anyhow::Result<ExitCode> {

@@ -48,6 +48,10 @@ Exit codes:
 
 Colours: only when stderr is a terminal and NO_COLOR is unset.
 
+Server: with SWARM_URL (and SWARM_TOKEN) set, the commands talk to that `swarm serve`
+with the same flags, output and exit codes; repair, index, checkpoint, quality, model,
+serve, token and demo work on the data directory itself and refuse (exit 2).
+
 Logging: warnings go to stderr; set SWARM_LOG=debug (or any tracing filter) for more.";
 
 /// Event-sourced shared memory for swarms of concurrent agents.

@@ -27,45 +27,45 @@ fn peak_rss_bytes() -> Option<u64> {
 pub struct SynthArgs {
     /// Synthesize only this run (repeatable).
     #[arg(long = "run", conflicts_with = "all")]
-    runs: Vec<String>,
+    pub(crate) runs: Vec<String>,
     /// Synthesize every run of the user (the default when no --run is given).
     #[arg(long)]
-    all: bool,
+    pub(crate) all: bool,
     /// Optional LLM step: a command (run with sh -c) that gets each borderline pair as
     /// JSON on stdin ({"question","scope","a","b","score"}) and prints {"same": true|false}.
     /// Failures and time-outs fall back to the deterministic answer.
     #[arg(long)]
-    llm_cmd: Option<String>,
+    pub(crate) llm_cmd: Option<String>,
     /// Longest one LLM call may take.
     #[arg(long, default_value_t = 10_000)]
-    llm_timeout_ms: u64,
+    pub(crate) llm_timeout_ms: u64,
     /// Most LLM calls in one synth.
     #[arg(long, default_value_t = 200)]
-    llm_calls_max: u64,
+    pub(crate) llm_calls_max: u64,
     /// A project id the sanitizer must redact from shared patterns (repeatable).
     #[arg(long = "project-id")]
-    project_ids: Vec<String>,
+    pub(crate) project_ids: Vec<String>,
     /// An environment name (cluster, host) the sanitizer must redact (repeatable).
     #[arg(long = "env-name")]
-    env_names: Vec<String>,
+    pub(crate) env_names: Vec<String>,
     /// A person's name the sanitizer must redact from shared patterns (repeatable; also
     /// `redact_names` in DATA_DIR/USER/settings.json).
     #[arg(long = "redact-name")]
-    redact_names: Vec<String>,
+    pub(crate) redact_names: Vec<String>,
     /// What this synth copies to the shared scope, overriding the user's setting
     /// (`share_patterns` in DATA_DIR/USER/settings.json, default structured):
     /// off (nothing), structured (slugs and categories, no free text), sanitized
     /// (structured fields plus sanitized free text).
     #[arg(long, value_parser = ["off", "structured", "sanitized"])]
-    share_patterns: Option<String>,
+    pub(crate) share_patterns: Option<String>,
     /// Source events per atomic pass (bounds memory and the work a crash loses).
     #[arg(long, default_value_t = swarm_memory::synth::PASS_EVENTS_MAX_DEFAULT)]
-    pass_events: u64,
+    pub(crate) pass_events: u64,
     /// The sentence-embedding model directory for the semantic mode (else
     /// SWARM_EMBED_MODEL, else DATA_DIR/.models/all-MiniLM-L6-v2, where `swarm model
     /// fetch` puts it). Without one the synthesis is lexical and the report says why.
     #[arg(long, value_name = "DIR")]
-    embed_model: Option<std::path::PathBuf>,
+    pub(crate) embed_model: Option<std::path::PathBuf>,
 }
 
 pub fn synth(store: &Store, data_dir: &std::path::Path, a: SynthArgs) -> anyhow::Result<ExitCode> {
@@ -124,23 +124,23 @@ pub fn synth(store: &Store, data_dir: &std::path::Path, a: SynthArgs) -> anyhow:
 pub struct FactsArgs {
     /// Only facts about this subject.
     #[arg(long)]
-    subject: Option<String>,
+    pub(crate) subject: Option<String>,
     /// The full evidence chain of one fact (e.g. F12), back to the raw events.
     #[arg(long)]
-    explain: Option<String>,
+    pub(crate) explain: Option<String>,
     /// With --explain: at most this many raw events (the total is always given).
     #[arg(long, default_value_t = 50)]
-    limit: usize,
+    pub(crate) limit: usize,
     /// The facts as they stood at this time (RFC 3339): evidence, contradictions and
     /// resolutions up to it.
     #[arg(long)]
-    as_of: Option<String>,
+    pub(crate) as_of: Option<String>,
     /// Superseded facts too.
     #[arg(long)]
-    all: bool,
+    pub(crate) all: bool,
     /// A readable table instead of JSON.
     #[arg(long)]
-    table: bool,
+    pub(crate) table: bool,
 }
 
 pub fn facts(store: &Store, a: FactsArgs) -> anyhow::Result<ExitCode> {

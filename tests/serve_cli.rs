@@ -215,8 +215,8 @@ fn serve_cli_through_swarm_url_prints_what_the_embedded_cli_prints() {
         remote(&env, &srv, "swm_0_0", &["read", "--run", "inc"], "").code,
         5
     );
-    // Commands not served yet refuse instead of using local files.
-    assert_eq!(r(&["runs"]).code, 2);
+    // The file-only commands refuse instead of using local files.
+    assert_eq!(r(&["checkpoint", "--run", "inc"]).code, 2);
     // Nothing of the refused appends was written.
     assert_eq!(local(&env, &["read", "--run", "inc"], "").events().len(), 5);
 
@@ -481,4 +481,305 @@ fn remote_follow_waits_for_a_run_to_be_created() {
         (e["seq"].as_u64(), e["content"].as_str()),
         (Some(1), Some("first"))
     );
+}
+
+/// Every served command through `SWARM_URL` prints what the embedded CLI prints on the
+/// same data directory, and exits with the same code; writes through the server print
+/// what was stored (the events the files then hold); the file-only commands refuse.
+#[test]
+fn serve_cli_every_served_command_prints_what_the_embedded_cli_prints() {
+    let env = Env::fast();
+    let srv = Server::start(&env, &[]);
+    let t = token(&env, "alice", &["*"], "admin");
+    let r = |args: &[&str]| remote(&env, &srv, &t, args, "");
+    let l = |args: &[&str]| local(&env, args, "");
+    // The same bytes and exit code both ways (`nonempty`: and something was printed).
+    let same = |args: &[&str], nonempty: bool| {
+        let (over, files) = (r(args), l(args));
+        assert_eq!(over.stdout, files.stdout, "{args:?}: {}", over.stderr);
+        assert_eq!(over.code, files.code, "{args:?}: {}", over.stderr);
+        if nonempty {
+            assert!(!over.stdout.is_empty(), "{args:?}: {}", over.stderr);
+        }
+        over
+    };
+    // The stored event at `seq`, as the files print it.
+    let stored = |seq: u64| {
+        l(&[
+            "read",
+            "--run",
+            "inc",
+            "--from-seq",
+            &seq.to_string(),
+            "--limit",
+            "1",
+        ])
+        .ok()
+        .stdout
+    };
+    let append = |agent: &str, kind: &str, content: &str, subject: &str, conf: &str| {
+        l(&[
+            "append",
+            "--run",
+            "inc",
+            "--agent",
+            agent,
+            "--type",
+            kind,
+            "--content",
+            content,
+            "--subject",
+            subject,
+            "--confidence",
+            conf,
+            "--meta",
+            "{\"tool\":\"kubectl\"}",
+        ])
+        .ok()
+    };
+    append("a1", "hypothesis", "disk full on db-1", "cause", "0.6");
+    append("a1", "hypothesis", "dns broken", "cause", "0.6");
+    append("a1", "hypothesis", "pool exhausted", "net", "0.9");
+    append("a2", "hypothesis", "packet loss", "net", "0.4");
+    append("a3", "evidence", "disk 100% on db-1", "db-1", "0.8");
+
+    // pick: a decision (exit 0), then a tie escalated (exit 6); a pick on the escalated
+    // subject is refused alike both ways.
+    let picked = r(&["pick", "--run", "inc", "--subject", "net"]).ok();
+    let p: Value = serde_json::from_str(&picked.stdout).unwrap();
+    assert_eq!(p["outcome"], "picked");
+    let seq = p["decision"]["seq"].as_u64().unwrap();
+    assert!(
+        picked.stdout.contains(stored(seq).trim_end()),
+        "{}",
+        picked.stdout
+    );
+    let tie = r(&["pick", "--run", "inc", "--subject", "cause"]).code(6);
+    let esc: Value = serde_json::from_str(&tie.stdout).unwrap();
+    assert_eq!(esc["outcome"], "escalated");
+    let esc_seq = esc["escalation"]["seq"].as_u64().unwrap();
+    let again = ["pick", "--run", "inc", "--subject", "cause"];
+    assert_eq!(r(&again).code, l(&again).code);
+    same(&["escalations", "--run", "inc"], true);
+    // resolve: a reader token may not (exit 5, as a policy refusal); an admin's is stored.
+    let reader = token(&env, "alice", &["human"], "reader");
+    let res = [
+        "resolve",
+        "--run",
+        "inc",
+        "--escalation",
+        &esc_seq.to_string(),
+        "--note",
+        "dns",
+    ];
+    assert_eq!(remote(&env, &srv, &reader, &res, "").code, 5);
+    let done = r(&res).ok();
+    let ev: Value = serde_json::from_str(&done.stdout).unwrap();
+    assert_eq!(done.stdout, stored(ev["seq"].as_u64().unwrap()));
+    same(&["escalations", "--run", "inc"], false);
+    same(&["escalations", "--run", "inc", "--all"], true);
+
+    // runs, verify.
+    same(&["runs"], true);
+    same(&["runs", "--json"], true);
+    same(&["verify"], true);
+    same(&["verify", "--run", "inc"], true);
+    same(&["verify", "--run", "nope"], false);
+
+    // policy and channels.
+    let policy = env.path().join("policy.json");
+    std::fs::write(
+        &policy,
+        r#"{"permissions": {"*": {"read_channels": ["*"], "write_channels": ["*"],
+            "read_types": ["*"], "write_types": ["*"]},
+          "lead": {"read_channels": ["*"], "write_channels": ["*"], "read_types": ["*"],
+            "write_types": ["*"], "admin": true}}, "prune_max_entries": 200}"#,
+    )
+    .unwrap();
+    let set = r(&[
+        "policy",
+        "set",
+        "--run",
+        "inc",
+        "--agent",
+        "lead",
+        "--file",
+        policy.to_str().unwrap(),
+    ])
+    .ok();
+    let ev: Value = serde_json::from_str(&set.stdout).unwrap();
+    assert_eq!(set.stdout, stored(ev["seq"].as_u64().unwrap()));
+    same(&["policy", "show", "--run", "inc"], true);
+    let declare = r(&[
+        "channel",
+        "declare",
+        "--run",
+        "inc",
+        "--agent",
+        "lead",
+        "--channel",
+        "analysis",
+        "--kind",
+        "replace",
+        "--on-conflict",
+        "reject",
+    ])
+    .ok();
+    let ev: Value = serde_json::from_str(&declare.stdout).unwrap();
+    assert_eq!(declare.stdout, stored(ev["seq"].as_u64().unwrap()));
+    let write = |value: &str, base: &str| {
+        vec![
+            "channel",
+            "write",
+            "--run",
+            "inc",
+            "--agent",
+            "a1",
+            "--channel",
+            "analysis",
+            "--value",
+            value,
+            "--base-version",
+            base,
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>()
+    };
+    let w = write("{\"cause\":\"pool\"}", "0");
+    let w: Vec<&str> = w.iter().map(String::as_str).collect();
+    let wrote = r(&w).ok();
+    let ev: Value = serde_json::from_str(&wrote.stdout).unwrap();
+    assert_eq!(wrote.stdout, stored(ev["seq"].as_u64().unwrap()));
+    // A stale write on a `reject` channel: exit 4 both ways.
+    let stale = write("dns", "0");
+    let stale: Vec<&str> = stale.iter().map(String::as_str).collect();
+    assert_eq!((r(&stale).code, l(&stale).code), (4, 4));
+    for args in [
+        vec!["channel", "read", "--run", "inc", "--channel", "analysis"],
+        vec![
+            "channel",
+            "read",
+            "--run",
+            "inc",
+            "--channel",
+            "analysis",
+            "--agent",
+            "a2",
+        ],
+        vec!["channel", "list", "--run", "inc"],
+        vec![
+            "channel",
+            "history",
+            "--run",
+            "inc",
+            "--channel",
+            "analysis",
+        ],
+    ] {
+        same(&args, true);
+    }
+    // prune: under the threshold, nothing pruned, both ways.
+    same(&["prune", "--run", "inc"], true);
+    assert_eq!(
+        r(&["prune", "--run", "inc", "--summarizer-cmd", "cat"]).code,
+        2
+    );
+
+    // replay: at a seq, at a time, a timeline, an agent's view, a diff.
+    let ts = serde_json::from_str::<Value>(&stored(3)).unwrap()["ts"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for args in [
+        vec!["replay", "--run", "inc"],
+        vec!["replay", "--run", "inc", "--at-seq", "3"],
+        vec!["replay", "--run", "inc", "--at", &ts],
+        vec!["replay", "--run", "inc", "--at-seq", "4", "--timeline"],
+        vec!["replay", "--run", "inc", "--timeline"],
+        vec!["replay", "--run", "inc", "--at-seq", "4", "--agent", "a1"],
+        vec!["replay", "--run", "inc", "--diff", "2", "6"],
+        vec!["replay", "--run", "inc", "--diff", &ts, "8"],
+        vec!["metrics", "--run", "inc"],
+        vec!["metrics", "--run", "inc", "--json"],
+        vec!["memory-events", "--run", "inc"],
+        vec!["memory-events", "--run", "inc", "--from-seq", "3"],
+        vec!["memory-events"],
+    ] {
+        same(&args, true);
+    }
+    same(&["replay", "--run", "inc", "--diff", "x", "2"], false);
+
+    // The synthesizer (admin tokens only), then the memory it made.
+    let agent_token = token(&env, "alice", &["a1"], "agent");
+    assert_eq!(remote(&env, &srv, &agent_token, &["synth"], "").code, 5);
+    assert_eq!(r(&["synth", "--llm-cmd", "true"]).code, 2);
+    let synth = r(&["synth", "--all"]).ok();
+    let report: Value = serde_json::from_str(&synth.stdout).unwrap();
+    assert_eq!(report["nothing_new"], false, "{report}");
+    let facts: Value = serde_json::from_str(&l(&["facts"]).ok().stdout).unwrap();
+    let f1 = facts["facts"][0]["id"]
+        .as_str()
+        .expect("a fact")
+        .to_string();
+    for args in [
+        vec!["facts"],
+        vec!["facts", "--table"],
+        vec!["facts", "--all"],
+        vec!["facts", "--subject", "db-1"],
+        vec!["facts", "--as-of", &ts, "--all"],
+        vec!["facts", "--explain", &f1],
+        vec!["facts", "--explain", &f1, "--limit", "1"],
+        vec!["search", "disk full"],
+        vec!["search", "disk full", "--json"],
+        vec![
+            "search",
+            "pool",
+            "--run",
+            "inc",
+            "--kind",
+            "hypothesis",
+            "--limit",
+            "2",
+        ],
+        vec!["search", "disk", "--as-agent", "a1", "--json"],
+    ] {
+        same(&args, true);
+    }
+    same(&["facts", "--explain", "F999"], false);
+    same(&["facts", "--as-of", "yesterday"], false);
+    same(&["patterns", "--symptom", "disk_full"], false);
+    same(&["advise", "--tool", "kubectl"], false);
+
+    // A live memory-event stream gets what is there, then what comes.
+    let first = l(&["memory-events", "--run", "inc"]).ok().stdout;
+    let first = first.lines().next().unwrap().to_string();
+    let mut c = env.cmd(&["memory-events", "--run", "inc", "--follow"]);
+    c.env("SWARM_URL", &srv.url)
+        .env("SWARM_TOKEN", &t)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    let mut child = c.spawn().expect("memory-events");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), first);
+    let _ = child.kill();
+    let _ = child.wait();
+
+    // run close and restore through the server.
+    let closed = r(&["run", "close", "inc", "--by", "lead"]).ok();
+    assert!(closed.stdout.contains("inc.swarc"), "{}", closed.stdout);
+    same(&["runs", "--json"], false);
+    r(&["run", "restore", "inc"]).ok();
+    same(&["read", "--run", "inc"], true);
+
+    // The file-only commands refuse, saying so.
+    for args in [
+        vec!["repair", "--run", "inc"],
+        vec!["checkpoint", "--run", "inc"],
+        vec!["index", "status"],
+    ] {
+        let out = r(&args);
+        assert_eq!(out.code, 2, "{args:?}");
+        assert!(out.stderr.contains("data directory"), "{}", out.stderr);
+    }
 }

@@ -1,7 +1,10 @@
 //! The CLI as a client of `swarm serve`: with `SWARM_URL` set (and `SWARM_TOKEN`, the
-//! bearer token), `append`, `read`, `tail`, `board` and `context` talk to the server
-//! instead of the files, with the same flags, the same output and the same exit codes;
-//! the other commands refuse (exit 2) rather than silently use local files.
+//! bearer token), every command with a server route talks to the server instead of the
+//! files, with the same flags, the same output and the same exit codes (`scratch.rs`:
+//! the scratchpad commands; `memory.rs`: facts, search, memory events, patterns, advice,
+//! metrics, synth; `runs.rs`: runs, verify, replay, run close/restore). The commands
+//! that only make sense on the files ([`FILES_ONLY`]) refuse (exit 2) rather than
+//! silently use local files.
 //!
 //! The user is the token's (`--user` is not sent: the server takes the user from the
 //! token only). Output is byte-identical to the embedded mode's: the server serializes
@@ -22,6 +25,13 @@ use crate::http::Transport;
 use crate::prune::ContextArgs;
 use crate::scratch::BoardArgs;
 use crate::{AppendArgs, Cmd, ReadArgs, TailArgs};
+
+mod memory;
+mod runs;
+mod scratch;
+
+/// The commands that work on the data directory itself and refuse under `SWARM_URL`.
+pub const FILES_ONLY: &str = "repair, index, checkpoint, quality, model, serve, token and demo";
 
 /// How often `tail --follow` asks again for a run that does not exist yet, in ms.
 const RUN_WAIT_MS: u64 = 250;
@@ -96,6 +106,15 @@ impl Client {
 
     /// The body of a request that succeeded; a refusal becomes [`Refused`].
     fn send(&self, r: Req, body: Option<&str>) -> anyhow::Result<Box<dyn Read + Send>> {
+        let a = self.answer(r, body)?;
+        if a.status < 400 {
+            return Ok(a.body);
+        }
+        Err(refusal(a.status, a.body))
+    }
+
+    /// The server's answer, whatever its status.
+    fn answer(&self, r: Req, body: Option<&str>) -> anyhow::Result<crate::http::Answer> {
         let mut headers = Vec::new();
         if let Some(t) = &self.token {
             headers.push(("Authorization", format!("Bearer {t}")));
@@ -103,25 +122,23 @@ impl Client {
         if body.is_some() {
             headers.push(("Content-Type", "application/json".to_string()));
         }
-        let a = self
-            .server
-            .send(r.method, &r.target, &headers, body.map(str::as_bytes))?;
-        if a.status < 400 {
-            return Ok(a.body);
-        }
+        self.server
+            .send(r.method, &r.target, &headers, body.map(str::as_bytes))
+    }
+
+    /// The text of a request's answer; `Err` for a refusal.
+    fn text(
+        &self,
+        method: &'static str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<String> {
+        let body = body.map(Value::to_string);
         let mut text = String::new();
-        let _ = a.body.take(1 << 20).read_to_string(&mut text);
-        let status = a.status;
-        let detail = serde_json::from_str::<Value>(&text)
-            .ok()
-            .and_then(|v| v["detail"].as_str().map(str::to_string))
-            .unwrap_or_else(|| format!("the server answered {status}: {text}"));
-        Err(Refused {
-            code: exit_code(status),
-            detail,
-            status: Some(status),
-        }
-        .into())
+        self.send(self.request(method, path, &[]), body.as_deref())?
+            .read_to_string(&mut text)
+            .with_context(|| format!("reading the answer of {}", self.server.name()))?;
+        Ok(text)
     }
 
     fn get_text(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<String> {
@@ -131,6 +148,63 @@ impl Client {
             .with_context(|| format!("reading the answer of {}", self.server.name()))?;
         Ok(text)
     }
+}
+
+/// A refusal: the problem's detail and the exit code of its status.
+fn refusal(status: u16, body: impl Read) -> anyhow::Error {
+    let mut text = String::new();
+    let _ = body.take(1 << 20).read_to_string(&mut text);
+    let detail = serde_json::from_str::<Value>(&text)
+        .ok()
+        .and_then(|v| v["detail"].as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("the server answered {status}: {text}"));
+    Refused {
+        code: exit_code(status),
+        detail,
+        status: Some(status),
+    }
+    .into()
+}
+
+/// Refuses a flag the server cannot honour (exit 2), naming it.
+fn not_remote(flag: &str, why: &str) -> anyhow::Error {
+    crate::invalid(flag, format!("not available through SWARM_URL ({why})"))
+}
+
+/// Prints each element of the list `key` of a JSON answer as one line, as sent.
+fn print_items(text: &str, key: &str) -> anyhow::Result<ExitCode> {
+    let items: Vec<&RawValue> = serde_json::from_str(member(text, key)?.get())?;
+    let out = io::stdout();
+    let mut out = out.lock();
+    for e in items {
+        out.write_all(e.get().as_bytes())?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The member `key` of a JSON answer, as sent.
+fn member<'a>(text: &'a str, key: &str) -> anyhow::Result<&'a RawValue> {
+    let m: std::collections::BTreeMap<&str, &RawValue> = serde_json::from_str(text)?;
+    m.get(key)
+        .copied()
+        .with_context(|| format!("the server's answer has no {key:?}"))
+}
+
+/// Prints a JSON answer as one line (a read: a stdout failure is an error).
+fn print_raw(text: &str) -> anyhow::Result<ExitCode> {
+    crate::scratch::print_json(&raw(text)?)
+}
+
+/// Prints the answer of a write as one line ([`crate::scratch::print_ack`]: the write
+/// happened, so a stdout failure is exit 7, never a retryable error).
+fn print_ack(text: &str, what: &str) -> anyhow::Result<ExitCode> {
+    Ok(crate::scratch::print_ack(&raw(text)?, what))
+}
+
+fn raw(text: &str) -> anyhow::Result<Box<RawValue>> {
+    Ok(RawValue::from_string(text.trim().to_string())?)
 }
 
 fn run_path(run: &str, rest: &str) -> String {
@@ -161,9 +235,26 @@ pub fn run(base: String, cmd: Cmd) -> anyhow::Result<ExitCode> {
         Cmd::Tail(a) => tail(&c, a),
         Cmd::Board(a) => board(&c, a),
         Cmd::Context(a) => context(&c, a),
+        Cmd::Escalations { run, all } => scratch::escalations(&c, &run, all),
+        Cmd::Pick(a) => scratch::pick(&c, a),
+        Cmd::Resolve(a) => scratch::resolve(&c, a),
+        Cmd::Policy(p) => scratch::policy(&c, p),
+        Cmd::Channel(ch) => scratch::channel(&c, ch),
+        Cmd::Prune(a) => scratch::prune(&c, a),
+        Cmd::Runs { json } => runs::runs(&c, json),
+        Cmd::Verify { run } => runs::verify(&c, run),
+        Cmd::Replay(a) => runs::replay(&c, a),
+        Cmd::Run(r) => runs::run(&c, r),
+        Cmd::Facts(a) => memory::facts(&c, a),
+        Cmd::Search(a) => memory::search(&c, a),
+        Cmd::MemoryEvents(a) => memory::memory_events(&c, a),
+        Cmd::Patterns { symptom } => memory::lookup(&c, "/v1/patterns", "symptom", symptom, "patterns"),
+        Cmd::Advise { tool } => memory::lookup(&c, "/v1/advise", "tool", tool, "mistakes"),
+        Cmd::Metrics { run, json } => memory::metrics(&c, &run, json),
+        Cmd::Synth(a) => memory::synth(&c, a),
         _ => bail!(Refused {
             code: 2,
-            detail: "this command is not available through SWARM_URL yet (append, read, tail, board and context are); unset SWARM_URL to use the data directory".into(),
+            detail: format!("this command works on the data directory itself and is not available through SWARM_URL (the file-only commands: {FILES_ONLY}); unset SWARM_URL to run it on the server's data directory"),
             status: None,
         }),
     }
@@ -317,11 +408,25 @@ fn tail(c: &Client, a: TailArgs) -> anyhow::Result<ExitCode> {
         }
     }
     query.push(("follow", "1".into()));
-    let mut from = a.from_seq.unwrap_or(1);
+    follow_stream(c, &path, &query, a.from_seq.unwrap_or(1), false)
+}
+
+/// Follows an SSE stream of `path` from seq `from`, reconnecting after a `lagged`, and
+/// waiting for a run that does not exist yet; `memory`: the stream's data are memory
+/// events (printed as sent), else events.
+fn follow_stream(
+    c: &Client,
+    path: &str,
+    query: &[(&str, String)],
+    mut from: u64,
+    memory: bool,
+) -> anyhow::Result<ExitCode> {
+    let out = io::stdout();
+    let mut out = out.lock();
     loop {
-        let mut q = query.clone();
+        let mut q = query.to_vec();
         q.push(("from_seq", from.to_string()));
-        let resp = match c.send(c.request("GET", &path, &q), None) {
+        let resp = match c.send(c.request("GET", path, &q), None) {
             Ok(r) => r,
             // Like the embedded tail, a run that does not exist yet is waited for (a
             // 404 says no more than that: another user's run looks the same).
@@ -331,7 +436,7 @@ fn tail(c: &Client, a: TailArgs) -> anyhow::Result<ExitCode> {
             }
             Err(e) => return Err(e),
         };
-        match follow(BufReader::new(resp), &mut out, &mut from)? {
+        match follow(BufReader::new(resp), &mut out, &mut from, memory)? {
             // Too slow a reader: the server closed the stream naming where to go on, and
             // nothing was skipped; go on from there.
             Some(resume) => from = resume,
@@ -349,8 +454,9 @@ fn follow(
     stream: impl BufRead,
     out: &mut impl Write,
     next: &mut u64,
+    memory: bool,
 ) -> anyhow::Result<Option<u64>> {
-    let (mut event, mut data) = (String::new(), String::new());
+    let (mut event, mut data, mut id) = (String::new(), String::new(), None);
     for line in stream.lines() {
         let line = match line {
             Ok(l) => l,
@@ -361,10 +467,23 @@ fn follow(
                 data.push_str(v.strip_prefix(' ').unwrap_or(v));
             } else if let Some(v) = line.strip_prefix("event:") {
                 event = v.trim().to_string();
+            } else if let Some(v) = line.strip_prefix("id:") {
+                id = v.trim().parse::<u64>().ok();
             }
             continue;
         }
         match event.as_str() {
+            // A memory event, as sent; its id is the seq of the event it came from (a
+            // reconnection after it resumes past that event: its other memory events
+            // were sent before it, in the same stream).
+            "" if memory && !data.is_empty() => {
+                out.write_all(data.as_bytes())?;
+                out.write_all(b"\n")?;
+                out.flush()?;
+                if let Some(seq) = id {
+                    *next = seq + 1;
+                }
+            }
             "" if !data.is_empty() => {
                 let e: Event = serde_json::from_str(&data)?;
                 let mut line = serde_json::to_vec(&e)?;
@@ -393,26 +512,11 @@ fn follow(
     Ok(None)
 }
 
-#[derive(Deserialize)]
-struct Board<'a> {
-    #[serde(borrow)]
-    board: Vec<&'a RawValue>,
-}
-
 fn board(c: &Client, a: BoardArgs) -> anyhow::Result<ExitCode> {
     let mut query: Vec<(&str, String)> = Vec::new();
     query.extend(a.subject.map(|v| ("subject", v)));
     query.extend(a.agent.map(|v| ("as", v)));
-    let text = c.get_text(&run_path(&a.run, "/board"), &query)?;
-    let b: Board = serde_json::from_str(&text)?;
-    let out = io::stdout();
-    let mut out = out.lock();
-    for e in b.board {
-        out.write_all(e.get().as_bytes())?;
-        out.write_all(b"\n")?;
-    }
-    out.flush()?;
-    Ok(ExitCode::SUCCESS)
+    print_items(&c.get_text(&run_path(&a.run, "/board"), &query)?, "board")
 }
 
 fn context(c: &Client, a: ContextArgs) -> anyhow::Result<ExitCode> {
@@ -433,4 +537,27 @@ fn context(c: &Client, a: ContextArgs) -> anyhow::Result<ExitCode> {
     out.write_all(b"\n")?;
     out.flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Every event of a run's read (following `next_from_seq` pages), each given to `f`.
+fn each_event(
+    c: &Client,
+    run: &str,
+    query: &[(&str, String)],
+    mut f: impl FnMut(&Event) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let path = run_path(run, "/events");
+    let mut from = None;
+    loop {
+        let mut q = query.to_vec();
+        q.extend(from.map(|s: u64| ("from_seq", s.to_string())));
+        let page: Events = serde_json::from_str(&c.get_text(&path, &q)?)?;
+        for e in &page.events {
+            f(e)?;
+        }
+        match page.next_from_seq {
+            Some(next) => from = Some(next),
+            None => return Ok(()),
+        }
+    }
 }
