@@ -13,7 +13,20 @@ use crate::log::segment::{self, FrameReader, Step};
 use crate::log::storage::StorageFile;
 use crate::log::watermark::{self, Pos};
 
-use crate::commit::{lock, InFlight, LiteEvent, RunLog, SyncLocal};
+use crate::commit::{io_copy, lock, FrameEnd, InFlight, LiteEvent, RunLog, Slot, SyncLocal};
+
+/// Rounds of fsyncs a leader makes before it hands the lead to a waiter (its own caller
+/// waits meanwhile; a hand-off costs a wake-up and leaves the disk idle until it runs).
+const LEAD_ROUNDS: u32 = 4;
+
+fn unpark_all(wake: Vec<Arc<Slot>>) {
+    let me = std::thread::current().id();
+    for w in wake {
+        if w.thread.id() != me {
+            w.thread.unpark();
+        }
+    }
+}
 
 /// The seq of the last event of a frame's payload (a JSON array of events).
 fn last_seq(payload: &[u8]) -> Option<u64> {
@@ -48,80 +61,169 @@ impl RunLog {
         r
     }
 
-    /// Waits until everything before `end` is durable, syncing if nobody else has.
+    /// Waits until everything before `end` is durable, syncing if nobody else is.
     ///
-    /// At most one data fsync is in flight per run and process: a thread whose frame is
-    /// not durable yet waits for the fsync in flight (it may cover the frame), and the
-    /// first one left uncovered leads the next fsync, which covers every frame this
-    /// process wrote before it began (`written`), so that one fsync serves everybody who
-    /// queued during the previous one.
+    /// At most one thread of the process leads the data fsyncs at a time (`leader`): a
+    /// thread whose frame is not durable yet waits for it, parked in `waiters`; when none
+    /// leads, it leads. Each fsync covers every frame this process wrote before it began
+    /// (`written`), so that one fsync serves everybody who queued during the previous one.
+    /// (The appends of a written group wait in `waiters` directly: `group_durable`.)
     pub(super) fn wait_durable(
         &self,
         end: Pos,
         end_seq: u64,
         seg: &Arc<dyn StorageFile>,
     ) -> Result<()> {
-        let (id, cover, cover_seq, file) = {
-            let mut s = lock(&self.sync);
-            loop {
+        let mut me: Option<Arc<Slot>> = None;
+        let forget = |s: &mut SyncLocal, me: &Option<Arc<Slot>>| {
+            if let Some(w) = me {
+                s.waiters.retain(|(_, x)| !Arc::ptr_eq(x, w));
+            }
+        };
+        let mut s = lock(&self.sync);
+        loop {
+            let asked = me
+                .as_ref()
+                .is_some_and(|w| w.lead.swap(false, Ordering::AcqRel));
+            if !asked {
                 if s.durable >= end {
+                    forget(&mut s, &me);
                     return Ok(());
                 }
                 if self.poisoned.load(Ordering::Acquire) {
+                    forget(&mut s, &me);
                     return Err(Error::Poisoned(self.run_id.clone()));
                 }
-                if s.inflight.iter().any(|f| f.covers.is_some()) {
-                    let me = std::thread::current();
-                    let id = me.id();
-                    s.waiters.push((end, me));
-                    drop(s);
-                    std::thread::park();
-                    s = lock(&self.sync);
-                    s.waiters.retain(|(_, t)| t.id() != id);
-                    continue;
-                }
-                break;
             }
-            // Cover everything this process wrote, so that threads whose frames were
-            // written after ours share this fsync.
-            let (cover, cover_seq, file) = match &s.written {
-                Some((p, q, f)) if *p >= end => (*p, *q, f.clone()),
-                _ => (end, end_seq, seg.clone()),
-            };
-            let id = s.next_id;
-            s.next_id += 1;
-            s.inflight.push(InFlight {
-                id,
-                covers: Some(cover),
-                done: false,
-            });
-            (id, cover, cover_seq, file)
-        };
-        let r = self.sync_and_publish(id, cover, cover_seq, &file);
-        let mut s = lock(&self.sync);
-        s.inflight.retain(|f| f.id != id);
-        if let Ok(p) = &r {
-            s.durable = s.durable.max(*p);
+            if asked || !s.leader {
+                s.leader = true;
+                forget(&mut s, &me);
+                drop(s);
+                return self.lead_fsyncs(Some((end, end_seq, seg.clone())));
+            }
+            let w = me.get_or_insert_with(Slot::waiter).clone();
+            if !s.waiters.iter().any(|(_, x)| Arc::ptr_eq(x, &w)) {
+                w.done.store(false, Ordering::Relaxed);
+                s.waiters.push(((end, end_seq, seg.clone()), w));
+            }
+            drop(s);
+            std::thread::park();
+            s = lock(&self.sync);
         }
-        self.sync_cv.notify_all();
-        self.wake_waiters(&mut s);
-        r.map(|_| ())
     }
 
-    /// Unparks the waiting threads whose frame is now durable, every one when the writer
-    /// is poisoned, and, when no data fsync is in flight any more, the first uncovered
-    /// one, to lead the next fsync (which covers the others: they wrote before it).
-    pub(super) fn wake_waiters(&self, s: &mut SyncLocal) {
+    /// The fsync leader's work (the caller set `leader`): fsyncs, each covering every
+    /// frame this process wrote before it began, until no waiter is left uncovered, waking
+    /// the waiters each one covers; after `LEAD_ROUNDS` it hands the lead to a waiter
+    /// rather than keep its own caller waiting. `own`: a frame the caller waits for,
+    /// when it is not in `written` (or not yet). Returns `own`'s outcome.
+    pub(super) fn lead_fsyncs(&self, mut own: Option<FrameEnd>) -> Result<()> {
+        let mut result = Ok(());
+        let mut rounds = 0;
+        loop {
+            let (id, cover, cover_seq, file) = {
+                let mut s = lock(&self.sync);
+                let durable = s.durable;
+                if own.as_ref().is_some_and(|(e, _, _)| durable >= *e) {
+                    own = None;
+                }
+                let poisoned = self.poisoned.load(Ordering::Acquire);
+                if poisoned && own.is_some() {
+                    own = None;
+                    result = Err(Error::Poisoned(self.run_id.clone()));
+                }
+                let uncovered = s.waiters.iter().any(|((e, _, _), _)| durable < *e);
+                if poisoned || (own.is_none() && !uncovered) {
+                    s.leader = false;
+                    let wake = self.settle_waiters(&mut s, None);
+                    drop(s);
+                    unpark_all(wake);
+                    return result;
+                }
+                if own.is_none() && rounds >= LEAD_ROUNDS {
+                    // Hand the lead on (`leader` stays set) to a waiter this thread's next
+                    // fsync would have served.
+                    let me = std::thread::current().id();
+                    let next = s
+                        .waiters
+                        .iter()
+                        .find(|((e, _, _), w)| durable < *e && w.thread.id() != me)
+                        .map(|(_, w)| w.clone());
+                    if let Some(next) = next {
+                        drop(s);
+                        next.lead.store(true, Ordering::Release);
+                        next.thread.unpark();
+                        return result;
+                    }
+                }
+                // Cover everything this process wrote, and whatever frame a waiter (or the
+                // caller) waits for beyond it (a retry waits for a stored frame).
+                let mut cover: Option<&FrameEnd> = s.written.as_ref();
+                for f in s
+                    .waiters
+                    .iter()
+                    .map(|(f, _)| f)
+                    .filter(|f| durable < f.0)
+                    .chain(own.as_ref())
+                {
+                    if cover.is_none_or(|c| c.0 < f.0) {
+                        cover = Some(f);
+                    }
+                }
+                let Some((cover, cover_seq, file)) = cover.cloned() else {
+                    s.leader = false;
+                    return result;
+                };
+                let id = s.next_id;
+                s.next_id += 1;
+                s.inflight.push(InFlight { id, done: false });
+                (id, cover, cover_seq, file)
+            };
+            let r = self.sync_and_publish(id, cover, cover_seq, &file);
+            rounds += 1;
+            let wake = {
+                let mut s = lock(&self.sync);
+                s.inflight.retain(|f| f.id != id);
+                if let Ok(p) = &r {
+                    s.durable = s.durable.max(*p);
+                }
+                self.sync_cv.notify_all();
+                self.settle_waiters(&mut s, r.as_ref().err())
+            };
+            unpark_all(wake);
+            if let Err(e) = r {
+                if own.take().is_some() {
+                    result = Err(e);
+                }
+            }
+        }
+    }
+
+    /// Settles the waiters: those whose frame is now durable are done; when `failed` (an
+    /// fsync failed) or the writer is poisoned, every one is done with an error. Returns
+    /// the threads to unpark (once the sync mutex is released).
+    pub(super) fn settle_waiters(
+        &self,
+        s: &mut SyncLocal,
+        failed: Option<&Error>,
+    ) -> Vec<Arc<Slot>> {
         let poisoned = self.poisoned.load(Ordering::Acquire);
         let durable = s.durable;
-        let mut leader_woken = s.inflight.iter().any(|f| f.covers.is_some());
-        s.waiters.retain(|(end, t)| {
-            let wake = poisoned || durable >= *end || !std::mem::replace(&mut leader_woken, true);
-            if wake {
-                t.unpark();
+        let mut wake = Vec::new();
+        s.waiters.retain(|((end, _, _), w)| {
+            if durable >= *end {
+            } else if let Some(e) = failed {
+                *lock(&w.result) = Some(Err(io_copy(e)));
+            } else if poisoned {
+                *lock(&w.result) = Some(Err(Error::Poisoned(self.run_id.clone())));
+            } else {
+                return true;
             }
-            !wake
+            w.done.store(true, Ordering::Release);
+            wake.push(w.clone());
+            false
         });
+        wake
     }
 
     /// Makes everything before `cover` (the end of a frame this process wrote, in
@@ -252,20 +354,20 @@ impl RunLog {
             let mut s = lock(&self.sync);
             let id = s.next_id;
             s.next_id += 1;
-            s.inflight.push(InFlight {
-                id,
-                covers: None,
-                done: false,
-            });
+            s.inflight.push(InFlight { id, done: false });
             id
         };
         let r = file.sync_data().ctx("fsync", path);
         self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
         let r = self.end_fsync(id, r);
-        let mut s = lock(&self.sync);
-        s.inflight.retain(|f| f.id != id);
-        self.sync_cv.notify_all();
-        self.wake_waiters(&mut s);
+        let wake = {
+            let mut s = lock(&self.sync);
+            s.inflight.retain(|f| f.id != id);
+            self.sync_cv.notify_all();
+            // On a failure every waiter is done, with an error.
+            self.settle_waiters(&mut s, None)
+        };
+        unpark_all(wake);
         r
     }
 
@@ -281,7 +383,6 @@ impl RunLog {
             tracing::error!(error = %e, "fsync failed; the run's writer is poisoned");
             s.inflight.retain(|f| f.id != id);
             self.sync_cv.notify_all();
-            self.wake_waiters(&mut s);
             return Err(e);
         }
         let overlapping: Vec<u64> = s

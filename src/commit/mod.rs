@@ -17,11 +17,14 @@
 //! Durability is then reached *outside* the append lock, so that other writers can append
 //! while one waits for the disk (group commit):
 //! - **Threads.** Appending threads combine: the first in leads, writes every waiting
-//!   request in one `pwrite`, hands the write lead to the next arrival, then makes its
-//!   whole group durable with one wait and wakes the group's threads with durable
-//!   results. At most one data fsync is in flight per run and process; it covers every
-//!   frame the process wrote before it began, and whoever is left uncovered when it ends
-//!   leads the next one, so each fsync serves everybody who queued during the last.
+//!   request in one `pwrite`, hands the write lead to the next arrival, and registers
+//!   the group's `sync` requests as waiters on their frames' ends. One thread at a time
+//!   leads the data fsyncs (`SyncLocal::leader`; the write leader when none does): each
+//!   covers every frame the process wrote before it began, and the leader marks done and
+//!   unparks every waiter it covered itself, then syncs again while waiters are left
+//!   uncovered (at most `LEAD_ROUNDS` times, then it hands the lead to one of them). So
+//!   each fsync serves everybody who queued during the last, and each appending thread
+//!   parks once and is woken once.
 //! - **Processes.** fsyncs of a run are taken one at a time under the `SYNC_LOCK` file. A
 //!   process that waited for it first re-reads the durable mark in `SYNCED`, which the
 //!   flush before it may have moved past its frame (then it has nothing to do); otherwise
@@ -79,6 +82,21 @@ pub(crate) struct Request {
     pub tails: Vec<Vec<u8>>,
 }
 
+impl Slot {
+    /// A slot for a thread that only waits for durability (no request of its own).
+    fn waiter() -> Arc<Slot> {
+        Arc::new(Slot {
+            req: Mutex::new(None),
+            sync: true,
+            result: Mutex::new(None),
+            done: AtomicBool::new(false),
+            taken: AtomicBool::new(true),
+            lead: AtomicBool::new(false),
+            thread: std::thread::current(),
+        })
+    }
+}
+
 impl Request {
     pub(crate) fn new(
         batch: Vec<Checked>,
@@ -118,6 +136,11 @@ struct Slot {
     result: Mutex<Option<Result<Outcome>>>,
     /// `result` is final (for `sync`, durable): the thread may return.
     done: AtomicBool,
+    /// A write leader took the request (it is written, or failed): the thread waits for
+    /// `done` and does not lead a write.
+    taken: AtomicBool,
+    /// The thread is asked to lead the next data fsync (a hand-off from the last one).
+    lead: AtomicBool,
     /// The appending thread, woken (unparked) when its result is set or when it is to
     /// lead the next group: waking only the threads concerned, rather than every waiting
     /// one, matters with dozens of threads on two cores.
@@ -160,8 +183,6 @@ type FrameEnd = (Pos, u64, Arc<dyn StorageFile>);
 /// An fsync of a segment in flight in this process.
 struct InFlight {
     id: u64,
-    /// The position it makes durable when it succeeds (`None`: rotation or repair).
-    covers: Option<Pos>,
     /// Its `sync_data` returned successfully.
     done: bool,
 }
@@ -175,9 +196,14 @@ struct SyncLocal {
     /// fsyncs in flight in this process.
     inflight: Vec<InFlight>,
     next_id: u64,
-    /// Threads parked until a frame ending at the position is durable, waiting for an
-    /// fsync in flight that covers it.
-    waiters: Vec<(Pos, std::thread::Thread)>,
+    /// Threads parked until a frame ending at the position is durable (their `done` is
+    /// set, or their `lead` when they are to lead the next fsync), waiting for the fsync
+    /// in flight or the next one.
+    /// (The frame's segment and last seq come with it: a retried request waits for a
+    /// stored frame that may not be in `written`.)
+    waiters: Vec<(FrameEnd, Arc<Slot>)>,
+    /// A thread leads the data fsyncs (or has been asked to): the others wait for it.
+    leader: bool,
 }
 
 /// Counters of a run's durable path in this process, since it opened the run.

@@ -24,8 +24,8 @@ use crate::log::storage::{OpenMode, Storage, StorageFile};
 use crate::log::watermark::Pos;
 
 use crate::commit::{
-    io_copy, lock, rule_event, Combine, Outcome, PlanEnd, Request, RunLog, Slot, SyncCounters,
-    SyncLocal, SyncStats, Writer,
+    io_copy, lock, rule_event, Combine, FrameEnd, Outcome, PlanEnd, Request, RunLog, Slot,
+    SyncCounters, SyncLocal, SyncStats, Writer,
 };
 
 impl RunLog {
@@ -94,6 +94,7 @@ impl RunLog {
                 inflight: Vec::new(),
                 next_id: 0,
                 waiters: Vec::new(),
+                leader: false,
             }),
             sync_cv: Condvar::new(),
             sync_io: Mutex::new(()),
@@ -192,9 +193,10 @@ impl RunLog {
     ///
     /// Threads combine: the first one in leads, writes every waiting request in one
     /// `pwrite` under `LOCK`, hands the write lead on to the next arrival (which may
-    /// write while this group's fsync runs), waits for the group's durability once for
-    /// all of it, and only then wakes the group's threads. A follower is woken once, with
-    /// a durable result: two context switches per append, not one per step.
+    /// write while this group's fsync runs), and registers the group's `sync` requests as
+    /// waiters, leading the fsync itself when nobody does (`group_durable`). Whoever
+    /// makes a frame durable wakes its thread: each thread parks once and is woken once,
+    /// with a final (durable) result.
     pub(crate) fn append(self: &Arc<Self>, mut req: Request) -> Result<Vec<Event>> {
         let durability = req.durability;
         // Encoding is most of an event's cost: done here, in parallel, not under the lock.
@@ -206,39 +208,47 @@ impl RunLog {
             sync: durability == Durability::Sync,
             result: Mutex::new(None),
             done: AtomicBool::new(false),
+            taken: AtomicBool::new(false),
+            lead: AtomicBool::new(false),
             thread: std::thread::current(),
         });
-        let mut c = lock(&self.combine);
-        c.pending.push(slot.clone());
-        while !slot.done.load(Ordering::Acquire) {
-            if c.leader {
-                // The leader unparks us when our result is durable, or to lead.
-                drop(c);
-                std::thread::park();
-                c = lock(&self.combine);
+        lock(&self.combine).pending.push(slot.clone());
+        loop {
+            // Asked to lead the next data fsync: checked first, so that a hand-off is
+            // never dropped (the fsync leader is the only one who sets `done` meanwhile).
+            if slot.lead.swap(false, Ordering::AcqRel) {
+                // (No frame of its own: the outcomes go to the waiters.)
+                let _ = self.lead_fsyncs(None);
                 continue;
             }
-            c.leader = true;
-            let group = std::mem::take(&mut c.pending);
-            drop(c);
-            self.write_group(&group);
-            c = lock(&self.combine);
-            c.leader = false;
-            // Appends that arrived during the write: the first of them leads next.
-            if let Some(next) = c.pending.first() {
-                next.thread.unpark();
+            if slot.done.load(Ordering::Acquire) {
+                break;
             }
-            drop(c);
-            self.group_durable(&group);
-            for s in &group {
-                s.done.store(true, Ordering::Release);
-                if !Arc::ptr_eq(s, &slot) {
-                    s.thread.unpark();
+            if !slot.taken.load(Ordering::Acquire) {
+                let mut c = lock(&self.combine);
+                if !c.leader && !slot.taken.load(Ordering::Acquire) {
+                    c.leader = true;
+                    let group = std::mem::take(&mut c.pending);
+                    for s in &group {
+                        s.taken.store(true, Ordering::Release);
+                    }
+                    drop(c);
+                    self.write_group(&group);
+                    let mut c = lock(&self.combine);
+                    c.leader = false;
+                    // Appends that arrived during the write: the first of them leads next.
+                    if let Some(next) = c.pending.first() {
+                        next.thread.unpark();
+                    }
+                    drop(c);
+                    self.group_durable(&group, &slot);
+                    continue;
                 }
             }
-            c = lock(&self.combine);
+            // The leader unparks us when our result is final (durable), to lead the next
+            // write, or to lead the next fsync.
+            std::thread::park();
         }
-        drop(c);
         let taken = lock(&slot.result).take();
         let Some(result) = taken else {
             return Err(Error::Io {
@@ -273,32 +283,48 @@ impl RunLog {
         Ok(outcome.events)
     }
 
-    /// Makes the `sync` requests of a written group durable with one wait: the end of
-    /// the last of them covers the others. A failure is every one's result.
-    fn group_durable(&self, group: &[Arc<Slot>]) {
-        let mut last: Option<(Pos, u64, Arc<dyn StorageFile>)> = None;
-        let mut sync_slots = Vec::new();
+    /// Settles a written group: every request that needs no fsync (not `sync`, failed,
+    /// or an old frame) is done now; the `sync` ones wait, each for the fsync that covers
+    /// its frame, and are woken by whoever makes it (this thread leads one when no fsync
+    /// is in flight). `me`: this thread's slot, which it need not unpark.
+    fn group_durable(&self, group: &[Arc<Slot>], me: &Arc<Slot>) {
+        let mut waiting: Vec<(FrameEnd, Arc<Slot>)> = Vec::new();
         for s in group {
-            if !s.sync {
-                continue;
-            }
-            if let Some(Ok(o)) = &*lock(&s.result) {
-                if let Some(seg) = &o.seg {
-                    let seq = o.events.iter().map(|e| e.seq).max().unwrap_or(0);
-                    if last.as_ref().is_none_or(|(p, _, _)| *p < o.end) {
-                        last = Some((o.end, seq, seg.clone()));
+            if s.sync {
+                if let Some(Ok(o)) = &*lock(&s.result) {
+                    if let Some(seg) = &o.seg {
+                        let seq = o.events.iter().map(|e| e.seq).max().unwrap_or(0);
+                        waiting.push(((o.end, seq, seg.clone()), s.clone()));
+                        continue;
                     }
-                    sync_slots.push(s);
                 }
             }
-        }
-        let Some((end, seq, seg)) = last else {
-            return;
-        };
-        if let Err(e) = self.wait_durable(end, seq, &seg) {
-            for s in sync_slots {
-                *lock(&s.result) = Some(Err(io_copy(&e)));
+            s.done.store(true, Ordering::Release);
+            if !Arc::ptr_eq(s, me) {
+                s.thread.unpark();
             }
+        }
+        if waiting.is_empty() {
+            return;
+        }
+        let (wake, lead) = {
+            let mut s = lock(&self.sync);
+            s.waiters.extend(waiting);
+            let wake = self.settle_waiters(&mut s, None);
+            let lead = !s.leader && !s.waiters.is_empty();
+            if lead {
+                s.leader = true;
+            }
+            (wake, lead)
+        };
+        for w in wake {
+            if !Arc::ptr_eq(&w, me) {
+                w.thread.unpark();
+            }
+        }
+        if lead {
+            // (No frame of its own: the outcomes go to the waiters.)
+            let _ = self.lead_fsyncs(None);
         }
     }
 
