@@ -1,11 +1,14 @@
-//! How the CLI reaches a server (`SWARM_URL`): `http://HOST:PORT` over TCP (ureq), or
+//! How the CLI reaches a server (`SWARM_URL`): `http://HOST:PORT` or `https://HOST:PORT`
+//! over TCP (ureq; TLS with rustls, trusting the Mozilla roots and the CA certificates in
+//! `SWARM_CA_CERT`, a PEM file, for a server with a self-signed certificate), or
 //! `unix:///PATH`, a Unix socket (`swarm serve --socket PATH`), spoken to by the small
 //! HTTP/1.1 client below (one request per connection, `Connection: close`; fixed-length,
 //! chunked and until-close bodies), since ureq only dials TCP.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::bail;
@@ -15,8 +18,13 @@ const HEAD_BYTES_MAX: u64 = 64 * 1024;
 
 /// Where the server is.
 pub enum Transport {
-    /// `http://...`: ureq over TCP.
-    Tcp { base: String, agent: ureq::Agent },
+    /// `http://...` or `https://...`: ureq over TCP.
+    Tcp {
+        base: String,
+        agent: ureq::Agent,
+        /// `SWARM_CA_CERT`, with https://.
+        ca: Option<PathBuf>,
+    },
     /// `unix:///path`: a Unix socket.
     Unix(PathBuf),
 }
@@ -39,18 +47,27 @@ impl Transport {
             }
             return Ok(Transport::Unix(PathBuf::from(path)));
         }
-        if !url.starts_with("http://") {
+        let https = url.starts_with("https://");
+        if !https && !url.starts_with("http://") {
             bail!(crate::invalid(
                 "SWARM_URL",
-                format!("{url:?}: use http://HOST:PORT or unix:///PATH/TO/SOCKET")
+                format!(
+                    "{url:?}: use http://HOST:PORT, https://HOST:PORT or unix:///PATH/TO/SOCKET"
+                )
             ));
         }
-        let agent = ureq::AgentBuilder::new()
-            .timeout_connect(Duration::from_secs(10))
-            .build();
+        let mut agent = ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(10));
+        let mut ca = None;
+        if https {
+            ca = std::env::var_os("SWARM_CA_CERT")
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from);
+            agent = agent.tls_config(tls_config(ca.as_deref())?);
+        }
         Ok(Transport::Tcp {
             base: url.to_string(),
-            agent,
+            agent: agent.build(),
+            ca,
         })
     }
 
@@ -64,7 +81,7 @@ impl Transport {
         body: Option<&[u8]>,
     ) -> anyhow::Result<Answer> {
         match self {
-            Transport::Tcp { base, agent } => {
+            Transport::Tcp { base, agent, ca } => {
                 let mut r = agent.request(method, &format!("{base}{target}"));
                 for (k, v) in headers {
                     r = r.set(k, v);
@@ -78,7 +95,10 @@ impl Transport {
                         status: resp.status(),
                         body: Box::new(resp.into_reader()),
                     }),
-                    Err(e) => Err(anyhow::Error::new(e).context(format!("cannot reach {base}"))),
+                    Err(e) => {
+                        let hint = tls_hint(&e.to_string(), ca.as_deref());
+                        Err(anyhow::Error::new(e).context(format!("cannot reach {base}{hint}")))
+                    }
                 }
             }
             Transport::Unix(path) => unix_send(path, method, target, headers, body).map_err(|e| {
@@ -94,6 +114,55 @@ impl Transport {
             Transport::Unix(p) => format!("unix://{}", p.display()),
         }
     }
+}
+
+/// What to do about a refused server certificate (`why`: ureq's error), if it was one.
+fn tls_hint(why: &str, ca: Option<&Path>) -> String {
+    if !why.contains("certificate") {
+        String::new()
+    } else if why.contains("CaUsedAsEndEntity") {
+        " (the server's certificate is a CA certificate: make it with basicConstraints CA:FALSE)"
+            .into()
+    } else if let Some(ca) = ca {
+        format!(
+            " (its certificate is not trusted with SWARM_CA_CERT={})",
+            ca.display()
+        )
+    } else {
+        " (a certificate not signed by a public CA needs SWARM_CA_CERT=CA.pem)".into()
+    }
+}
+
+/// The TLS client configuration: the Mozilla roots, and the certificates in `ca` (PEM).
+fn tls_config(ca: Option<&Path>) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    let mut roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    if let Some(path) = ca {
+        let what =
+            |why: String| crate::invalid("SWARM_CA_CERT", format!("{}: {why}", path.display()));
+        let pem = std::fs::read(path).map_err(|e| what(format!("cannot read: {e}")))?;
+        let certs = CertificateDer::pem_slice_iter(&pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| what(format!("not a PEM file: {e}")))?;
+        if certs.is_empty() {
+            bail!(what(
+                "holds no certificate (PEM `BEGIN CERTIFICATE`)".into()
+            ));
+        }
+        for c in certs {
+            roots
+                .add(c)
+                .map_err(|e| what(format!("not a usable CA certificate: {e}")))?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
 }
 
 fn bad(what: impl Into<String>) -> io::Error {

@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use swarm_memory::serve::token::{self, Role};
-use swarm_memory::serve::{self as server, ServeOptions};
+use swarm_memory::serve::{self as server, ServeOptions, TlsFiles};
 
 /// Arguments of `swarm serve`.
 #[derive(Args)]
 pub struct ServeArgs {
     /// TCP address to listen on; port 0 picks a free one. Stdout then says `listening on
-    /// http://ADDR` (its first line). Default: 127.0.0.1:7700, unless --socket is given
+    /// http://ADDR` (https://ADDR with --tls-cert; its first line). Default: 127.0.0.1:7700, unless --socket is given
     /// (then TCP only with --listen too).
     #[arg(long, env = "SWARM_LISTEN")]
     listen: Option<SocketAddr>,
@@ -26,6 +26,16 @@ pub struct ServeArgs {
     /// At most 107 bytes.
     #[arg(long, value_name = "PATH")]
     socket: Option<std::path::PathBuf>,
+    /// Serve HTTPS on the TCP listener with the certificate chain in this PEM file (the
+    /// server's certificate first); needs --tls-key. Both files are read once, at start.
+    /// TLS applies to TCP only: a --socket listener stays plain HTTP (its mode 0600 is
+    /// its guard). Clients: SWARM_URL=https://HOST:PORT, and SWARM_CA_CERT=CA.pem when
+    /// the certificate is not signed by a public CA (self-signed).
+    #[arg(long, value_name = "CERT.pem", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "KEY.pem", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
     /// Largest request body, in bytes (413 above it).
     #[arg(long, default_value_t = server::BODY_LIMIT_BYTES_DEFAULT)]
     body_limit_bytes: u64,
@@ -92,6 +102,11 @@ pub fn serve(
     checkpoint_every: u64,
     archive_dir: &Path,
 ) -> anyhow::Result<ExitCode> {
+    if a.tls_cert.is_some() && a.listen.is_none() && a.socket.is_some() {
+        anyhow::bail!(
+            "--tls-cert applies to the TCP listener, and with --socket alone there is none: give --listen too"
+        );
+    }
     server::run(ServeOptions {
         listen: match (a.listen, &a.socket) {
             (Some(l), _) => Some(l),
@@ -99,6 +114,10 @@ pub fn serve(
             (None, None) => Some(server::LISTEN_DEFAULT.parse()?),
         },
         socket: a.socket,
+        tls: match (a.tls_cert, a.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            _ => None,
+        },
         data_dir: data_dir.to_path_buf(),
         checkpoint_dir: checkpoint_dir.to_path_buf(),
         checkpoint_every,

@@ -13,7 +13,8 @@ use crate::util::Env;
 /// A running `swarm serve`; killed at drop unless stopped.
 pub(crate) struct Server {
     pub(crate) child: Child,
-    /// `http://127.0.0.1:PORT`
+    /// `http://127.0.0.1:PORT` (`https://` with `--tls-cert`; then `http` cannot reach
+    /// it: it trusts no self-signed certificate)
     pub(crate) url: String,
     pub(crate) http: ureq::Agent,
 }
@@ -63,7 +64,8 @@ impl Server {
     }
 
     pub(crate) fn addr(&self) -> &str {
-        self.url.trim_start_matches("http://")
+        let u = self.url.trim_start_matches("https://");
+        u.trim_start_matches("http://")
     }
 
     pub(crate) fn get(&self, path: &str, token: Option<&str>) -> Resp {

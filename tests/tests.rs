@@ -36,6 +36,7 @@ mod serve_crash;
 #[cfg(feature = "mcp")]
 mod serve_model;
 mod serve_socket;
+mod serve_tls;
 mod synth;
 mod tail;
 mod truncate;

@@ -21,6 +21,9 @@ pub struct ServeOptions {
     pub listen: Option<SocketAddr>,
     /// A Unix socket to listen on (`--socket`), besides or instead of TCP.
     pub socket: Option<PathBuf>,
+    /// HTTPS on the TCP listener (`--tls-cert`, `--tls-key`); the Unix socket stays
+    /// plain HTTP.
+    pub tls: Option<TlsFiles>,
     /// The data directory (runs, and the tokens file).
     pub data_dir: PathBuf,
     /// Where checkpoints go.
@@ -45,6 +48,15 @@ pub struct ServeOptions {
     /// The embedding model's directory given on the command line (`--embed-model`);
     /// `None`: `SWARM_EMBED_MODEL`, else `<data dir>/.models/all-MiniLM-L6-v2`.
     pub embed_model: Option<PathBuf>,
+}
+
+/// The PEM files of `--tls-cert` and `--tls-key`.
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    /// The certificate chain, the server's certificate first.
+    pub cert: PathBuf,
+    /// Its private key.
+    pub key: PathBuf,
 }
 
 /// What every request shares: options, tokens, the stores, the shutdown signal.

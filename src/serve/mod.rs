@@ -4,6 +4,7 @@
 //!
 //! - `mod.rs` (this file): the accept loop (limits, timeouts, graceful shutdown).
 //! - `listen.rs`: the Unix socket (`--socket`: mode 0600, stale and live sockets).
+//! - `tls.rs`: HTTPS on the TCP listener (`--tls-cert`, `--tls-key`; rustls).
 //! - `app.rs`: options and the shared [`App`] state (tokens, one store per user).
 //! - `token.rs`: the tokens file and `swarm token add | list | revoke`.
 //! - `extract.rs`: identity, JSON body and query extractors (every check before a call).
@@ -38,6 +39,7 @@ pub mod metrics;
 pub mod problem;
 pub mod routes;
 pub mod sse;
+pub mod tls;
 pub mod token;
 pub mod vectors;
 
@@ -53,7 +55,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 
-pub use crate::serve::app::{App, ServeOptions};
+pub use crate::serve::app::{App, ServeOptions, TlsFiles};
 use crate::serve::problem::Problem;
 use crate::serve::token::TokenSet;
 use crate::serve::vectors::Vectors;
@@ -78,7 +80,8 @@ pub const SHUTDOWN_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 /// Serves until SIGTERM or SIGINT, then stops accepting, lets in-flight requests finish
 /// (at most `shutdown_timeout`), ends live tails with a `shutdown` event, and returns.
 ///
-/// Once bound, stdout says `listening on http://ADDR` (TCP; first) and/or `listening on
+/// Once bound, stdout says `listening on http://ADDR` (TCP, or `https://ADDR` with TLS;
+/// first) and/or `listening on
 /// unix://PATH` (`--socket`), one line each, so a script (or a test) that started the
 /// server with port 0 learns the port from it.
 pub fn run(opts: ServeOptions) -> std::io::Result<()> {
@@ -91,6 +94,10 @@ pub fn run(opts: ServeOptions) -> std::io::Result<()> {
 
 async fn serve(opts: ServeOptions) -> std::io::Result<()> {
     let tokens = TokenSet::open(&opts.data_dir).map_err(std::io::Error::other)?;
+    let tls = match &opts.tls {
+        Some(f) => Some(tls::acceptor(&f.cert, &f.key)?),
+        None => None,
+    };
     // The model loads before the socket is bound: once `listening` is printed, searches
     // rank as the log line below says.
     let (explicit, data_dir) = (opts.embed_model.clone(), opts.data_dir.clone());
@@ -156,7 +163,8 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
         let mut lines = String::new();
         if let Some(l) = &tcp {
             let addr = l.local_addr()?;
-            lines.push_str(&format!("listening on http://{addr}\n"));
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            lines.push_str(&format!("listening on {scheme}://{addr}\n"));
             tracing::info!(%addr, "listening");
         }
         if let Some(u) = &unix {
@@ -183,11 +191,25 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
                 };
                 let (router, watcher) = (router.clone(), graceful.watcher());
                 let timeout = opts.request_timeout;
+                let (acceptor, mut stop) = (tls.clone(), app.shutdown.clone());
                 tokio::spawn(async move {
                     match io {
                         Accepted::Tcp(s) => {
                             let _ = s.set_nodelay(true);
-                            serve_conn(s, router, watcher, timeout).await
+                            let Some(acceptor) = acceptor else {
+                                return serve_conn(s, router, watcher, timeout).await;
+                            };
+                            // The handshake, in this connection's task: bounded in time,
+                            // and given up when the server stops.
+                            let s = tokio::select! {
+                                r = tokio::time::timeout(tls::HANDSHAKE_TIMEOUT, acceptor.accept(s)) => r,
+                                _ = stop.wait_for(|s| *s) => return,
+                            };
+                            match s {
+                                Ok(Ok(s)) => serve_conn(s, router, watcher, timeout).await,
+                                Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                                Err(_) => tracing::debug!("TLS handshake timed out"),
+                            }
                         }
                         Accepted::Unix(s) => serve_conn(s, router, watcher, timeout).await,
                     }
