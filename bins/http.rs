@@ -117,6 +117,19 @@ impl Transport {
 }
 
 /// What to do about a refused server certificate (`why`: ureq's error), if it was one.
+/// The TLS client configuration for `url` when it is `https://` (the Mozilla roots plus
+/// `SWARM_CA_CERT`, as the CLI uses), for other clients of the server (`swarm mcp`'s
+/// bridge).
+pub fn tls_for(url: &str) -> anyhow::Result<Option<Arc<rustls::ClientConfig>>> {
+    if !url.starts_with("https://") {
+        return Ok(None);
+    }
+    let ca = std::env::var_os("SWARM_CA_CERT")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from);
+    tls_config(ca.as_deref()).map(Some)
+}
+
 fn tls_hint(why: &str, ca: Option<&Path>) -> String {
     if !why.contains("certificate") {
         String::new()

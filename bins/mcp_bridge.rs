@@ -171,22 +171,28 @@ impl Bridge {
 
 /// Runs the bridge until stdin closes; then ends the server's session.
 pub fn run(base: &str) -> anyhow::Result<ExitCode> {
-    if !base.starts_with("http://") {
+    if !base.starts_with("http://") && !base.starts_with("https://") {
         anyhow::bail!(crate::invalid(
             "SWARM_URL",
-            format!("{base:?}: `swarm mcp` reaches a server over http://HOST:PORT only (not a Unix socket yet): start the server with --listen too")
+            format!("{base:?}: `swarm mcp` reaches a server over http:// or https:// only (not a Unix socket yet): start the server with --listen too")
         ));
     }
+    let tls = crate::http::tls_for(base)?;
+    let agent = |read: Option<Duration>| {
+        let mut b = ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(10));
+        if let Some(t) = read {
+            b = b.timeout_read(t);
+        }
+        if let Some(c) = &tls {
+            b = b.tls_config(c.clone());
+        }
+        b.build()
+    };
     let bridge = Arc::new(Bridge {
         endpoint: format!("{base}/mcp"),
         token: std::env::var("SWARM_TOKEN").ok().filter(|t| !t.is_empty()),
-        post: ureq::AgentBuilder::new()
-            .timeout_connect(Duration::from_secs(10))
-            .timeout_read(REQUEST_TIMEOUT)
-            .build(),
-        stream: ureq::AgentBuilder::new()
-            .timeout_connect(Duration::from_secs(10))
-            .build(),
+        post: agent(Some(REQUEST_TIMEOUT)),
+        stream: agent(None),
         session: Mutex::new(None),
         out: Mutex::new(io::stdout()),
     });

@@ -243,3 +243,49 @@ fn serve_tls_follow_sees_a_later_append() {
         (Some(1), Some("later"))
     );
 }
+
+/// `swarm mcp` with `SWARM_URL=https://...` and `SWARM_CA_CERT`: the stdio bridge speaks
+/// TLS to the server's `/mcp` and answers `initialize` and `tools/list`.
+#[test]
+fn serve_tls_carries_the_mcp_bridge() {
+    let env = Env::fast();
+    let pem = self_signed(&env, "server");
+    let srv = start_tls(&env, &pem);
+    let t = token(&env, "alice", &["sre"], "agent");
+    let mut child = env
+        .cmd(&["mcp"])
+        .env("SWARM_URL", &srv.url)
+        .env("SWARM_TOKEN", &t)
+        .env("SWARM_CA_CERT", &pem.cert)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    for line in [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+    ] {
+        writeln!(stdin, "{line}").unwrap();
+    }
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut answers = Vec::new();
+    while answers.len() < 2 {
+        let l = lines.next().expect("an answer").unwrap();
+        let v: serde_json::Value = serde_json::from_str(&l).unwrap();
+        if v.get("id").is_some() {
+            answers.push(v);
+        }
+    }
+    drop(stdin);
+    let _ = child.wait();
+    assert!(
+        answers[0]["result"]["serverInfo"].is_object(),
+        "{:?}",
+        answers[0]
+    );
+    let tools = answers[1]["result"]["tools"].as_array().unwrap();
+    assert_eq!(tools.len(), 20, "{:?}", answers[1]);
+}
