@@ -15,8 +15,9 @@
 //! Environment: `SWARM_BENCH_SECS` (default 3), `SWARM_BENCH_CLIENTS` (default `16,64`),
 //! `SWARM_BENCH_DIR`, `SWARM_BENCH_REDIS` (the `redis-server` binary).
 //!
-//! Not measured here yet (issue 13): SSE tail latency, 1,000 idle subscribers' RSS,
-//! `context`/`board` over HTTP on a 100k-event run.
+//! Then `context` and `board` over HTTP on a 100k-event run (`SWARM_BENCH_ONLY=views`
+//! runs that cell alone). SSE tail latency and 1,000 idle subscribers are in
+//! `cargo bench --bench tail` (`TAIL_BENCH_SYSTEMS=sse,redis`).
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
@@ -228,9 +229,107 @@ fn start_swarm(dir: &Path) -> (Child, String) {
     (child, format!("{url}#{token}"))
 }
 
+/// `context` and `board` over HTTP on a run of `SWARM_BENCH_VIEW_EVENTS` (default
+/// 100,000) events: p50 and p99 of `SWARM_BENCH_VIEW_REQUESTS` (default 200) requests
+/// each, one client, keep-alive (target: p50 < 3 ms).
+fn views(dir: &Path, swarm: &str) {
+    use swarm_memory::{Durability, EventType, NewEvent, Store};
+    let n: usize = std::env::var("SWARM_BENCH_VIEW_EVENTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100_000);
+    let requests: usize = std::env::var("SWARM_BENCH_VIEW_REQUESTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200);
+    let run = "views";
+    let store = Store::open(dir).unwrap().with_user("bench", true).unwrap();
+    let kinds = [
+        EventType::Evidence,
+        EventType::Hypothesis,
+        EventType::Evidence,
+    ];
+    let mut i = 0;
+    while i < n {
+        let batch: Vec<NewEvent> = (i..(i + 1000).min(n))
+            .map(|k| {
+                let mut e = NewEvent::new(
+                    &format!("a{}", k % 16),
+                    kinds[k % 3],
+                    format!("finding {k}: {} on svc-{}", "x".repeat(120), k % 500),
+                );
+                e.subject = Some(format!("svc-{}", k % 500));
+                e
+            })
+            .collect();
+        i += batch.len();
+        store
+            .append_batch(run, batch, None, Durability::None)
+            .unwrap();
+    }
+    let (url, token) = swarm.split_once('#').unwrap();
+    let agent = ureq::AgentBuilder::new().build();
+    let auth = format!("Bearer {token}");
+    let time = |path: &str| -> Vec<u64> {
+        let u = format!("{url}{path}");
+        for _ in 0..5 {
+            agent
+                .get(&u)
+                .set("Authorization", &auth)
+                .call()
+                .unwrap()
+                .into_string()
+                .unwrap();
+        }
+        let mut lat: Vec<u64> = (0..requests)
+            .map(|_| {
+                let t = Instant::now();
+                let body = agent
+                    .get(&u)
+                    .set("Authorization", &auth)
+                    .call()
+                    .unwrap()
+                    .into_string()
+                    .unwrap();
+                assert!(!body.is_empty());
+                t.elapsed().as_nanos() as u64
+            })
+            .collect();
+        lat.sort_unstable();
+        lat
+    };
+    let context = time(&format!("/v1/runs/{run}/context?budget_bytes=4000&as=a1"));
+    let board = time(&format!("/v1/runs/{run}/board?as=a1"));
+    println!();
+    println!("views over HTTP on a run of {n} events ({requests} requests each, one client):");
+    println!("| route | p50 ms | p99 ms | target |");
+    println!("|---|---:|---:|---:|");
+    for (name, lat) in [
+        ("context (4,000-byte budget)", &context),
+        ("board (500 subjects)", &board),
+    ] {
+        println!(
+            "| {name} | {:.2} | {:.2} | p50 < 3 ms |",
+            pct(lat, 0.5),
+            pct(lat, 0.99)
+        );
+    }
+}
+
 fn main() {
     if let Ok(kind) = std::env::var("SWARM_BENCH_WORKER") {
         return worker(&kind);
+    }
+    if std::env::var("SWARM_BENCH_ONLY").as_deref() == Ok("views") {
+        let parent = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/tmp");
+        fs::create_dir_all(&parent).unwrap();
+        let tmp = tempfile::tempdir_in(&parent).unwrap();
+        let dir = tmp.path().join("swarm");
+        let (mut server, swarm) = start_swarm(&dir);
+        views(&dir, &swarm);
+        let _ = server.kill();
+        let _ = server.wait();
+        return;
     }
     let secs: f64 = std::env::var("SWARM_BENCH_SECS")
         .ok()
@@ -284,6 +383,7 @@ fn main() {
             Err(e) => println!("redis: skipped, {e}"),
         }
     }
+    views(&tmp.path().join("swarm"), &swarm);
     let _ = server.kill();
     let _ = server.wait();
     if let Ok((mut r, _)) = redis {

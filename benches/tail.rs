@@ -15,6 +15,13 @@
 //! event reaches it (both clocks are the same machine's `CLOCK_REALTIME`). Percentiles
 //! pool every delivery of the cell; the first `WARMUP` events are not counted.
 //! Redis is skipped with a note when `redis-server` is not installed.
+//!
+//! `swarm serve SSE` is the server's live tail (issue 13): the tailers hold
+//! `GET /v1/runs/{run}/events?follow=1` streams of one `swarm serve`, the writer appends
+//! with `POST` (durable); the same driver and payload. After the table, the idle cell:
+//! `TAIL_BENCH_IDLE` (default 1,000) SSE subscribers that sit on one run, the server's
+//! resident memory before and with them, and one append's delivery to all.
+//! `TAIL_BENCH_SYSTEMS=sse,redis TAIL_BENCH_TAILERS=16,256` runs the issue's cells.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -46,6 +53,8 @@ fn now_ns() -> u64 {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Backend {
     Swarm,
+    /// `swarm serve`'s SSE tail (`GET /v1/runs/{run}/events?follow=1`), appends by `POST`.
+    Sse,
     Redis,
     Sqlite,
 }
@@ -54,6 +63,7 @@ impl Backend {
     fn name(self) -> &'static str {
         match self {
             Backend::Swarm => "swarm-memory tail",
+            Backend::Sse => "swarm serve SSE",
             Backend::Redis => "redis XREAD BLOCK",
             Backend::Sqlite => "sqlite data_version",
         }
@@ -61,14 +71,20 @@ impl Backend {
     fn key(self) -> &'static str {
         match self {
             Backend::Swarm => "swarm",
+            Backend::Sse => "sse",
             Backend::Redis => "redis",
             Backend::Sqlite => "sqlite",
         }
     }
     fn parse(s: &str) -> Option<Backend> {
-        [Backend::Swarm, Backend::Redis, Backend::Sqlite]
-            .into_iter()
-            .find(|b| b.key() == s)
+        [
+            Backend::Swarm,
+            Backend::Sse,
+            Backend::Redis,
+            Backend::Sqlite,
+        ]
+        .into_iter()
+        .find(|b| b.key() == s)
     }
 }
 
@@ -131,6 +147,28 @@ fn tailer(backend: Backend, target: &str, events: usize) {
             while lat.len() < events {
                 let e = t.next().unwrap().unwrap();
                 lat.push((index_of(&e.content), now_ns()));
+            }
+        }
+        Backend::Sse => {
+            let (url, token, run) = sse_target(target);
+            // The server opens the subscription before it answers: once the response
+            // head is here, every later append reaches this stream.
+            let resp = ureq::get(&format!("{url}/v1/runs/{run}/events"))
+                .query("follow", "1")
+                .query("from_seq", "2")
+                .query("as", "tailer")
+                .set("Authorization", &format!("Bearer {token}"))
+                .call()
+                .unwrap();
+            ready();
+            let mut lines = BufReader::new(resp.into_reader()).lines();
+            while lat.len() < events {
+                let l = lines.next().expect("the stream ended").unwrap();
+                if let Some(data) = l.strip_prefix("data:") {
+                    let now = now_ns();
+                    let e: Value = serde_json::from_str(data.trim()).unwrap();
+                    lat.push((index_of(&e["content"]), now));
+                }
             }
         }
         Backend::Redis => {
@@ -227,6 +265,22 @@ fn writer(backend: Backend, target: &str, events: usize) {
     let payload = |i: u64| json!({"i": i, "pad": "p".repeat(64)});
     // One closure per backend that appends durably and returns when acknowledged.
     let mut append: Box<dyn FnMut(Value)> = match backend {
+        Backend::Sse => {
+            let (url, token, run) = sse_target(target);
+            let agent = ureq::AgentBuilder::new().build();
+            let (url, auth) = (
+                format!("{url}/v1/runs/{run}/events"),
+                format!("Bearer {token}"),
+            );
+            Box::new(move |v| {
+                let body = json!({"agent_id": "writer", "type": "evidence", "content": v});
+                agent
+                    .post(&url)
+                    .set("Authorization", &auth)
+                    .send_json(body)
+                    .unwrap();
+            })
+        }
         Backend::Swarm => {
             let (data, run) = target.split_once('|').unwrap();
             let store = Store::open(data).unwrap();
@@ -274,7 +328,161 @@ fn writer(backend: Backend, target: &str, events: usize) {
     report(&acks);
 }
 
+/// `url|token|run` of the SSE backend.
+fn sse_target(target: &str) -> (&str, &str, &str) {
+    let mut p = target.splitn(3, '|');
+    match (p.next(), p.next(), p.next()) {
+        (Some(u), Some(t), Some(r)) => (u, t, r),
+        _ => panic!("sse target: url|token|run"),
+    }
+}
+
 // ---------------------------------------------------------------- the driver
+
+/// A `swarm serve` on a free loopback port over its own data dir, with an agent token
+/// that may act as any agent.
+struct Serve {
+    child: Child,
+    url: String,
+    token: String,
+    data: PathBuf,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_serve(work: &Path) -> Serve {
+    let swarm = env!("CARGO_BIN_EXE_swarm");
+    let data = work.join("serve-data");
+    std::fs::create_dir_all(&data).unwrap();
+    let out = Command::new(swarm)
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["token", "add", "--role", "agent", "--agent", "*"])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let mut child = Command::new(swarm)
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env_remove("SWARM_EMBED_MODEL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let url = first
+        .trim()
+        .strip_prefix("listening on ")
+        .expect("swarm serve did not start")
+        .to_string();
+    Serve {
+        child,
+        url,
+        token,
+        data,
+    }
+}
+
+/// The server's resident memory (`VmRSS` of /proc), in MiB.
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+/// 1,000 (`TAIL_BENCH_IDLE`) SSE subscribers on one run that sit idle: the server's RSS
+/// before and with them, and one append's delivery to all of them.
+fn idle_subscribers(serve: &Serve) {
+    let n: usize = env_or("TAIL_BENCH_IDLE", 1000);
+    let run = "idle";
+    let store = Store::open(&serve.data).unwrap();
+    store
+        .append(
+            run,
+            NewEvent::new("setup", EventType::Decision, "start"),
+            Durability::Sync,
+        )
+        .unwrap();
+    let before = rss_mib(serve.child.id());
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let mut joins = Vec::new();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    for _ in 0..n {
+        let (url, token, tx, ready_tx) = (
+            serve.url.clone(),
+            serve.token.clone(),
+            tx.clone(),
+            ready_tx.clone(),
+        );
+        joins.push(
+            std::thread::Builder::new()
+                .stack_size(64 * 1024)
+                .spawn(move || {
+                    let resp = ureq::get(&format!("{url}/v1/runs/{run}/events"))
+                        .query("follow", "1")
+                        .query("from_seq", "2")
+                        .query("as", "idler")
+                        .set("Authorization", &format!("Bearer {token}"))
+                        .call();
+                    let _ = ready_tx.send(());
+                    let Ok(resp) = resp else { return };
+                    for l in BufReader::new(resp.into_reader()).lines() {
+                        match l {
+                            Ok(l) if l.starts_with("data:") => {
+                                let _ = tx.send(());
+                                return;
+                            }
+                            Ok(_) => {}
+                            Err(_) => return,
+                        }
+                    }
+                })
+                .unwrap(),
+        );
+    }
+    for _ in 0..n {
+        ready_rx.recv().unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let with = rss_mib(serve.child.id());
+    let t = Instant::now();
+    store
+        .append(
+            run,
+            NewEvent::new("writer", EventType::Evidence, "wake"),
+            Durability::Sync,
+        )
+        .unwrap();
+    let mut got = 0;
+    while got < n && rx.recv_timeout(Duration::from_secs(30)).is_ok() {
+        got += 1;
+    }
+    let all = t.elapsed();
+    println!();
+    println!("| idle SSE subscribers on one run | server RSS before | with them | per subscriber | one append delivered to | in | target |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| {n} | {before:.0} MiB | {with:.0} MiB | {:.0} KiB | {got} of {n} | {:.0} ms | < 200 MiB |",
+        (with - before) * 1024.0 / n as f64,
+        all.as_secs_f64() * 1e3
+    );
+    drop(joins);
+}
 
 struct Redis {
     child: Child,
@@ -379,7 +587,14 @@ fn read_times(r: &mut impl BufRead) -> HashMap<u64, u64> {
 
 /// One round of one cell: fresh store/stream/database, `tailers` subscribed processes,
 /// one writer process.
-fn run_round(cell: &mut Cell, events: usize, work: &Path, redis: Option<&Redis>, n: usize) {
+fn run_round(
+    cell: &mut Cell,
+    events: usize,
+    work: &Path,
+    redis: Option<&Redis>,
+    serve: Option<&Serve>,
+    n: usize,
+) {
     let target = match cell.backend {
         Backend::Swarm => {
             let data = work.join(format!("swarm-{n}"));
@@ -394,6 +609,19 @@ fn run_round(cell: &mut Cell, events: usize, work: &Path, redis: Option<&Redis>,
                 )
                 .unwrap();
             format!("{}|{run}", data.display())
+        }
+        Backend::Sse => {
+            let serve = serve.expect("a server for the SSE cells");
+            let run = format!("bench-{n}");
+            let store = Store::open(&serve.data).unwrap();
+            store
+                .append(
+                    &run,
+                    NewEvent::new("setup", EventType::Decision, "start"),
+                    Durability::Sync,
+                )
+                .unwrap();
+            format!("{}|{}|{run}", serve.url, serve.token)
         }
         Backend::Redis => {
             let port = redis.map(|r| r.port).unwrap_or(0);
@@ -463,11 +691,23 @@ fn orchestrate() {
          {rounds} rounds x {events} events per cell ({WARMUP} warm-up per round), \
          {gap_us} us between appends, sqlite readers poll every {sqlite_poll_us} us"
     );
-    let mut backends = vec![Backend::Swarm];
-    if redis.is_some() {
-        backends.push(Backend::Redis);
+    // TAIL_BENCH_SYSTEMS: which systems (default all): swarm,sse,redis,sqlite.
+    let systems =
+        std::env::var("TAIL_BENCH_SYSTEMS").unwrap_or_else(|_| "swarm,sse,redis,sqlite".into());
+    let want = |b: Backend| systems.split(',').any(|s| s.trim() == b.key());
+    let serve = (want(Backend::Sse) || std::env::var_os("TAIL_BENCH_IDLE").is_some())
+        .then(|| start_serve(work.path()));
+    let mut backends = Vec::new();
+    for b in [
+        Backend::Swarm,
+        Backend::Sse,
+        Backend::Redis,
+        Backend::Sqlite,
+    ] {
+        if want(b) && (b != Backend::Redis || redis.is_some()) {
+            backends.push(b);
+        }
     }
-    backends.push(Backend::Sqlite);
     let mut cells: Vec<Cell> = tailer_counts
         .iter()
         .flat_map(|&t| {
@@ -492,7 +732,7 @@ fn orchestrate() {
                 let Some(cell) = cells.iter_mut().find(|c| c.tailers == t && c.backend == b) else {
                     continue;
                 };
-                run_round(cell, events, work.path(), redis.as_ref(), n);
+                run_round(cell, events, work.path(), redis.as_ref(), serve.as_ref(), n);
             }
         }
         eprintln!(
@@ -541,4 +781,7 @@ fn orchestrate() {
         "(after ack: delivery time minus the writer's acknowledgement time; negative when the"
     );
     println!(" tailer had the event before the writer's call returned)");
+    if let Some(s) = &serve {
+        idle_subscribers(s);
+    }
 }
