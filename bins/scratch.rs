@@ -238,6 +238,24 @@ pub fn policy(store: &Store, cmd: PolicyCmd) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `--kind` and `--on-conflict` of `channel declare`, with the CLI's messages (the
+/// embedded and the remote mode alike).
+pub fn channel_kinds(
+    kind: &str,
+    on_conflict: &str,
+) -> anyhow::Result<(ChannelKind, ConflictPolicy)> {
+    let k: ChannelKind = serde_json::from_value(Value::String(kind.to_string()))
+        .map_err(|_| invalid("kind", format!("{kind:?} is not append, replace or merge")))?;
+    let c: ConflictPolicy = serde_json::from_value(Value::String(on_conflict.to_string()))
+        .map_err(|_| {
+            invalid(
+                "on-conflict",
+                format!("{on_conflict:?} is not last_write_wins, merge or reject"),
+            )
+        })?;
+    Ok((k, c))
+}
+
 pub fn channel(store: &Store, cmd: ChannelCmd) -> anyhow::Result<ExitCode> {
     match cmd {
         ChannelCmd::Declare {
@@ -248,17 +266,7 @@ pub fn channel(store: &Store, cmd: ChannelCmd) -> anyhow::Result<ExitCode> {
             on_conflict,
             max_size_kb,
         } => {
-            let kind: ChannelKind =
-                serde_json::from_value(Value::String(kind.clone())).map_err(|_| {
-                    invalid("kind", format!("{kind:?} is not append, replace or merge"))
-                })?;
-            let on_conflict: ConflictPolicy =
-                serde_json::from_value(Value::String(on_conflict.clone())).map_err(|_| {
-                    invalid(
-                        "on-conflict",
-                        format!("{on_conflict:?} is not last_write_wins, merge or reject"),
-                    )
-                })?;
+            let (kind, on_conflict) = channel_kinds(&kind, &on_conflict)?;
             let d = ChannelDecl {
                 channel,
                 kind,

@@ -5,7 +5,7 @@ use std::io::{self, Read};
 use std::process::ExitCode;
 
 use serde_json::{json, Value};
-use swarm_memory::fold::rules::{ChannelKind, ConflictPolicy, Policy};
+use swarm_memory::fold::rules::Policy;
 
 use super::{member, not_remote, print_ack, print_items, print_raw, refusal, run_path, Client};
 use crate::prune::PruneArgs;
@@ -99,17 +99,7 @@ pub(super) fn channel(c: &Client, cmd: ChannelCmd) -> anyhow::Result<ExitCode> {
             max_size_kb,
         } => {
             // Checked here, with the embedded mode's messages.
-            let kind: ChannelKind =
-                serde_json::from_value(Value::String(kind.clone())).map_err(|_| {
-                    invalid("kind", format!("{kind:?} is not append, replace or merge"))
-                })?;
-            let on_conflict: ConflictPolicy =
-                serde_json::from_value(Value::String(on_conflict.clone())).map_err(|_| {
-                    invalid(
-                        "on-conflict",
-                        format!("{on_conflict:?} is not last_write_wins, merge or reject"),
-                    )
-                })?;
+            let (kind, on_conflict) = crate::scratch::channel_kinds(&kind, &on_conflict)?;
             let body = json!({
                 "agent": agent, "channel": channel, "kind": kind,
                 "on_conflict": on_conflict, "max_size_kb": max_size_kb,
