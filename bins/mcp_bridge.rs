@@ -69,16 +69,22 @@ impl Bridge {
         r
     }
 
-    /// Writes every message of an SSE body as a line; stops at its end.
-    fn forward_sse(&self, body: impl Read) -> io::Result<()> {
+    /// Writes every message of an SSE body as a line; stops at its end. Returns whether
+    /// one of them answered the request `id`.
+    fn forward_sse(&self, body: impl Read, id: Option<&Value>) -> io::Result<bool> {
         let mut data = String::new();
+        let mut answered = false;
+        let mut flush = |data: &mut String| {
+            if !data.is_empty() {
+                answered |= answers(data, id);
+                self.emit(data);
+                data.clear();
+            }
+        };
         for line in BufReader::new(body).lines() {
             let line = line?;
             if line.is_empty() {
-                if !data.is_empty() {
-                    self.emit(&data);
-                    data.clear();
-                }
+                flush(&mut data);
             } else if let Some(d) = line.strip_prefix("data:") {
                 if !data.is_empty() {
                     data.push('\n');
@@ -86,10 +92,8 @@ impl Bridge {
                 data.push_str(d.strip_prefix(' ').unwrap_or(d));
             }
         }
-        if !data.is_empty() {
-            self.emit(&data);
-        }
-        Ok(())
+        flush(&mut data);
+        Ok(answered)
     }
 
     /// Forwards one message; answers a request the server cannot take with an error.
@@ -139,13 +143,23 @@ impl Bridge {
         let sse = resp.content_type() == "text/event-stream";
         let mut body = resp.into_reader().take(LINE_BYTES_MAX as u64 * 4);
         let read = if sse {
-            self.forward_sse(body)
+            self.forward_sse(body, id.as_ref())
         } else {
             let mut s = String::new();
-            body.read_to_string(&mut s).map(|_| self.emit(&s))
+            body.read_to_string(&mut s).map(|_| {
+                self.emit(&s);
+                answers(&s, id.as_ref())
+            })
         };
-        if let Err(e) = read {
-            fail(format!("the answer of {} broke off: {e}", self.endpoint));
+        match read {
+            Err(e) => fail(format!("the answer of {} broke off: {e}", self.endpoint)),
+            // The stream ended without the answer (the server stopped mid-request): the
+            // client must not wait for it.
+            Ok(false) if id.is_some() => fail(format!(
+                "{} ended the exchange without an answer",
+                self.endpoint
+            )),
+            Ok(_) => {}
         }
     }
 
@@ -157,7 +171,7 @@ impl Bridge {
             match self.request(&self.stream, "GET").call() {
                 Ok(resp) => {
                     retries = 0;
-                    let _ = self.forward_sse(resp.into_reader());
+                    let _ = self.forward_sse(resp.into_reader(), None);
                 }
                 // 405: the server offers no GET stream; 404: the session ended.
                 Err(ureq::Error::Status(405 | 404, _)) => return,
@@ -167,6 +181,14 @@ impl Bridge {
             thread::sleep(Duration::from_millis(200 * u64::from(retries)));
         }
     }
+}
+
+/// Whether the JSON-RPC message `text` is the answer (a result or an error) to `id`.
+fn answers(text: &str, id: Option<&Value>) -> bool {
+    let Some(id) = id else { return false };
+    serde_json::from_str::<Value>(text).is_ok_and(|v| {
+        v.get("id") == Some(id) && (v.get("result").is_some() || v.get("error").is_some())
+    })
 }
 
 /// Runs the bridge until stdin closes; then ends the server's session.
@@ -275,4 +297,32 @@ pub fn run(base: &str) -> anyhow::Result<ExitCode> {
         let _ = bridge.request(&bridge.post, "DELETE").call();
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_result_or_error_for_the_same_id_answers() {
+        let id = json!(7);
+        assert!(answers(
+            r#"{"jsonrpc":"2.0","id":7,"result":{}}"#,
+            Some(&id)
+        ));
+        assert!(answers(
+            r#"{"jsonrpc":"2.0","id":7,"error":{"code":1}}"#,
+            Some(&id)
+        ));
+        assert!(!answers(
+            r#"{"jsonrpc":"2.0","id":8,"result":{}}"#,
+            Some(&id)
+        ));
+        assert!(!answers(
+            r#"{"jsonrpc":"2.0","method":"notifications/progress"}"#,
+            Some(&id)
+        ));
+        assert!(!answers("not json", Some(&id)));
+        assert!(!answers(r#"{"jsonrpc":"2.0","id":7,"result":{}}"#, None));
+    }
 }

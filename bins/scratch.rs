@@ -218,17 +218,21 @@ pub struct ResolveArgs {
     pub(crate) note: String,
 }
 
+/// The policy of `policy set --file FILE` (`-`: stdin), read and checked with the CLI's
+/// messages (the embedded and the remote mode alike).
+pub fn read_policy(file: &str) -> anyhow::Result<Policy> {
+    let text = if file == "-" {
+        io::read_to_string(io::stdin())?
+    } else {
+        std::fs::read_to_string(file).map_err(|e| invalid("file", format!("{file}: {e}")))?
+    };
+    serde_json::from_str(&text).map_err(|e| invalid("policy", e.to_string()))
+}
+
 pub fn policy(store: &Store, cmd: PolicyCmd) -> anyhow::Result<ExitCode> {
     match cmd {
         PolicyCmd::Set { run, agent, file } => {
-            let text = if file == "-" {
-                io::read_to_string(io::stdin())?
-            } else {
-                std::fs::read_to_string(&file)
-                    .map_err(|e| invalid("file", format!("{file}: {e}")))?
-            };
-            let p: Policy =
-                serde_json::from_str(&text).map_err(|e| invalid("policy", e.to_string()))?;
+            let p = read_policy(&file)?;
             Ok(print_ack(
                 &store.set_policy(&run, &agent, &p)?,
                 "policy set",

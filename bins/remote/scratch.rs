@@ -1,15 +1,14 @@
 //! The scratchpad commands through `SWARM_URL`: escalations, pick, resolve, policy,
 //! channels, prune. A write names its agent in the body (the token must own it).
 
-use std::io::{self, Read};
+use std::io::Read;
 use std::process::ExitCode;
 
 use serde_json::{json, Value};
-use swarm_memory::fold::rules::Policy;
 
 use super::{member, not_remote, print_ack, print_items, print_raw, refusal, run_path, Client};
 use crate::prune::PruneArgs;
-use crate::scratch::{invalid, ChannelCmd, PickArgs, PolicyCmd, ResolveArgs};
+use crate::scratch::{ChannelCmd, PickArgs, PolicyCmd, ResolveArgs};
 
 pub(super) fn escalations(c: &Client, run: &str, all: bool) -> anyhow::Result<ExitCode> {
     let q: Vec<(&str, String)> = all
@@ -58,14 +57,7 @@ pub(super) fn policy(c: &Client, cmd: PolicyCmd) -> anyhow::Result<ExitCode> {
     match cmd {
         PolicyCmd::Set { run, agent, file } => {
             // Read and checked here, as the embedded mode does (same messages).
-            let text = if file == "-" {
-                io::read_to_string(io::stdin())?
-            } else {
-                std::fs::read_to_string(&file)
-                    .map_err(|e| invalid("file", format!("{file}: {e}")))?
-            };
-            let p: Policy =
-                serde_json::from_str(&text).map_err(|e| invalid("policy", e.to_string()))?;
+            let p = crate::scratch::read_policy(&file)?;
             let body = json!({"agent": agent, "policy": p});
             print_ack(
                 &c.text("PUT", &run_path(&run, "/policy"), Some(&body))?,
