@@ -967,9 +967,20 @@ impl Store {
         let meta = meta::read_meta(&*self.storage, &dir)?;
         let bases = segment::list_segments(&*self.storage, &dir)?;
         let mut bytes = 0;
-        for &b in &bases {
+        for (i, &b) in bases.iter().enumerate() {
             let p = segment::segment_path(&dir, b);
-            bytes += file_len(&*self.storage, &p)?;
+            let len = file_len(&*self.storage, &p)?;
+            bytes += match i + 1 == bases.len() {
+                // The active segment: what was written, not its preallocated fill.
+                true => {
+                    let f = self
+                        .storage
+                        .open(&p, crate::log::storage::OpenMode::Read)
+                        .ctx("open", &p)?;
+                    segment::content_end(&*f, 0, len).ctx("read", &p)?
+                }
+                false => len,
+            };
         }
         let first = self
             .read(

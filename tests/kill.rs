@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use swarm_memory::Event;
 
-use crate::util::{Env, Rng};
+use crate::util::{lib_append, Env, Rng};
 
 struct Victim {
     child: Child,
@@ -25,9 +25,12 @@ struct Victim {
     reader: JoinHandle<Vec<Event>>,
 }
 
-fn spawn_victim(env: &Env, run: &str, lines: Vec<Value>) -> Victim {
-    let mut child = env
-        .cmd(&["append", "--run", run, "--stdin"])
+fn spawn_victim(env: &Env, run: &str, lines: Vec<Value>, prealloc: Option<u64>) -> Victim {
+    let mut cmd = env.cmd(&["append", "--run", run, "--stdin"]);
+    if let Some(bytes) = prealloc {
+        cmd.env("SWARM_PREALLOC_BYTES", bytes.to_string());
+    }
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -74,12 +77,21 @@ fn spawn_victim(env: &Env, run: &str, lines: Vec<Value>) -> Victim {
 /// Runs the kill loop; `batches` makes most input lines atomic batches of 1..=40 events
 /// of up to 2 KiB each (frames of up to ~80 KiB). Torn frames are rare with real kills
 /// (a page-cache write is seldom cut); `truncate.rs` and `visibility.rs` cover them.
-fn kill_loop(test: &str, rounds: usize, batches: bool) {
+///
+/// With `small`, `(segment bytes, preallocation chunk)`: the run is created with small
+/// segments and the writers zero-fill ahead in small chunks, so kills land often during
+/// a preallocation and during a rotation's trim.
+fn kill_loop(test: &str, rounds: usize, batches: bool, small: Option<(u64, u64)>) {
     let env = Env::new();
     let run = "killed";
     let mut rng = Rng::from_env(test);
     let mut sent_batches: Vec<Vec<String>> = Vec::new();
     let mut sent_ids: HashSet<String> = HashSet::new();
+    if let Some((segment_bytes, _)) = small {
+        // The first append creates the run, with its segment size, for every process.
+        let first = lib_append(&env.store_with_segment_bytes(segment_bytes), run, "created");
+        sent_ids.insert(first.id);
+    }
     let mut acked: Vec<Event> = Vec::new();
     for round in 0..rounds {
         let mut victims = Vec::new();
@@ -106,7 +118,7 @@ fn kill_loop(test: &str, rounds: usize, batches: bool) {
                     lines.push(one(0, len).1);
                 }
             }
-            victims.push(spawn_victim(&env, run, lines));
+            victims.push(spawn_victim(&env, run, lines, small.map(|s| s.1)));
         }
         // Kill in a random order, each after a random number of acks and a random delay.
         while !victims.is_empty() {
@@ -165,20 +177,37 @@ fn kill_loop(test: &str, rounds: usize, batches: bool) {
         }
     }
     eprintln!(
-        "{test}: {rounds} rounds, {} acknowledged, {} stored, {} torn tails repaired",
+        "{test}: {rounds} rounds, {} acknowledged, {} stored, {} torn tails repaired, {} segments",
         acked.len(),
         stored.len(),
-        env.broken_files(run).len()
+        env.broken_files(run).len(),
+        env.segments(run).len()
     );
+    if small.is_some() {
+        assert!(env.segments(run).len() > 3, "the run never rotated");
+    }
     assert!(!acked.is_empty(), "no writer ever acknowledged anything");
 }
 
 #[test]
 fn kill9_loop_single_events() {
-    kill_loop("kill9_loop_single_events", 24, false);
+    kill_loop("kill9_loop_single_events", 24, false, None);
 }
 
 #[test]
 fn kill9_loop_batches() {
-    kill_loop("kill9_loop_batches", 20, true);
+    kill_loop("kill9_loop_batches", 20, true, None);
+}
+
+/// Kills during preallocation and during rotation: 16 KiB segments zero-filled ahead in
+/// 4 KiB chunks, so most groups extend the fill and many end a segment (trim, fsync,
+/// create the next).
+#[test]
+fn kill9_loop_preallocation_and_rotation() {
+    kill_loop(
+        "kill9_loop_preallocation_and_rotation",
+        16,
+        false,
+        Some((16 << 10, 4 << 10)),
+    );
 }

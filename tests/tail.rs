@@ -384,8 +384,17 @@ fn polling_only_still_delivers() {
 
 /// Appends bytes to the end of a file, as a writer's `pwrite` would.
 fn append_raw(path: &Path, bytes: &[u8]) -> u64 {
-    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-    let at = f.metadata().unwrap().len();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    // Where the next frame goes: the end of the frames, before any preallocated fill.
+    let at = std::fs::read(path)
+        .unwrap()
+        .iter()
+        .rposition(|&b| b != 0)
+        .map_or(0, |i| i as u64 + 1);
     f.write_all_at(bytes, at).unwrap();
     at + bytes.len() as u64
 }

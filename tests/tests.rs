@@ -24,6 +24,7 @@ mod mcp;
 mod mcp_http;
 mod memory_events;
 mod model;
+mod prealloc;
 mod random_bytes;
 mod replay;
 mod retry;

@@ -172,8 +172,19 @@ impl Env {
     /// ok with no torn tail. Returns the events.
     pub fn check_run(&self, run: &str) -> Vec<Event> {
         let mut frames = 0;
-        for seg in self.segments(run) {
-            frames += check_segment_frames(&seg);
+        let segs = self.segments(run);
+        for (i, seg) in segs.iter().enumerate() {
+            frames += check_segment_frames(seg);
+            if i + 1 < segs.len() {
+                // Sealed segments are trimmed to their last frame at rotation.
+                let bytes = std::fs::read(seg).expect("read segment");
+                assert_eq!(
+                    bytes.last(),
+                    Some(&b'\n'),
+                    "{}: a sealed segment must end with its last frame",
+                    seg.display()
+                );
+            }
         }
         let events = self.read(run);
         check_sequence(&events);
@@ -188,12 +199,17 @@ impl Env {
     }
 }
 
-/// Asserts that `bytes` is a sequence of whole frames (each line one frame) and returns
-/// how many.
+/// Asserts that `bytes` is a sequence of whole frames (each line one frame), followed by
+/// nothing or by the zero fill of a preallocated segment, and returns how many.
 pub fn check_frames(what: &str, bytes: &[u8]) -> usize {
     let mut at = 0;
     let mut n = 0;
     while at < bytes.len() {
+        if bytes[at] == 0 {
+            let stray = bytes[at..].iter().position(|&b| b != 0);
+            assert_eq!(stray, None, "{what}: bytes after the zero fill at {at}");
+            break;
+        }
         match frame::decode(&bytes[at..]) {
             Decoded::Frame { payload, len } => {
                 let evs: Vec<Event> = serde_json::from_slice(payload)

@@ -56,7 +56,7 @@ fn unsynced_record_is_invisible_until_a_sync_covers_it() {
         .join(run)
         .join("seg-00000000000000000001.jsonl");
     let f = mem.open(&seg, OpenMode::ReadWriteCreate).unwrap();
-    f.write_all_at(&bytes, f.len().unwrap()).unwrap();
+    f.write_all_at(&bytes, frames_end(&*f)).unwrap();
 
     let reader = open();
     assert_eq!(lib_read(&reader, run), [e1.clone(), e2.clone()]);
@@ -88,7 +88,9 @@ fn unsynced_record_is_invisible_cli() {
     let (orphan, bytes) = orphan_frame(&e2);
     let seg = env.segments(run).remove(0);
     let mut all = std::fs::read(&seg).unwrap();
-    all.extend_from_slice(&bytes);
+    // Written where a writer writes: after the frames, over the preallocated fill.
+    let end = all.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    all[end..end + bytes.len()].copy_from_slice(&bytes);
     std::fs::write(&seg, all).unwrap();
     assert_eq!(env.read(run).len(), 2);
     let (code, rep) = env.verify(run);
@@ -217,7 +219,7 @@ fn torn_bytes_of_a_dead_writer_are_never_counted_durable() {
     let s = seg.clone();
     *hook.lock().unwrap() = Some(Box::new(move || {
         let f = m.open(&s, OpenMode::ReadWriteCreate).unwrap();
-        f.write_all_at(&big[..3000], f.len().unwrap()).unwrap();
+        f.write_all_at(&big[..3000], frames_end(&*f)).unwrap();
     }));
     let e1 = lib_append(&store, run, "one");
     assert!(hook.lock().unwrap().is_none(), "the hook ran");
@@ -237,4 +239,9 @@ fn torn_bytes_of_a_dead_writer_are_never_counted_durable() {
         [e1, e2],
         "a sync-acknowledged event was lost at a power loss"
     );
+}
+
+/// Where the next frame of a segment goes: after its frames, before any preallocated fill.
+fn frames_end(f: &dyn swarm_memory::log::storage::StorageFile) -> u64 {
+    swarm_memory::log::segment::content_end(f, 0, f.len().unwrap()).unwrap()
 }

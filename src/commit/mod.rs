@@ -168,6 +168,8 @@ struct Writer {
     seg: Arc<dyn StorageFile>,
     /// End of the last whole frame of `seg` known to this process.
     end: u64,
+    /// Length of `seg` as last seen under the lock: past `end` it is the zero fill.
+    alloc: u64,
     head_seq: u64,
     head_ts: Ts,
     /// Client-given ids, with the seq and frame position of their event.
@@ -240,6 +242,8 @@ pub(crate) struct RunLog {
     storage: Arc<dyn Storage>,
     meta: RunMeta,
     batch_interval_ms: u64,
+    /// Zero fill kept ahead of the active segment's last frame (`LogOptions`).
+    prealloc_bytes: u64,
     combine: Mutex<Combine>,
     writer: Mutex<Writer>,
     sync: Mutex<SyncLocal>,
@@ -372,7 +376,13 @@ mod tests {
         let path = crate::log::segment::segment_path(&log.dir, own.seg);
         let (to, seq) = log.whole_frames_after(&seg, &path, own, 1);
         assert_eq!(seq, 3);
-        assert_eq!(to.off, seg.len().unwrap());
+        // The frames end where the preallocated zero fill begins.
+        let len = seg.len().unwrap();
+        assert_eq!(
+            to.off,
+            crate::log::segment::content_end(&*seg, 0, len).unwrap()
+        );
+        assert!(len > to.off, "the segment is preallocated");
         // A torn frame after them is not covered.
         seg.write_all_at(b"{\"crc\":\"0", to.off).unwrap();
         assert_eq!(log.whole_frames_after(&seg, &path, own, 1), (to, 3));

@@ -28,6 +28,7 @@ impl RunLog {
         loop {
             let seg_path = segment::segment_path(&self.dir, w.seg_base);
             let len = w.seg.len().ctx("stat", &seg_path)?;
+            w.alloc = len;
             if len < w.end {
                 // Only `swarm repair` cuts a segment below what a writer has seen (after it
                 // moved damaged bytes aside and started a new segment); anything else is
@@ -37,7 +38,7 @@ impl RunLog {
                 self.load(w)?;
                 continue;
             }
-            if len > w.end {
+            if len > w.end && !self.fill_at(w)? {
                 self.scan_tail(w, len, true, None)?;
             }
             if w.end < self.meta.segment_bytes {
@@ -52,6 +53,18 @@ impl RunLog {
         }
     }
 
+    /// Whether the byte at the writer's end is the preallocated fill: nobody appended
+    /// since this process last looked (one small `pread`, the common case of a process
+    /// that appends alone). Trusted as in [`FrameReader::trust_fill`].
+    fn fill_at(&self, w: &Writer) -> Result<bool> {
+        let mut b = [0u8; 1];
+        let n = w
+            .seg
+            .read_at(&mut b, w.end)
+            .ctx("read", &segment::segment_path(&self.dir, w.seg_base))?;
+        Ok(n == 1 && b[0] == segment::FILL)
+    }
+
     pub(super) fn switch_segment(&self, w: &mut Writer, base: u64) -> Result<()> {
         let path = segment::segment_path(&self.dir, base);
         w.seg = Arc::from(
@@ -61,6 +74,7 @@ impl RunLog {
         );
         w.seg_base = base;
         w.end = 0;
+        w.alloc = 0;
         Ok(())
     }
 
@@ -213,6 +227,11 @@ impl RunLog {
     ) -> Result<()> {
         let path = segment::segment_path(&self.dir, w.seg_base);
         let mut r = FrameReader::new(w.seg.clone(), path.clone(), w.end, Some(len))?;
+        if durable.is_none() {
+            // Catching up under the lock on a log this process has checked: what other
+            // processes wrote since is a few frames, then the fill.
+            r = r.with_chunk(16 << 10).trust_fill();
+        }
         let (bad_at, reason) = loop {
             match r.step()? {
                 Step::Frame { offset, len } => {
@@ -379,6 +398,7 @@ impl RunLog {
         // cut: the first attempt's copy stays as it is.
         let (kept, bytes) = self.keep_aside(w, at, len, "damaged", true)?;
         w.seg.set_len(at).ctx("truncate", &seg_path)?;
+        w.alloc = at;
         self.fsync_segment(&*w.seg, &seg_path)?;
         let kept_in = kept
             .file_name()
@@ -486,7 +506,8 @@ impl RunLog {
         r
     }
 
-    /// Copies bytes `[at, len)` of the current segment to `<segment>.<at>.<suffix>`
+    /// Copies bytes `[at, len)` of the current segment, but for a trailing zero fill, to
+    /// `<segment>.<at>.<suffix>`
     /// beside it, fsynced, before they are cut. With `keep_existing`, an existing copy is
     /// left alone when there is nothing left to copy (a resumed repair).
     fn keep_aside(
@@ -498,7 +519,9 @@ impl RunLog {
         keep_existing: bool,
     ) -> Result<(std::path::PathBuf, Vec<u8>)> {
         let path = segment::segment_path(&self.dir, w.seg_base);
-        let mut bytes = vec![0u8; (len - at) as usize];
+        // The zero fill of a preallocated segment is not part of what was written.
+        let end = segment::content_end(&*w.seg, at, len).ctx("read", &path)?;
+        let mut bytes = vec![0u8; (end - at) as usize];
         w.seg.read_exact_at(&mut bytes, at).ctx("read", &path)?;
         let aside = self.dir.join(format!(
             "{}.{at}.{suffix}",
@@ -525,7 +548,7 @@ impl RunLog {
         reason: &str,
     ) -> Result<()> {
         let path = segment::segment_path(&self.dir, w.seg_base);
-        let (broken, _) = self.keep_aside(w, at, len, "broken", false)?;
+        let (broken, kept) = self.keep_aside(w, at, len, "broken", false)?;
         self.storage
             .sync_dir(&self.dir)
             .ctx("fsync dir", &self.dir)?;
@@ -552,10 +575,11 @@ impl RunLog {
         let _ = self.synced.unlock();
         r?;
         w.end = at;
+        w.alloc = at;
         tracing::warn!(
             segment = %path.display(),
             offset = at,
-            bytes = len - at,
+            bytes = kept.len(),
             reason,
             kept_in = %broken.display(),
             "truncated a torn tail left by a writer that died mid-write"

@@ -64,6 +64,9 @@ pub struct LogOptions {
     pub segment_bytes: u64,
     /// Longest time a `batch`-mode append stays unsynced.
     pub batch_interval_ms: u64,
+    /// Bytes of zero fill a writer keeps ahead of the active segment's last frame (0: no
+    /// preallocation). Default: `SWARM_PREALLOC_BYTES`, or 1 MiB; at most 64 MiB.
+    pub prealloc_bytes: u64,
 }
 
 impl Default for LogOptions {
@@ -71,8 +74,23 @@ impl Default for LogOptions {
         LogOptions {
             segment_bytes: SEGMENT_BYTES_DEFAULT,
             batch_interval_ms: 10,
+            prealloc_bytes: prealloc_bytes_from_env(),
         }
     }
+}
+
+/// Largest preallocation chunk.
+pub const PREALLOC_BYTES_MAX: u64 = 64 << 20;
+
+/// `SWARM_PREALLOC_BYTES`, or 1 MiB (read once per process).
+fn prealloc_bytes_from_env() -> u64 {
+    static BYTES: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| {
+        std::env::var("SWARM_PREALLOC_BYTES")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(1 << 20, |b| b.min(PREALLOC_BYTES_MAX))
+    })
 }
 
 pub(crate) const LOCK_FILE: &str = "LOCK";

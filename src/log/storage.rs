@@ -268,6 +268,29 @@ impl MemStorage {
         fs.locked.clear();
     }
 
+    /// An independent copy of every file and directory (both images), for tests that try
+    /// many crashes from one state.
+    pub fn clone_files(&self) -> MemStorage {
+        let fs = lock_poison_ok(&self.inner.fs);
+        let copy = MemStorage::new();
+        {
+            let mut c = lock_poison_ok(&copy.inner.fs);
+            c.dirs = fs.dirs.clone();
+            for (p, f) in fs.files.iter() {
+                let d = lock_poison_ok(f);
+                c.files.insert(
+                    p.clone(),
+                    Arc::new(Mutex::new(MemFileData {
+                        written: d.written.clone(),
+                        durable: d.durable.clone(),
+                        entry_durable: d.entry_durable,
+                    })),
+                );
+            }
+        }
+        copy
+    }
+
     /// Makes the next `n` calls to `sync_data` fail with an I/O error.
     pub fn fail_syncs(&self, n: u32) {
         lock_poison_ok(&self.inner.fs).failing_syncs = n;
@@ -279,6 +302,15 @@ impl MemStorage {
         fs.files
             .get(path)
             .map(|f| lock_poison_ok(f).written.clone())
+    }
+
+    /// The written bytes of a file without the zero fill a preallocated segment ends
+    /// with: its frames (for tests that rewrite a log).
+    pub fn contents_without_fill(&self, path: &Path) -> Option<Vec<u8>> {
+        let mut b = self.contents(path)?;
+        let end = b.iter().rposition(|&x| x != 0).map_or(0, |i| i + 1);
+        b.truncate(end);
+        Some(b)
     }
 
     /// Replaces the written bytes of a file (for tests that damage a log).

@@ -8,7 +8,7 @@
 //! the caller asked to skip it, and then every skip is recorded.
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserializer as _, Serialize};
@@ -18,7 +18,7 @@ use crate::event::ts::Ts;
 use crate::event::{Event, EventRef, LogDamaged, BATCH_EVENTS_MAX};
 use crate::log::frame::{self, Decoded};
 use crate::log::segment::{self, FrameReader, Step};
-use crate::log::storage::{file_len, Storage};
+use crate::log::storage::{file_len, OpenMode, Storage};
 use crate::log::watermark::{read_marks, Pos};
 use crate::query::index::{Access, IndexCell, IndexSnapshot, Plan, ReadRun};
 use crate::query::options::{ReadOptions, Visibility};
@@ -676,11 +676,11 @@ impl EventIter {
                         continue;
                     }
                     if incomplete && last_segment {
-                        let len = file_len(&*self.storage, &path)?;
+                        let bytes = torn_bytes(&*self.storage, &path, offset)?;
                         self.torn_tail = Some(TornTail {
                             segment: path,
                             offset,
-                            bytes: len - offset,
+                            bytes,
                         });
                     }
                     self.reader = None;
@@ -710,11 +710,11 @@ impl EventIter {
                         None if last_segment => {
                             // Nothing valid follows, past the durable mark: a torn tail
                             // (a write in progress, or one a crash cut), not corruption.
-                            let len = file_len(&*self.storage, &path)?;
+                            let bytes = torn_bytes(&*self.storage, &path, offset)?;
                             self.torn_tail = Some(TornTail {
                                 segment: path,
                                 offset,
-                                bytes: len - offset,
+                                bytes,
                             });
                             self.reader = None;
                             self.idx += 1;
@@ -939,4 +939,12 @@ impl EventIter {
             }
         }
     }
+}
+
+/// Bytes of a torn tail from `offset`: what was written, without the preallocated fill.
+fn torn_bytes(storage: &dyn Storage, path: &Path, offset: u64) -> Result<u64> {
+    let f = storage.open(path, OpenMode::Read).ctx("open", path)?;
+    let len = f.len().ctx("stat", path)?;
+    let end = segment::content_end(&*f, offset, len).ctx("read", path)?;
+    Ok(end - offset)
 }

@@ -328,7 +328,13 @@ impl Store {
         put(MAGIC)?;
         let mut originals = Vec::new();
         for (name, p) in &files {
-            let data = read_all(st, p)?;
+            let mut data = read_all(st, p)?;
+            if crate::log::segment::parse_segment_name(name).is_some() {
+                // The active segment's preallocated zero fill is not part of the log: the
+                // archive keeps the segment trimmed to its last frame, as a sealed one.
+                let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+                data.truncate(end);
+            }
             let h = EntryHeader {
                 name: name.clone(),
                 len: data.len() as u64,
