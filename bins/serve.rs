@@ -50,6 +50,11 @@ pub struct ServeArgs {
     /// `event: lagged` with the seq to resume from, and its stream ends.
     #[arg(long, default_value_t = server::SSE_BUFFER_EVENTS_DEFAULT)]
     sse_buffer_events: usize,
+    /// Polling safety net of the SSE tail, in ms: every subscriber of a run shares one
+    /// inotify watch of it, and the server also reads each followed run's marks this
+    /// often, in case a change was not notified (a network file system, a failed watch).
+    #[arg(long, default_value_t = server::SSE_POLL_MS_DEFAULT)]
+    sse_poll_ms: u64,
     /// Longest wait for requests in flight at shutdown (SIGTERM, SIGINT).
     #[arg(long, default_value_t = server::SHUTDOWN_TIMEOUT_MS_DEFAULT)]
     shutdown_timeout_ms: u64,
@@ -126,6 +131,7 @@ pub fn serve(
         request_timeout: Duration::from_millis(a.request_timeout_ms.max(1)),
         heartbeat: Duration::from_millis(a.heartbeat_ms.max(1)),
         sse_buffer_events: a.sse_buffer_events.max(1),
+        sse_poll: Duration::from_millis(a.sse_poll_ms.max(1)),
         shutdown_timeout: Duration::from_millis(a.shutdown_timeout_ms),
         rate_limit_per_s: a.rate_limit_per_s,
         embed_model: a.embed_model,

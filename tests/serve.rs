@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::serve_cli::metric;
 use crate::util::Env;
 
 /// A running `swarm serve`; killed at drop unless stopped.
@@ -406,6 +407,72 @@ fn serve_tail_resumes_after_last_event_id_with_no_gap_and_no_repeat() {
     assert_eq!([sse.next_seq(), sse.next_seq()], [5, 6]);
 }
 
+/// More followers of one run than Linux gives a user inotify instances (128) share one
+/// watch: `/metrics` shows one watch with every subscriber on it and none polling; with
+/// the polling safety net ten minutes away, every one of them still gets an event
+/// appended after it connected (so through the watch), and the watch goes with the last.
+#[test]
+fn serve_tail_followers_of_a_run_share_one_watch() {
+    const FOLLOWERS: u64 = 300;
+    // Heartbeats show the server closed connections soon.
+    let (_env, srv, t) = alice(
+        &["db"],
+        &["--sse-poll-ms", "600000", "--heartbeat-ms", "500"],
+    );
+    let scrape = || srv.get("/metrics", None).body;
+    srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "before"));
+    let mut streams: Vec<Sse> = (0..FOLLOWERS)
+        .map(|_| srv.follow("/v1/runs/inc/events?follow=1", &t, None))
+        .collect();
+    for s in &mut streams {
+        assert_eq!(s.next_seq(), 1);
+    }
+    let m = scrape();
+    for (name, want) in [
+        ("swarm_tail_subscribers", FOLLOWERS),
+        ("swarm_tail_watches", 1),
+        ("swarm_tail_watch_subscribers", FOLLOWERS),
+        ("swarm_tail_polling_watches", 0),
+        ("swarm_tail_polling_subscribers", 0),
+        ("swarm_tail_inotify_instances", 1),
+    ] {
+        assert_eq!(metric(&m, name), want, "{name} in\n{m}");
+    }
+    let r = srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "after"));
+    assert_eq!(r.status, 201, "{}", r.body);
+    // The client's read timeout (30 s) bounds the wait; polling alone would take 10 min.
+    for s in &mut streams {
+        assert_eq!(s.next_seq(), 2);
+    }
+    let m = scrape();
+    assert!(metric(&m, "swarm_tail_notify_wakeups_total") >= 1, "{m}");
+    assert_eq!(metric(&m, "swarm_tail_poll_wakeups_total"), 0, "{m}");
+    assert_eq!(
+        metric(&m, "swarm_tail_sent_events_total"),
+        2 * FOLLOWERS,
+        "{m}"
+    );
+    // Another run gets a watch of its own, on the same inotify instance.
+    srv.post("/v1/runs/other/events", Some(&t), &ev("db", "x"));
+    let mut other = srv.follow("/v1/runs/other/events?follow=1", &t, None);
+    assert_eq!(other.next_seq(), 1);
+    let m = scrape();
+    assert_eq!(metric(&m, "swarm_tail_watches"), 2, "{m}");
+    assert_eq!(metric(&m, "swarm_tail_inotify_instances"), 1, "{m}");
+    drop(streams);
+    drop(other);
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = scrape();
+        if metric(&m, "swarm_tail_subscribers") == 0 && metric(&m, "swarm_tail_watches") == 0 {
+            assert_eq!(metric(&m, "swarm_tail_watch_subscribers"), 0, "{m}");
+            break;
+        }
+        assert!(Instant::now() < until, "the watches stayed\n{m}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn serve_refuses_missing_and_revoked_tokens() {
     let (env, srv, t) = alice(&["db"], &[]);
@@ -705,6 +772,38 @@ fn serve_closes_a_slow_subscriber_naming_where_to_resume() {
     // Resuming from there delivers the rest.
     let mut sse = srv.follow("/v1/runs/inc/events?follow=1", &t, Some(expect - 1));
     assert_eq!(sse.next_seq(), expect);
+}
+
+/// A subscriber that stops reading holds back neither the writers nor the subscriber
+/// that shares its run's watch: that one gets every event as it is appended, while the
+/// stalled one is closed as lagged once its socket and its buffer are full.
+#[test]
+fn serve_a_stalled_subscriber_holds_back_no_one_on_its_watch() {
+    let (_env, srv, t) = alice(&["db"], &["--sse-buffer-events", "8"]);
+    srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "x"));
+    let stalled = srv.follow("/v1/runs/inc/events?follow=1", &t, None);
+    let mut reader = srv.follow("/v1/runs/inc/events?follow=1", &t, None);
+    assert_eq!(reader.next_seq(), 1);
+    // ~21 MiB in batches of 4, each read by `reader` before the next is appended.
+    let big = "y".repeat(60_000);
+    let mut next = 2;
+    for _ in 0..90 {
+        let batch: Vec<Value> = (0..4).map(|_| ev("db", &big)).collect();
+        let r = srv.post("/v1/runs/inc/events", Some(&t), &json!(batch));
+        assert_eq!(r.status, 201, "{}", r.body);
+        for _ in 0..4 {
+            assert_eq!(reader.next_seq(), next);
+            next += 1;
+        }
+    }
+    let m = srv.get("/metrics", None).body;
+    assert_eq!(
+        metric(&m, "swarm_tail_lagged_total"),
+        1,
+        "the stalled one: {m}"
+    );
+    assert_eq!(metric(&m, "swarm_tail_watches"), 1, "{m}");
+    drop(stalled);
 }
 
 #[test]

@@ -313,7 +313,7 @@ fn serve_operator_routes_health_metrics_and_openapi() {
 }
 
 /// The value of an unlabelled series in a `/metrics` text.
-fn metric(text: &str, name: &str) -> u64 {
+pub(crate) fn metric(text: &str, name: &str) -> u64 {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .unwrap_or_else(|| panic!("{name} in\n{text}"))

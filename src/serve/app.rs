@@ -1,5 +1,6 @@
-//! What every request shares: the server's options, the tokens, one `Store` per user and
-//! the shutdown signal; and the helper that runs a library call on a blocking thread.
+//! What every request shares: the server's options, the tokens, one `Store` per user, the
+//! shared watches of followed runs and the shutdown signal; and the helper that runs a
+//! library call on a blocking thread.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -12,6 +13,7 @@ use crate::serve::problem::Problem;
 use crate::serve::token::TokenSet;
 use crate::serve::vectors::Vectors;
 use crate::store::Store;
+use crate::tail::WatchHub;
 
 /// How to serve.
 #[derive(Clone, Debug)]
@@ -40,6 +42,8 @@ pub struct ServeOptions {
     pub heartbeat: Duration,
     /// Events buffered per SSE subscriber.
     pub sse_buffer_events: usize,
+    /// Interval of the SSE tail's polling safety net (once per followed run).
+    pub sse_poll: Duration,
     /// Longest wait for in-flight requests at shutdown.
     pub shutdown_timeout: Duration,
     /// Requests per second each token may make (a bucket of one second's worth, so
@@ -70,6 +74,9 @@ pub struct App {
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     /// What `/metrics` shows.
     pub metrics: Arc<Metrics>,
+    /// One watch per followed run, shared by all of its SSE subscribers (one inotify
+    /// instance for the server), keyed by run directory, i.e. by (user, run).
+    pub watches: WatchHub,
     /// Each token's rate-limit bucket: tokens left, and when it was last filled.
     pub(crate) buckets: Mutex<HashMap<String, (f64, Instant)>>,
     /// The embedding model searches rank with, and each user's vector cache.

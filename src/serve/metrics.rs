@@ -1,7 +1,9 @@
 //! The server's own counters, served at `/metrics` in the Prometheus text format:
 //! requests by status, append latency (a histogram), events appended, the writers'
 //! fsyncs and the durable events they covered (so events per fsync), live tail
-//! subscribers, the events buffered for them and the ones closed for lagging.
+//! subscribers, the events buffered for them and the ones closed for lagging, and the
+//! shared watches that wake them (how many, how many subscribers share them, how many
+//! are left to polling).
 //!
 //! Plain atomics and one small mutex-guarded map: no metrics crate is worth its weight
 //! for a handful of series, and the text format is a few lines.
@@ -14,6 +16,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::commit::SyncCounters;
+use crate::tail::HubStats;
 
 /// Upper bounds of the append latency buckets, in microseconds.
 const APPEND_BUCKETS_US: [u64; 12] = [
@@ -81,8 +84,9 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition of every series; `sync` is the writers' durable
-    /// path, summed over the server's stores ([`crate::store::Store::sync_totals`]).
-    pub fn render(&self, sync: SyncCounters) -> String {
+    /// path, summed over the server's stores ([`crate::store::Store::sync_totals`]);
+    /// `watches`, the live tail's shared watches ([`crate::tail::WatchHub::stats`]).
+    pub fn render(&self, sync: SyncCounters, watches: HubStats) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -169,6 +173,52 @@ impl Metrics {
         ] {
             counter(&mut out, name, help, "counter", v);
         }
+        for (name, help, kind, v) in [
+            (
+                "swarm_tail_watches",
+                "Runs followed by live tail subscribers: each has one watch, shared by all of its subscribers.",
+                "gauge",
+                watches.watches,
+            ),
+            (
+                "swarm_tail_watch_subscribers",
+                "Live tail subscribers sharing those watches (over swarm_tail_watches: subscribers per watch).",
+                "gauge",
+                watches.subscribers,
+            ),
+            (
+                "swarm_tail_polling_watches",
+                "Watches without a working inotify watch: their subscribers are woken by polling (--sse-poll-ms).",
+                "gauge",
+                watches.watches_polling,
+            ),
+            (
+                "swarm_tail_polling_subscribers",
+                "Live tail subscribers woken by polling because their run's watch does not work.",
+                "gauge",
+                watches.subscribers_polling,
+            ),
+            (
+                "swarm_tail_inotify_instances",
+                "inotify instances the live tail holds (one for the whole server, whatever the number of runs and subscribers).",
+                "gauge",
+                watches.notify_instances,
+            ),
+            (
+                "swarm_tail_notify_wakeups_total",
+                "Wake-ups fanned out to a run's subscribers because inotify reported its marks written.",
+                "counter",
+                watches.notify_wakeups,
+            ),
+            (
+                "swarm_tail_poll_wakeups_total",
+                "Wake-ups fanned out to a run's subscribers because the polling sweep found its marks moved.",
+                "counter",
+                watches.poll_wakeups,
+            ),
+        ] {
+            counter(&mut out, name, help, kind, v);
+        }
         out
     }
 }
@@ -218,11 +268,19 @@ mod tests {
         m.buffered();
         m.buffered();
         m.unbuffered(true);
-        let text = m.render(SyncCounters {
-            fsyncs: 2,
-            coalesced: 1,
-            durable_events: 7,
-        });
+        let text = m.render(
+            SyncCounters {
+                fsyncs: 2,
+                coalesced: 1,
+                durable_events: 7,
+            },
+            HubStats {
+                notify_instances: 1,
+                watches: 2,
+                subscribers: 300,
+                ..HubStats::default()
+            },
+        );
         assert!(
             text.contains("swarm_append_seconds_bucket{le=\"0.00025\"} 1\n"),
             "{text}"
@@ -250,8 +308,19 @@ mod tests {
         assert!(text.contains("swarm_fsyncs_total 2\n"), "{text}");
         assert!(text.contains("swarm_fsyncs_coalesced_total 1\n"), "{text}");
         assert!(text.contains("swarm_durable_events_total 7\n"), "{text}");
+        assert!(text.contains("swarm_tail_watches 2\n"), "{text}");
+        assert!(
+            text.contains("swarm_tail_watch_subscribers 300\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("swarm_tail_polling_subscribers 0\n"),
+            "{text}"
+        );
+        assert!(text.contains("swarm_tail_inotify_instances 1\n"), "{text}");
+        assert!(text.contains("# TYPE swarm_tail_watches gauge\n"), "{text}");
         drop(s);
-        let text = m.render(SyncCounters::default());
+        let text = m.render(SyncCounters::default(), HubStats::default());
         assert!(text.contains("swarm_tail_subscribers 0\n"), "{text}");
     }
 }

@@ -72,6 +72,8 @@ pub const REQUEST_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 pub const HEARTBEAT_MS_DEFAULT: u64 = 15_000;
 /// Default events buffered per SSE subscriber before it is closed as too slow.
 pub const SSE_BUFFER_EVENTS_DEFAULT: usize = 1024;
+/// Default interval of the SSE tail's polling safety net (the library tail's default).
+pub const SSE_POLL_MS_DEFAULT: u64 = crate::tail::POLL_INTERVAL_MS_DEFAULT;
 /// How often new vectors are written to the users' cache files.
 const VECTOR_FLUSH_EVERY: Duration = Duration::from_secs(5);
 /// Default longest wait for in-flight requests at shutdown.
@@ -131,6 +133,7 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
         stores: Mutex::new(HashMap::new()),
         shutdown: stop_rx,
         metrics: Arc::default(),
+        watches: crate::tail::WatchHub::new(opts.sse_poll),
         buckets: Mutex::new(HashMap::new()),
         vectors,
     });

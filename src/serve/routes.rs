@@ -104,7 +104,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        app.metrics.render(sync),
+        app.metrics.render(sync, app.watches.stats()),
     )
         .into_response()
 }

@@ -1,17 +1,23 @@
 //! The live tail over server-sent events: `GET /v1/runs/{run}/events?follow=1`.
 //!
-//! Each subscriber gets the library's [`Tail`] on its own thread (the tail's reads and
-//! waits are blocking), which hands events to the response through a bounded channel of
-//! `sse_buffer_events`. The tail switches from history to live with no gap and no
-//! duplicate; this layer keeps that promise to the client:
+//! Each subscriber gets the library's [`Tail`], driven by a Tokio task: the task reads
+//! what is visible on the blocking pool (the tail's reads are blocking `pread`s), hands
+//! the events to the response through a bounded channel of `sse_buffer_events`, then
+//! waits for a wake-up without holding a thread. Wake-ups come from one watch per run
+//! shared by all of that run's subscribers ([`WatchHub`] in [`App::watches`]: one
+//! inotify instance for the whole server, one polling sweep per run as the safety net),
+//! so the number of subscribers is not bounded by the kernel's inotify instances. Each
+//! subscriber keeps the tail's no-gap protocol: it takes the run's wake-up generation
+//! *before* the tail reads the marks, so a move after the read ends its next wait at
+//! once. The tail switches from history to live with no gap and no duplicate; this
+//! layer keeps that promise to the client:
 //!
 //! - every event is sent with `id: <seq>`; a client that reconnects with `Last-Event-ID`
 //!   (or `from_seq`) resumes right after it;
-//! - the tail thread never waits for a client: when a subscriber's buffer is full, the
-//!   thread stops and the stream ends, after the buffered events, with
-//!   `event: lagged` whose data names `resume_from_seq` (the first event not sent).
-//!   Nothing is skipped silently, and a slow client never holds back writers or other
-//!   subscribers;
+//! - the reader never waits for a client: when a subscriber's buffer is full, it stops
+//!   and the stream ends, after the buffered events, with `event: lagged` whose data
+//!   names `resume_from_seq` (the first event not sent). Nothing is skipped silently, and
+//!   a slow client never holds back writers, the shared watch or other subscribers;
 //! - at shutdown the stream ends with `event: shutdown` naming `resume_from_seq`;
 //! - a failure ends it with `event: error` and a problem body;
 //! - a comment (`: heartbeat`) goes out every `heartbeat` so proxies and clients can tell
@@ -39,11 +45,14 @@ use crate::serve::metrics::{Metrics, Subscribed};
 use crate::serve::problem::Problem;
 use crate::store::Store;
 use crate::synth::memory_events;
-use crate::tail::{Tail, TailOptions};
+#[cfg(doc)]
+use crate::tail::WatchHub;
+use crate::tail::{RunWatch, Tail, TailOptions};
 
-/// How long the tail thread waits for an event before it looks whether its subscriber is
-/// still there (and whether the server is stopping).
-const TAIL_CHECK_MS: u64 = 250;
+/// The shortest time a subscriber waits without a wake-up before it reads its run again:
+/// a backstop behind the shared watch and its polling sweep (which run at `sse_poll`),
+/// not a path events are meant to take.
+const BACKSTOP_MS_MIN: u64 = 1_000;
 
 /// What one subscriber follows: the run, the tail's own filters (from seq, agent, type),
 /// the subject, and the agent whose read permissions apply (`None`: unfiltered, admin
@@ -93,10 +102,12 @@ pub(crate) async fn follow(
     let memory = sub.memory;
     let (tx, rx) = mpsc::channel(app.opts.sse_buffer_events.max(1) + 1);
     let stop = app.shutdown.clone();
-    let thread_stop = app.shutdown.clone();
+    let pump_stop = app.shutdown.clone();
     let counted = app.metrics.subscribe();
     let metrics = app.metrics.clone();
-    blocking(move || {
+    let hub = app.watches.clone();
+    let poll = app.opts.sse_poll;
+    let pump = blocking(move || {
         store.run_meta(&sub.run)?;
         let state = match &sub.reader {
             Some(_) => Some(store.head_state(&sub.run)?.state),
@@ -104,18 +115,24 @@ pub(crate) async fn follow(
         };
         sub.tail.from_seq = Some(from);
         sub.tail.follow = true;
-        let tail = Tail::open(&store, &sub.run, std::mem::take(&mut sub.tail))?;
-        std::thread::Builder::new()
-            .name("swarm-sse".into())
-            .spawn(move || pump(tail, store, sub, state, tx, thread_stop, counted))
-            .map_err(|e| crate::error::Error::Io {
-                op: "start the tail thread of",
-                path: "a subscriber".into(),
-                source: e,
-            })?;
-        Ok(())
+        sub.tail.poll_interval_ms = u64::try_from(poll.as_millis()).unwrap_or(u64::MAX);
+        // Armed before the tail's first read of the marks, so no move after it is missed.
+        let watch = hub.watch(store.storage().clone(), &store.run_dir(&sub.run)?);
+        let tail = Tail::open(&store, &sub.run, std::mem::take(&mut sub.tail))?
+            .with_wake_source(watch.source());
+        Ok(Pump {
+            tail,
+            store,
+            sub,
+            state,
+            tx,
+            stop: pump_stop,
+            counted,
+            watch,
+        })
     })
     .await?;
+    tokio::spawn(pump.run(poll));
     let stream = futures_util::stream::unfold(
         Stream {
             rx,
@@ -142,64 +159,124 @@ pub(crate) async fn follow(
     Ok(r)
 }
 
-/// The tail thread of one subscriber: reads the run, filters, and hands events over
-/// without ever waiting for the subscriber.
-fn pump(
-    mut tail: Tail,
+/// One subscriber's reader: its tail, its filters, its share of the run's watch, and the
+/// sending end of its buffer.
+struct Pump {
+    tail: Tail,
     store: Arc<Store>,
     sub: Subscription,
-    mut state: Option<Arc<State>>,
+    state: Option<Arc<State>>,
     tx: mpsc::Sender<Msg>,
     stop: watch::Receiver<bool>,
     counted: Subscribed,
-) {
-    let metrics = counted.metrics();
-    loop {
-        if tx.is_closed() || *stop.borrow() {
-            return;
-        }
-        let e = match tail.next_timeout(Duration::from_millis(TAIL_CHECK_MS)) {
-            Ok(Some(e)) => e,
-            Ok(None) => continue,
-            Err(err) => {
-                let _ = tx.try_send(Msg::Failed(Problem::from(err)));
+    /// Held while the subscriber lives: the run's watch goes with its last subscriber.
+    watch: RunWatch,
+}
+
+/// How a read of what is visible ended.
+enum Read {
+    /// Everything visible was read: wait for a wake-up.
+    CaughtUp,
+    /// The stream is over (lagged, failed, gone, or the server is stopping).
+    Ended,
+}
+
+impl Pump {
+    /// Reads, then waits for the run's next wake-up (or the backstop), until the
+    /// subscriber goes away, falls behind, fails, or the server stops. Between reads it
+    /// holds no thread.
+    async fn run(mut self, poll: Duration) {
+        let mut wakeups = self.watch.source().subscribe();
+        // Without the hub's thread nothing notifies the source: poll at `poll` then.
+        let backstop = match self.watch.is_swept() {
+            true => poll.max(Duration::from_millis(BACKSTOP_MS_MIN)),
+            false => poll,
+        };
+        let (tx, mut stop) = (self.tx.clone(), self.stop.clone());
+        loop {
+            // Forgets the wake-ups so far *before* the tail reads the marks: a move after
+            // that read leaves the generation changed, and the wait below returns at once.
+            wakeups.borrow_and_update();
+            let Ok((back, read)) = tokio::task::spawn_blocking(move || {
+                let r = self.read();
+                (self, r)
+            })
+            .await
+            else {
+                // The read panicked; dropping the sender ends the stream.
+                return;
+            };
+            self = back;
+            if let Read::Ended = read {
                 return;
             }
-        };
-        if e.kind == EventType::Policy && state.is_some() {
-            match store.head_state(&sub.run) {
-                Ok(h) => state = Some(h.state),
+            // A tail past `run_closed` has nothing more to read: wait for the end only.
+            let live = !self.tail.is_finished();
+            let source_gone = tokio::select! {
+                r = wakeups.changed(), if live => r.is_err(),
+                _ = tokio::time::sleep(backstop), if live => false,
+                _ = tx.closed() => return,
+                _ = async { stop.wait_for(|s| *s).await.is_ok() } => return,
+            };
+            if source_gone {
+                // Cannot happen while this pump holds the watch; never spin if it does.
+                tokio::time::sleep(backstop).await;
+            }
+        }
+    }
+
+    /// Reads and filters what is visible and hands it over, never waiting for the
+    /// subscriber. Blocking (file reads).
+    fn read(&mut self) -> Read {
+        let metrics = self.counted.metrics();
+        loop {
+            if self.tx.is_closed() || *self.stop.borrow() {
+                return Read::Ended;
+            }
+            let e = match self.tail.try_next() {
+                Ok(Some(e)) => e,
+                Ok(None) => return Read::CaughtUp,
                 Err(err) => {
-                    let _ = tx.try_send(Msg::Failed(Problem::from(err)));
-                    return;
+                    let _ = self.tx.try_send(Msg::Failed(Problem::from(err)));
+                    return Read::Ended;
+                }
+            };
+            if e.kind == EventType::Policy && self.state.is_some() {
+                match self.store.head_state(&self.sub.run) {
+                    Ok(h) => self.state = Some(h.state),
+                    Err(err) => {
+                        let _ = self.tx.try_send(Msg::Failed(Problem::from(err)));
+                        return Read::Ended;
+                    }
                 }
             }
-        }
-        if sub
-            .subject
-            .as_ref()
-            .is_some_and(|s| e.subject.as_ref() != Some(s))
-        {
-            continue;
-        }
-        if let (Some(r), Some(s)) = (&sub.reader, &state) {
-            if !s.rules.may_read_event(r, &e) {
+            let sub = &self.sub;
+            if sub
+                .subject
+                .as_ref()
+                .is_some_and(|s| e.subject.as_ref() != Some(s))
+            {
                 continue;
             }
+            if let (Some(r), Some(s)) = (&sub.reader, &self.state) {
+                if !s.rules.may_read_event(r, &e) {
+                    continue;
+                }
+            }
+            if sub.memory && memory_events::derive(&e).is_empty() {
+                continue;
+            }
+            // The last slot is kept for the message that ends the stream.
+            if self.tx.capacity() <= 1 {
+                self.counted.lagged();
+                let _ = self.tx.try_send(Msg::Lagged { resume_from: e.seq });
+                return Read::Ended;
+            }
+            if self.tx.try_send(Msg::Event(e)).is_err() {
+                return Read::Ended;
+            }
+            metrics.buffered();
         }
-        if sub.memory && memory_events::derive(&e).is_empty() {
-            continue;
-        }
-        // The last slot is kept for the message that ends the stream.
-        if tx.capacity() <= 1 {
-            counted.lagged();
-            let _ = tx.try_send(Msg::Lagged { resume_from: e.seq });
-            return;
-        }
-        if tx.try_send(Msg::Event(e)).is_err() {
-            return;
-        }
-        metrics.buffered();
     }
 }
 

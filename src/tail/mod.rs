@@ -30,7 +30,8 @@
 //!   later segment the tail reads the rest of the current one and moves to the segment
 //!   whose base is the next seq.
 //! * **Wake-ups.** A `notify` (inotify) watch on the run's `SYNCED` file wakes the tail
-//!   when the watermark moves (every visible append rewrites it); periodic polling every
+//!   when the watermark moves (every visible append rewrites it), or a [`WakeSource`]
+//!   shared by many tails ([`WatchHub`]: one watch per run); polling every
 //!   [`TailOptions::poll_interval_ms`] is the safety net (inotify queues can overflow, and
 //!   network file systems send nothing), and the only mechanism with
 //!   [`TailOptions::notify`] off. The watch is armed, and the wake-up flag cleared, before
@@ -43,7 +44,7 @@
 //! Never imports: `scratchpad`, `synth`.
 //!
 //! Files: this one (the loop), [`cursor`] (cursor files), `stream` (the async face),
-//! `wake` (inotify and polling wake-ups).
+//! `wake` (inotify and polling wake-ups), `hub` (one watch per run, shared).
 //!
 //! # Cursors and the delivery guarantee
 //! With a cursor file, [`Tail::commit`] saves the position of the last event handed out
@@ -80,11 +81,14 @@ use crate::store::archive::TOMBSTONE;
 use crate::store::Store;
 
 pub mod cursor;
+mod hub;
 mod stream;
 pub(crate) mod wake;
 
 pub use cursor::Cursor;
+pub use hub::{HubStats, RunWatch, WatchHub};
 pub use stream::TailStream;
+pub use wake::WakeSource;
 use wake::{Waiter, Wake};
 
 /// Default interval of the polling safety net.
@@ -147,8 +151,7 @@ pub struct TailPosition {
 }
 
 /// The outcome of one wait for the next event.
-// A short-lived return value: boxing the event would cost an allocation per event to save
-// a 272-byte move.
+// Short-lived: boxing the event would cost an allocation per event to save a 272-byte move.
 #[allow(clippy::large_enum_variant)]
 enum Next {
     Event(Event),
@@ -342,6 +345,12 @@ impl Tail {
         c.save(&*self.cursor_storage, path, self.opts.cursor_fsync)?;
         self.committed = Some(c.clone());
         Ok(())
+    }
+
+    /// Waits on `source` (shared: [`WatchHub`]) instead of a watch of its own; polling stays.
+    pub fn with_wake_source(mut self, source: WakeSource) -> Tail {
+        self.waiter.share(source);
+        self
     }
 
     /// Turns the tail into an async [`futures_core::Stream`].

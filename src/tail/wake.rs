@@ -7,19 +7,153 @@
 //! condition variable, which costs a second wake-up per event; with 16 tailer processes
 //! on 2 cores that second hop showed as a longer p99 in `benches/tail.rs`.
 //!
+//! A tail can instead take an external [`WakeSource`] (a generation counter that one
+//! watch of the run bumps for every tail sharing it, see [`super::hub`]): then it arms
+//! nothing of its own, and `clear` remembers the generation that `wait` waits past.
+//!
 //! Either way the protocol is the same: `arm`, then `clear` (forget earlier wake-ups),
 //! then read the watermark, then `wait`. A change made after `clear` is still pending at
 //! `wait`, so none is lost; a failed or absent watch degrades to polling, never to a hang.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::log::meta::SYNCED_FILE;
 use crate::log::storage::Storage;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A wake-up source that any number of tails (and async waiters) share: a generation
+/// counter that whoever watches the run bumps with [`WakeSource::notify`] whenever the
+/// run's watermark may have moved.
+///
+/// A waiter takes the generation *before* it reads the watermark and then waits until
+/// the generation differs from it, so a move made after its read is never missed: the
+/// same arm/clear/read/wait protocol as a tail's own watch. Clones share one counter.
+/// [`super::WatchHub`] makes one per watched run; a `WakeSource::new()` that nothing
+/// notifies leaves its tails to their polling interval.
+#[derive(Clone)]
+pub struct WakeSource(Arc<SourceInner>);
+
+struct SourceInner {
+    generation: Mutex<u64>,
+    cv: Condvar,
+    /// The same generation, for async waiters ([`WakeSource::subscribe`]).
+    tx: tokio::sync::watch::Sender<u64>,
+    /// A working notification (inotify) feeds this source; false: polling only.
+    watching: AtomicBool,
+}
+
+impl Default for WakeSource {
+    fn default() -> Self {
+        WakeSource::new()
+    }
+}
+
+impl std::fmt::Debug for WakeSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WakeSource")
+            .field("generation", &self.generation())
+            .field("watching", &self.is_watching())
+            .finish()
+    }
+}
+
+impl WakeSource {
+    /// A source at generation 0 that nothing watches yet.
+    pub fn new() -> WakeSource {
+        WakeSource(Arc::new(SourceInner {
+            generation: Mutex::new(0),
+            cv: Condvar::new(),
+            tx: tokio::sync::watch::Sender::new(0),
+            watching: AtomicBool::new(false),
+        }))
+    }
+
+    /// The current generation.
+    pub fn generation(&self) -> u64 {
+        *lock(&self.0.generation)
+    }
+
+    /// Starts a new generation and wakes every waiter (blocking and async). Never blocks
+    /// on a waiter.
+    pub fn notify(&self) {
+        let g = {
+            let mut g = lock(&self.0.generation);
+            *g = g.wrapping_add(1);
+            *g
+        };
+        self.0.cv.notify_all();
+        self.0.tx.send_replace(g);
+    }
+
+    /// Waits until the generation is no longer `seen`, or `timeout` passed; returns the
+    /// generation then.
+    pub fn wait_past(&self, seen: u64, timeout: Duration) -> u64 {
+        self.wait_past_or(seen, timeout, || false)
+    }
+
+    /// As [`WakeSource::wait_past`], and also returns once `stop()` holds (checked at
+    /// each wake-up: [`WakeSource::poke`] wakes waiters to look).
+    pub(crate) fn wait_past_or(
+        &self,
+        seen: u64,
+        timeout: Duration,
+        stop: impl Fn() -> bool,
+    ) -> u64 {
+        let g = lock(&self.0.generation);
+        let Some(deadline) = Instant::now().checked_add(timeout) else {
+            let g = self.0.cv.wait_while(g, |g| *g == seen && !stop());
+            return *g.unwrap_or_else(|e| e.into_inner());
+        };
+        let mut g = g;
+        while *g == seen && !stop() {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            g = match self.0.cv.wait_timeout(g, deadline - now) {
+                Ok((g, _)) => g,
+                Err(e) => e.into_inner().0,
+            };
+        }
+        *g
+    }
+
+    /// Wakes the blocking waiters without a new generation, so that they look at their
+    /// `stop` condition (a tail whose stream was dropped).
+    pub(crate) fn poke(&self) {
+        // Taken so that a waiter between its `stop` check and its wait cannot miss it.
+        drop(lock(&self.0.generation));
+        self.0.cv.notify_all();
+    }
+
+    /// A Tokio `watch` receiver of the generation: `borrow_and_update` before reading the
+    /// watermark, then `changed().await`.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.0.tx.subscribe()
+    }
+
+    /// Whether a working notification feeds this source (false: the run's watch failed
+    /// or is not armed yet, and only polling bumps it).
+    pub fn is_watching(&self) -> bool {
+        self.0.watching.load(Ordering::Relaxed)
+    }
+
+    /// How many handles share this source.
+    #[cfg(test)]
+    pub(crate) fn holders(&self) -> usize {
+        Arc::strong_count(&self.0)
+    }
+
+    /// Says whether a working notification feeds this source.
+    pub fn set_watching(&self, on: bool) {
+        self.0.watching.store(on, Ordering::Relaxed);
+    }
 }
 
 /// The flags shared by a tail, the `notify` callback and a stream handle.
@@ -33,6 +167,8 @@ pub(super) struct Wake {
     /// Wakes a tail waiting in `mio` (Linux inotify path) when the stream is dropped.
     #[cfg(target_os = "linux")]
     mio_waker: Mutex<Option<Arc<mio::Waker>>>,
+    /// The external source a tail waits on, poked at close.
+    shared: Mutex<Option<WakeSource>>,
 }
 
 #[derive(Default)]
@@ -54,6 +190,9 @@ impl Wake {
         #[cfg(target_os = "linux")]
         if let Some(w) = lock(&self.mio_waker).as_ref() {
             let _ = w.wake();
+        }
+        if let Some(s) = lock(&self.shared).as_ref() {
+            s.poke();
         }
     }
 
@@ -89,6 +228,8 @@ enum Kind {
     /// Read by the tail's own thread (Linux).
     #[cfg(target_os = "linux")]
     Inotify(Box<linux::Ino>),
+    /// An external source shared with other tails; `seen` is the generation at `clear`.
+    Shared { source: WakeSource, seen: u64 },
 }
 
 /// The wake-up source of one tail.
@@ -112,6 +253,13 @@ impl Waiter {
         }
     }
 
+    /// Waits on `source` instead of a watch of its own (see [`WakeSource`]).
+    pub(super) fn share(&mut self, source: WakeSource) {
+        *lock(&self.wake.shared) = Some(source.clone());
+        let seen = source.generation();
+        self.kind = Kind::Shared { source, seen };
+    }
+
     /// Uses the `notify` crate even on Linux (to test that path).
     #[cfg(test)]
     pub(super) fn force_notify_crate(&mut self) {
@@ -124,6 +272,8 @@ impl Waiter {
             Kind::Notify { on_synced, .. } => *on_synced,
             #[cfg(target_os = "linux")]
             Kind::Inotify(ino) => ino.on_synced,
+            // Armed by its owner.
+            Kind::Shared { .. } => true,
         }
     }
 
@@ -229,6 +379,7 @@ impl Waiter {
                     self.kind = Kind::None;
                 }
             }
+            Kind::Shared { source, seen } => *seen = source.generation(),
             _ => self.wake.clear(),
         }
     }
@@ -246,6 +397,10 @@ impl Waiter {
                     self.failed = true;
                     self.kind = Kind::None;
                 }
+            }
+            Kind::Shared { source, seen } => {
+                let wake = &self.wake;
+                source.wait_past_or(*seen, timeout, || wake.is_closed());
             }
             _ => self.wake.wait(timeout),
         }
