@@ -20,7 +20,8 @@
 //!
 //! Environment: `SWARM_BENCH_SECS` (default 3) measured seconds per cell;
 //! `SWARM_BENCH_PEERS` (default `swarm,jsonl,sqlite,redis,local`; `local` is the three
-//! one-process cells `none1,nonebatch,sync64`) and `SWARM_BENCH_PROCS` (default `1,4,16`)
+//! one-process cells `none1,nonebatch,sync64`; `swarm-noprealloc` adds the process cells
+//! with preallocated segments turned off) and `SWARM_BENCH_PROCS` (default `1,4,16`)
 //! select cells;
 //! `SWARM_BENCH_DIR` the parent of the temporary data directory; `SWARM_BENCH_REDIS` the
 //! `redis-server` binary.
@@ -54,6 +55,8 @@ const TARGET_SYNC_VS_NONE: f64 = 0.75;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Peer {
     Swarm,
+    /// swarm-memory with `SWARM_PREALLOC_BYTES=0`: every durable append grows the file.
+    SwarmNoPrealloc,
     Jsonl,
     Sqlite,
     Redis,
@@ -63,19 +66,30 @@ impl Peer {
     fn name(self) -> &'static str {
         match self {
             Peer::Swarm => "swarm",
+            Peer::SwarmNoPrealloc => "swarm-noprealloc",
             Peer::Jsonl => "jsonl",
             Peer::Sqlite => "sqlite",
             Peer::Redis => "redis",
         }
     }
     fn parse(s: &str) -> Option<Peer> {
-        [Peer::Swarm, Peer::Jsonl, Peer::Sqlite, Peer::Redis]
-            .into_iter()
-            .find(|p| p.name() == s)
+        [
+            Peer::Swarm,
+            Peer::SwarmNoPrealloc,
+            Peer::Jsonl,
+            Peer::Sqlite,
+            Peer::Redis,
+        ]
+        .into_iter()
+        .find(|p| p.name() == s)
+    }
+    fn is_swarm(self) -> bool {
+        matches!(self, Peer::Swarm | Peer::SwarmNoPrealloc)
     }
     fn label(self) -> &'static str {
         match self {
             Peer::Swarm => "swarm-memory `sync`",
+            Peer::SwarmNoPrealloc => "swarm-memory `sync`, no preallocation",
             Peer::Jsonl => "seed 004 JSONL (flock+write+fsync)",
             Peer::Sqlite => "SQLite WAL, synchronous=FULL",
             Peer::Redis => "Redis Streams XADD, AOF always",
@@ -248,7 +262,7 @@ fn worker(spec: &str) {
     let content = ev.content.as_str().unwrap().to_string();
     let mut fsyncs: Box<dyn Fn() -> u64> = Box::new(|| 0);
     let mut op: Box<dyn FnMut() -> usize> = match peer {
-        Peer::Swarm => {
+        Peer::Swarm | Peer::SwarmNoPrealloc => {
             let (root, run) = target.split_once('#').expect("root#run");
             let store = Arc::new(Store::open(root).unwrap());
             // The first append loads the log head; it is not measured.
@@ -353,7 +367,11 @@ fn run_procs(peer: Peer, procs: usize, target: &str, tmp: &Path, cfg: &Cfg) -> C
     let mut ws: Vec<Running> = (0..procs)
         .map(|i| {
             let out = tmp.join(format!("lat-{}-{procs}-{i}.bin", peer.name()));
-            let mut child = Command::new(&exe)
+            let mut cmd = Command::new(&exe);
+            if peer == Peer::SwarmNoPrealloc {
+                cmd.env("SWARM_PREALLOC_BYTES", "0");
+            }
+            let mut child = cmd
                 .env("SWARM_BENCH_WORKER", peer.name())
                 .env("SWARM_BENCH_TARGET", target)
                 .env("SWARM_BENCH_ID", i.to_string())
@@ -416,8 +434,8 @@ fn run_procs(peer: Peer, procs: usize, target: &str, tmp: &Path, cfg: &Cfg) -> C
         secs: cfg.secs,
         lat_ns: lat,
         events_per_call: 1,
-        fsyncs: (peer == Peer::Swarm).then_some(fsyncs),
-        cpu_ns: (peer == Peer::Swarm).then_some(cpu),
+        fsyncs: peer.is_swarm().then_some(fsyncs),
+        cpu_ns: peer.is_swarm().then_some(cpu),
     }
 }
 
@@ -709,13 +727,19 @@ fn main() {
         .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
         .unwrap_or_else(|| PROCS.to_vec());
     for procs in procs_sel.iter().copied() {
-        for peer in [Peer::Swarm, Peer::Jsonl, Peer::Sqlite, Peer::Redis] {
+        for peer in [
+            Peer::Swarm,
+            Peer::SwarmNoPrealloc,
+            Peer::Jsonl,
+            Peer::Sqlite,
+            Peer::Redis,
+        ] {
             if !want(peer.name()) {
                 continue;
             }
             let target = match peer {
-                Peer::Swarm => {
-                    let root = tmp.path().join("swarm");
+                Peer::Swarm | Peer::SwarmNoPrealloc => {
+                    let root = tmp.path().join(peer.name());
                     let run = format!("bench-{procs}p");
                     // Create the run up front so the workers only append.
                     let store = Store::open(&root).unwrap();
@@ -742,7 +766,7 @@ fn main() {
             report(&c);
             cells.push(c);
             if peer == Peer::Swarm && Some(&procs) == procs_sel.last() {
-                let store = Store::open(tmp.path().join("swarm")).unwrap();
+                let store = Store::open(tmp.path().join(peer.name())).unwrap();
                 let info = store.run_info(&format!("bench-{procs}p")).unwrap();
                 notes.push(format!(
                     "swarm-memory stored {} bytes per event on disk in the {procs}-process run \
