@@ -112,6 +112,7 @@ pub fn serve(
             "--tls-cert applies to the TCP listener, and with --socket alone there is none: give --listen too"
         );
     }
+    raise_open_file_limit();
     server::run(ServeOptions {
         listen: match (a.listen, &a.socket) {
             (Some(l), _) => Some(l),
@@ -137,6 +138,33 @@ pub fn serve(
         embed_model: a.embed_model,
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Each SSE subscriber holds a connection and two open files (the run's `SYNCED` and its
+/// segment), so the common soft limit of 1,024 descriptors caps a server near 300 live
+/// tails. Raise the soft limit to the hard one, as servers do; say so when that is low.
+fn raise_open_file_limit() {
+    #[cfg(target_os = "linux")]
+    {
+        use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+        let lim = getrlimit(Resource::Nofile);
+        let mut soft = lim.current;
+        if lim.current < lim.maximum {
+            let want = Rlimit {
+                current: lim.maximum,
+                maximum: lim.maximum,
+            };
+            if setrlimit(Resource::Nofile, want).is_ok() {
+                soft = lim.maximum;
+            }
+        }
+        if soft.is_some_and(|n| n < 4096) {
+            tracing::warn!(
+                limit = soft,
+                "open-file limit is low: each live SSE subscriber holds about 3 descriptors (raise `ulimit -n`)"
+            );
+        }
+    }
 }
 
 pub fn token(cmd: TokenCmd, data_dir: &Path, user: &str) -> anyhow::Result<ExitCode> {
