@@ -712,11 +712,9 @@ mod tests {
         assert!(hub.stats().poll_wakeups >= 1);
     }
 
-    /// A tail with an external source waits on it instead of a watch of its own: with
-    /// polling an hour away, only a notification delivers the next event; a notification
-    /// made between its read of the marks and its wait is not lost.
-    #[test]
-    fn a_tail_waits_on_an_external_source() {
+    /// A run with one event and a tail on it that waits on an external source, with
+    /// polling an hour away.
+    fn tail_on_a_source() -> (tempfile::TempDir, Store, WakeSource, Tail) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
         store.append("r", ev(1), Durability::Sync).unwrap();
@@ -725,9 +723,18 @@ mod tests {
             poll_interval_ms: 3_600_000,
             ..TailOptions::default()
         };
-        let mut t = Tail::open(&store, "r", opts)
+        let t = Tail::open(&store, "r", opts)
             .unwrap()
             .with_wake_source(src.clone());
+        (dir, store, src, t)
+    }
+
+    /// A tail with an external source waits on it instead of a watch of its own: with
+    /// polling an hour away, only a notification delivers the next event; a notification
+    /// made between its read of the marks and its wait is not lost.
+    #[test]
+    fn a_tail_waits_on_an_external_source() {
+        let (dir, store, src, mut t) = tail_on_a_source();
         assert_eq!(t.try_next().unwrap().unwrap().seq, 1);
         assert!(t.try_next().unwrap().is_none());
         // Appended and notified after the tail read the marks, before it waits.
@@ -750,17 +757,7 @@ mod tests {
     /// Dropping a stream wakes its tail's thread out of a wait on a shared source.
     #[test]
     fn a_dropped_stream_stops_its_tail_waiting_on_a_source() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
-        store.append("r", ev(1), Durability::Sync).unwrap();
-        let src = WakeSource::new();
-        let opts = TailOptions {
-            poll_interval_ms: 3_600_000,
-            ..TailOptions::default()
-        };
-        let t = Tail::open(&store, "r", opts)
-            .unwrap()
-            .with_wake_source(src.clone());
+        let (_dir, _store, src, t) = tail_on_a_source();
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
