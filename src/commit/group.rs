@@ -321,19 +321,11 @@ impl RunLog {
         from: Pos,
         from_seq: u64,
     ) -> (Pos, u64) {
-        let Ok(len) = file.len() else {
-            return (from, from_seq);
-        };
-        if len <= from.off {
-            return (from, from_seq);
-        }
         // Trusting the fill is safe here: a frame is whole only when its CRC checks, and
-        // the scan stops at anything else.
-        let Ok(mut r) = FrameReader::new(file.clone(), path.to_path_buf(), from.off, Some(len))
-            .map(|r| r.with_chunk(16 << 10).trust_fill())
-        else {
-            return (from, from_seq);
-        };
+        // the scan stops at anything else. No `stat`: see `RunLog::catch_up`.
+        let mut r = FrameReader::unbounded(file.clone(), path.to_path_buf(), from.off)
+            .with_chunk(16 << 10)
+            .trust_fill();
         let mut best = (from, from_seq);
         while let Ok(Step::Frame { offset, len }) = r.step() {
             let Some(seq) = last_seq(r.payload()) else {

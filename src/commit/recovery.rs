@@ -26,21 +26,31 @@ impl RunLog {
             self.load(w)?;
         }
         loop {
+            // No `fstat` of the segment unless the log ends at `end`: on Linux 6.13+ a
+            // query of the file's times makes the next write's time update fine-grained,
+            // and the `fdatasync` after it then costs a journal commit, which is what
+            // preallocation saves (measured: 4,600 against 6,700 syncs/s).
+            let mut b = [0u8; 1];
             let seg_path = segment::segment_path(&self.dir, w.seg_base);
-            let len = w.seg.len().ctx("stat", &seg_path)?;
-            w.alloc = len;
-            if len < w.end {
-                // Only `swarm repair` cuts a segment below what a writer has seen (after it
-                // moved damaged bytes aside and started a new segment); anything else is
-                // damage. Either way, look at the log afresh: `load` knows which.
-                tracing::warn!(segment = %seg_path.display(), from = w.end, to = len, "segment shrank; reloading the log");
-                w.loaded = false;
-                self.load(w)?;
-                continue;
+            let n = w.seg.read_at(&mut b, w.end).ctx("read", &seg_path)?;
+            if n == 1 && b[0] != segment::FILL {
+                // Frames other processes appended (trusted, unbounded: see `scan_tail`).
+                self.scan_tail(w, None, true, None)?;
+            } else if n == 0 {
+                let len = w.seg.len().ctx("stat", &seg_path)?;
+                w.alloc = len;
+                if len < w.end {
+                    // Only `swarm repair` cuts a segment below what a writer has seen
+                    // (after it moved damaged bytes aside and started a new segment);
+                    // anything else is damage. Either way, look at the log afresh: `load`
+                    // knows which.
+                    tracing::warn!(segment = %seg_path.display(), from = w.end, to = len, "segment shrank; reloading the log");
+                    w.loaded = false;
+                    self.load(w)?;
+                    continue;
+                }
             }
-            if len > w.end && !self.fill_at(w)? {
-                self.scan_tail(w, len, true, None)?;
-            }
+            // (Else the fill: nobody appended since this process last looked.)
             if w.end < self.meta.segment_bytes {
                 return Ok(());
             }
@@ -51,18 +61,6 @@ impl RunLog {
             }
             self.switch_segment(w, next)?;
         }
-    }
-
-    /// Whether the byte at the writer's end is the preallocated fill: nobody appended
-    /// since this process last looked (one small `pread`, the common case of a process
-    /// that appends alone). Trusted as in [`FrameReader::trust_fill`].
-    fn fill_at(&self, w: &Writer) -> Result<bool> {
-        let mut b = [0u8; 1];
-        let n = w
-            .seg
-            .read_at(&mut b, w.end)
-            .ctx("read", &segment::segment_path(&self.dir, w.seg_base))?;
-        Ok(n == 1 && b[0] == segment::FILL)
     }
 
     pub(super) fn switch_segment(&self, w: &mut Writer, base: u64) -> Result<()> {
@@ -123,7 +121,7 @@ impl RunLog {
                 .seg
                 .len()
                 .ctx("stat", &segment::segment_path(&self.dir, base))?;
-            self.scan_tail(w, len, i + 1 == bases.len(), Some(durable))?;
+            self.scan_tail(w, Some(len), i + 1 == bases.len(), Some(durable))?;
         }
         let end = Pos {
             seg: w.seg_base,
@@ -218,20 +216,25 @@ impl RunLog {
 
     /// Reads frames in `[w.end, len)` of the current segment, moving the head; a torn tail
     /// is cut off (kept in a `.broken` file), damage followed by valid frames is an error.
+    ///
+    /// With `len` (a first look, `load`), frames up to `len`, checking that only the fill
+    /// follows the last one. Without (catching up under the lock on a log this process
+    /// has checked): up to the fill or the end of the file, whatever its length, trusting
+    /// the fill; what other processes wrote since is a few frames.
     pub(super) fn scan_tail(
         &self,
         w: &mut Writer,
-        len: u64,
+        len: Option<u64>,
         last_segment: bool,
         durable: Option<Pos>,
     ) -> Result<()> {
         let path = segment::segment_path(&self.dir, w.seg_base);
-        let mut r = FrameReader::new(w.seg.clone(), path.clone(), w.end, Some(len))?;
-        if durable.is_none() {
-            // Catching up under the lock on a log this process has checked: what other
-            // processes wrote since is a few frames, then the fill.
-            r = r.with_chunk(16 << 10).trust_fill();
-        }
+        let mut r = match len {
+            Some(len) => FrameReader::new(w.seg.clone(), path.clone(), w.end, Some(len))?,
+            None => FrameReader::unbounded(w.seg.clone(), path.clone(), w.end)
+                .with_chunk(16 << 10)
+                .trust_fill(),
+        };
         let (bad_at, reason) = loop {
             match r.step()? {
                 Step::Frame { offset, len } => {
@@ -322,6 +325,10 @@ impl RunLog {
         if at < durable.unwrap_or_else(|| self.durable_mark()) {
             return Err(self.acknowledged_lost(w, at, reason));
         }
+        let len = match len {
+            Some(len) => len,
+            None => w.seg.len().ctx("stat", &path)?,
+        };
         self.repair_tail(w, bad_at, len, reason)
     }
 

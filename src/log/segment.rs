@@ -136,6 +136,23 @@ impl FrameReader {
         })
     }
 
+    /// Reads from an open file up to its end, whatever its length then, without a
+    /// `stat` (see `commit::recovery`: a stat of the active segment slows the next
+    /// `fdatasync`). The end is where a read returns nothing.
+    pub fn unbounded(file: Arc<dyn StorageFile>, path: PathBuf, offset: u64) -> Self {
+        FrameReader {
+            file,
+            path,
+            buf: Vec::new(),
+            buf_off: offset,
+            at: 0,
+            limit: u64::MAX,
+            payload: 0..0,
+            chunk: CHUNK,
+            trust_fill: false,
+        }
+    }
+
     /// Reads `chunk` bytes at a time instead of 1 MiB: a writer catching up on a few
     /// frames ahead of a preallocated region reads little of the fill.
     pub fn with_chunk(mut self, chunk: usize) -> Self {
