@@ -45,6 +45,7 @@ use crate::event::ts::Ts;
 use crate::synth::text::{self, Dim, Signature};
 
 mod semantic;
+mod slots;
 
 pub use semantic::SemanticConfig;
 
@@ -181,6 +182,9 @@ pub struct Deduper {
     /// Per fact, the time of its latest finding (a change over time versus a
     /// contradiction).
     last_ts: Vec<Option<Ts>>,
+    /// Semantic mode, per fact: the typed slots of each kept wording that has a vector
+    /// (in the order [`Deduper::add_vector`] was called for it; see `slots.rs`).
+    slots: Vec<Vec<slots::Slots>>,
 }
 
 /// How two signatures compare.
@@ -472,6 +476,7 @@ impl Deduper {
             index: Vec::new(),
             vectors: Vec::new(),
             last_ts: Vec::new(),
+            slots: Vec::new(),
         }
     }
 

@@ -11,28 +11,42 @@
 //!    wordings, at or above `floor`. Brute force: one dot product of 384 floats per kept
 //!    wording (at most `variants_max` per fact); exact, deterministic, and at 10,000
 //!    facts about 4 M multiply-adds per finding.
-//! 2. Guards (the lexical [`Signature`] of both wordings, see `text.rs`): values with
-//!    their units normalised (2.3 s = 2300 ms), identifiers (hosts, versions, error codes,
-//!    ports, paths), hyphenated entity names, exclusive qualifiers (cpu/memory, p50/p99,
-//!    states), bounds (a limit is not a usage) and polarity (negation, "ruled out").
-//!    Any disagreement: never the same fact, however close the meaning (look-alikes that
-//!    differ in one identifier score near 1 on cosine alone).
-//! 3. Same fact: no guard fires and the cosine is at least `merge`, or at least
-//!    `merge_supported` with a lexical similarity of at least `lexical_support`.
-//! 4. Otherwise, a candidate about the same thing (cosine at least `related`, same
+//! 2. Slots (`slots.rs`): each wording is rewritten by generic measurement rules
+//!    (`99th pct` -> `p99`, `1.2M` -> `1200000`, `0.41 of` -> `41% of`, `120/s` and
+//!    `7,200 per minute` -> one rate, `v2.14.0` -> `2.14.0`, `host:5433` -> `host port
+//!    5433`, ...) before its lexical [`Signature`](text::Signature) is taken; its proper
+//!    names (`iOS`, `FoodHub`) and entity-like tokens are kept beside it, and its stance.
+//! 3. Guards, from those slots: values with their units normalised (2.3 s = 2300 ms),
+//!    identifiers (hosts, versions, error codes, ports, paths), hyphenated entity names,
+//!    exclusive qualifiers (cpu/memory, p50/p99, states), bounds (a limit is not a
+//!    usage), two marked stances that differ, each side naming a proper name the other
+//!    lacks (`iOS` / `Android`), and a *minimal pair* (the same wording but for at most
+//!    three tokens on each side, one of them an entity: `p99 on cart-svc ...` / `p99 on
+//!    checkout ...`). Any of them: never the same fact, however close the meaning
+//!    (look-alikes that differ in one slot score near 1 on cosine alone).
+//! 4. Same fact: no guard fires and the cosine is at least `merge`, or at least
+//!    `merge_supported` with a lexical similarity of at least `lexical_support`, or the
+//!    slots *agree*: one anchor (identifier or name, or a dotted/dashed part of one) and
+//!    one value at cosine `merge_anchored_value`; one anchor, neither stating a value, at
+//!    `merge_anchored`; one value and a shared measured-thing word at `merge_valued`
+//!    (MiniLM scores paraphrases that share little wording near 0.4-0.6: agreeing typed
+//!    slots are the evidence the cosine lacks).
+//! 5. Otherwise, a candidate about the same thing (cosine at least `related`, same
 //!    entities, identifiers, qualifiers and bound) that states another value of the same
 //!    dimension is a *change* when the two were observed more than `change_window_secs`
 //!    apart (a later measurement supersedes the earlier one), and a *contradiction* when
 //!    they overlap in time.
-//! 5. With a [`Judge`] (the optional LLM step): when nothing merged, the nearest
+//! 6. With a [`Judge`] (the optional LLM step): when nothing merged, the nearest
 //!    unguarded candidate at or above `borderline` is asked; "same" merges it. Opposite polarity with a cosine of at least `polarity` is a
 //!    contradiction whatever the time (a cause asserted and ruled out).
 
 use crate::event::ts::Ts;
+use crate::synth::dedup::slots::{minimal_pair, names_conflict, share_anchor, Slots, Stance};
 use crate::synth::dedup::{compare, Classified, Cmp, Deduper, FactIdx, Judge, Match};
 use crate::synth::text;
 
-/// Tuning of the semantic mode (tuned on `data/fixtures/semantic/tune.jsonl` only).
+/// Tuning of the semantic mode (tuned on `data/fixtures/semantic/tune.jsonl` and
+/// `tune2.jsonl` only).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SemanticConfig {
@@ -53,6 +67,15 @@ pub struct SemanticConfig {
     pub related: f32,
     /// Cosine at or above which opposite polarity is a contradiction.
     pub polarity: f32,
+    /// Cosine at or above which an unguarded pair that names one anchor (host, service,
+    /// path, version...) and states one value is the same fact (slot agreement).
+    pub merge_anchored_value: f32,
+    /// Cosine at or above which an unguarded pair that names one anchor, neither stating
+    /// a value, is the same fact.
+    pub merge_anchored: f32,
+    /// Cosine at or above which an unguarded pair that states one value and shares a
+    /// measured-thing word is the same fact.
+    pub merge_valued: f32,
     /// Findings further apart than this (seconds) that state another value of the same
     /// quantity are a change over time; closer ones contradict.
     pub change_window_secs: u64,
@@ -69,49 +92,12 @@ impl Default for SemanticConfig {
             borderline: 0.55,
             related: 0.60,
             polarity: 0.75,
+            merge_anchored_value: 0.45,
+            merge_anchored: 0.60,
+            merge_valued: 0.55,
             change_window_secs: 20 * 60,
         }
     }
-}
-
-/// Where a statement stands (the epistemic slot): a cause suspected, confirmed, ruled
-/// out, or the issue resolved. Two statements in different stances are different facts
-/// ("X is suspected" / "X turned out to be the cause"); suspected-or-confirmed against
-/// ruled out about one thing is a contradiction.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stance {
-    /// No marker.
-    Plain,
-    /// A hypothesis: suspected, might, possibly, a question.
-    Hedged,
-    /// Confirmed: root cause, caused by, turned out.
-    Confirmed,
-    /// Ruled out, excluded, not the cause.
-    RuledOut,
-    /// Resolved, mitigated, closed, back to normal.
-    Resolved,
-}
-
-fn stance_patterns() -> &'static [(Stance, regex::Regex)] {
-    static P: std::sync::OnceLock<Vec<(Stance, regex::Regex)>> = std::sync::OnceLock::new();
-    P.get_or_init(|| {
-        let re = |s: &str| regex::Regex::new(&format!("(?i){s}")).expect("stance pattern");
-        // Checked in this order: the first that matches decides.
-        vec![
-            (Stance::RuledOut, re(r"\b(ruled?[- ]out|rules out|ruling out|exclud\w*|eliminat\w*|not (the|a) (root )?(cause|culprit|issue|problem)|unrelated|red herring|innocent|disprov\w*|refut\w*|no evidence (of|for|that)|can be dismissed|dismissed|false alarm|cleared of)\b")),
-            (Stance::Resolved, re(r"\b(resolved|mitigated|closing|closed out|all clear|back to (baseline|normal)|recovered|fully fixed|incident (is )?over)\b")),
-            (Stance::Confirmed, re(r"\b(confirm\w*|root[- ]cause|rc:|caused by|turn(s|ed)? out|comes? down to|is due to|was due to|culprit|traced (it |this )?(back )?to|verified)\b|^rc\b")),
-            (Stance::Hedged, re(r"\b(suspect\w*|might|may be|maybe|possibl\w*|perhaps|could be|theory|hypothes\w*|likely|probabl\w*|guess\w*|wonder\w*|needs? checking|unconfirmed|not yet confirmed|plausibl\w*)\b|\?\s*\)?\s*$")),
-        ]
-    })
-}
-
-/// The stance of a wording.
-pub fn stance(text: &str) -> Stance {
-    stance_patterns()
-        .iter()
-        .find(|(_, r)| r.is_match(text))
-        .map_or(Stance::Plain, |(s, _)| *s)
 }
 
 /// What the guards say of a pair, whatever the cosine.
@@ -147,6 +133,26 @@ impl Deduper {
         assert_eq!(sv.dim, v.len(), "one embedding dimension per synthesis");
         sv.facts.push(f as u32);
         sv.data.extend_from_slice(v);
+        if self.slots.len() <= f {
+            self.slots.resize_with(f + 1, Vec::new);
+        }
+        let k = self.slots[f].len();
+        if let Some(w) = self.facts[f].variants.get(k) {
+            self.slots[f].push(Slots::of(&w.text));
+        }
+    }
+
+    /// The slots of every kept wording of fact `f` (computed here for a wording added
+    /// without its vector).
+    fn fact_slots(&self, f: FactIdx) -> std::borrow::Cow<'_, [Slots]> {
+        let have = self.slots.get(f).map_or(&[][..], Vec::as_slice);
+        let variants = &self.facts[f].variants;
+        if have.len() >= variants.len() {
+            return std::borrow::Cow::Borrowed(&have[..variants.len()]);
+        }
+        let mut all = have.to_vec();
+        all.extend(variants[have.len()..].iter().map(|w| Slots::of(&w.text)));
+        std::borrow::Cow::Owned(all)
     }
 
     /// The time fact `f` was last found (as told by [`Deduper::observe`]).
@@ -218,8 +224,8 @@ impl Deduper {
         if best.is_empty() {
             return out;
         }
-        let sig = text::signature(text);
-        let st = stance(text);
+        let mine = Slots::of(text);
+        let st = mine.stance;
         let mut same: Option<(FactIdx, f32)> = None;
         // The nearest unguarded candidate in the borderline band: the judge's question.
         let mut borderline: Option<(FactIdx, f32)> = None;
@@ -227,16 +233,17 @@ impl Deduper {
             let f = f as usize;
             // The decision over every kept wording: same if any wording says so (and
             // none of them trips a guard), related by the best one.
-            let cmps: Vec<Cmp> = self.facts[f]
-                .variants
+            let theirs = self.fact_slots(f);
+            let cmps: Vec<Cmp> = theirs
                 .iter()
-                .map(|w| compare(&sig, &w.sig, ""))
+                .map(|w| compare(&mine.sig, &w.sig, ""))
                 .collect();
-            let stances: Vec<Stance> = self.facts[f]
-                .variants
+            let stances: Vec<Stance> = theirs.iter().map(|w| w.stance).collect();
+            // Slots that tell two things apart: different proper names, or the same wording
+            // but for an entity (a look-alike).
+            let names = theirs
                 .iter()
-                .map(|w| stance(&w.text))
-                .collect();
+                .any(|w| names_conflict(&mine, w) || minimal_pair(&mine, w));
             // A statement without a marker says nothing of its stance: only two marked
             // stances that differ keep statements apart.
             let stance_differs = stances
@@ -247,14 +254,31 @@ impl Deduper {
                     && matches!(x, Stance::RuledOut | Stance::Confirmed | Stance::Hedged)
                     && matches!(st, Stance::RuledOut | Stance::Confirmed | Stance::Hedged)
             });
-            let any_guard = stance_differs || cmps.iter().any(guarded);
+            let any_guard = stance_differs || names || cmps.iter().any(guarded);
             let lexical = cmps.iter().map(Cmp::same_score).fold(0.0, f64::max);
+            // Slot agreement, per kept wording: one anchor, one value, one measured thing.
+            let agree = theirs.iter().zip(&cmps).any(|(w, c)| {
+                let anchor = share_anchor(&mine, w);
+                (anchor && c.values_shared > 0.0 && cos >= cfg.merge_anchored_value)
+                    || (anchor
+                        && !mine.has_values()
+                        && !w.has_values()
+                        && cos >= cfg.merge_anchored)
+                    || (c.values_shared > 0.0 && c.topic > 0.0 && cos >= cfg.merge_valued)
+            });
             let is_same = !any_guard
                 && (cos >= cfg.merge
-                    || (cos >= cfg.merge_supported && lexical >= cfg.lexical_support));
+                    || (cos >= cfg.merge_supported && lexical >= cfg.lexical_support)
+                    || agree);
             tracing::trace!(
                 text,
                 fact = f,
+                other = self.facts[f].variants[0].text.as_str(),
+                cmps = ?cmps,
+                names,
+                anchor = theirs.first().is_some_and(|w| share_anchor(&mine, w)),
+                vals = mine.has_values(),
+                ovals = theirs.first().is_some_and(Slots::has_values),
                 cos,
                 any_guard,
                 lexical,
@@ -272,7 +296,7 @@ impl Deduper {
             if !any_guard && cos >= cfg.borderline && borderline.is_none() {
                 borderline = Some((f, cos));
             }
-            if cos < cfg.related || !cmps.iter().all(same_thing) {
+            if cos < cfg.related || names || !cmps.iter().all(same_thing) {
                 continue;
             }
             let by_value = cmps.iter().any(|c| c.dim_conflict);

@@ -1,0 +1,474 @@
+//! Typed slots of a wording for the semantic mode: what a statement is about (its
+//! anchors: hosts, services, versions, paths, proper names), the quantities it states,
+//! and its stance, compared as evidence *for* the same fact as well as against it.
+//!
+//! CONTRACT: semantic mode only (the lexical mode never calls this, so its behaviour and
+//! speed do not change). Pure and deterministic: [`Slots::of`] of the same text gives the
+//! same slots.
+//!
+//! # Method
+//! 1. The wording is first rewritten by generic measurement rules ([`measure_text`]):
+//!    percentile forms (`99th percentile`, `99th pct` -> `p99`), `response time` ->
+//!    `latency`, magnitudes (`1.2M`, `1.2 million`, `12.5 thousand`, `34B` -> the
+//!    number), proportions (`0.41 of` -> `41% of`), rates (`120/s`, `120 every second`,
+//!    `7,200 per minute` -> one per-second number), scientific notation (`5e-5`),
+//!    versions (`v2.14.0` -> `2.14.0`), `host:port` -> `host port N`, clock ranges
+//!    (`11:10-11:35Z` -> `11:10 to 11:35`). Then its lexical [`Signature`] is taken
+//!    from that text, so `0.41 of lookups` and `41 percent` state one value.
+//! 2. Anchors: the signature's identifiers and names (`pg-orders-01`, `203.0.113.45`,
+//!    `/login`, `m_2210`). Two anchors agree when equal or when one's dotted/dashed
+//!    parts meet the other's (`sso` in `sso.example.com`).
+//! 3. Proper names ([`proper_names`]): words with an inner capital (`iOS`, `FoodHub`,
+//!    `NaturalQuestions`) or capitalised inside a sentence (`Android`, `Muller`); all-caps
+//!    acronyms and months are left out (paraphrases expand `SSO`, `GC`, `Jul` freely).
+//!    Each side naming one the other lacks (`iOS` vs `Android`) is a guard.
+
+use std::borrow::Cow;
+
+use regex::{Captures, Regex};
+
+use crate::synth::text::{self, Signature};
+
+/// What the semantic mode compares of one wording.
+#[derive(Clone, Debug)]
+pub(crate) struct Slots {
+    /// The lexical signature of the measurement-normalised text.
+    pub(crate) sig: Signature,
+    /// Proper names (lowercased, sorted, deduplicated).
+    pub(crate) names: Vec<String>,
+    /// Entity-like tokens: identifiers, names, acronyms and proper names, lowercased, with
+    /// their dotted/dashed/CamelCase parts and stems (sorted, deduplicated).
+    pub(crate) entities: Vec<String>,
+    /// Where the statement stands.
+    pub(crate) stance: Stance,
+}
+
+impl Slots {
+    /// The slots of `text`.
+    pub(crate) fn of(text: &str) -> Slots {
+        let m = measure_text(text);
+        Slots {
+            sig: text::signature(&m),
+            names: proper_names(text),
+            entities: entities(&m),
+            stance: stance(text),
+        }
+    }
+
+    /// Whether the statement states any value.
+    pub(crate) fn has_values(&self) -> bool {
+        !self.sig.values.is_empty()
+    }
+}
+
+fn parts(a: &str) -> impl Iterator<Item = &str> {
+    a.split(['.', '-', '_', '/', ':', '#'])
+        .filter(|p| p.len() >= 2)
+}
+
+fn anchor_meets(a: &str, b: &str) -> bool {
+    a == b || parts(a).any(|p| parts(b).any(|q| p == q))
+}
+
+/// The anchors (identifiers and names) of a signature.
+fn anchors(s: &Signature) -> impl Iterator<Item = &str> {
+    s.ids.iter().chain(s.names.iter()).map(String::as_str)
+}
+
+/// Whether the two name one anchor (equal, or sharing a dotted/dashed part).
+pub(crate) fn share_anchor(a: &Slots, b: &Slots) -> bool {
+    anchors(&a.sig).any(|x| anchors(&b.sig).any(|y| anchor_meets(x, y)))
+}
+
+fn name_meets(a: &str, b: &str) -> bool {
+    a == b || (a.len() >= 3 && b.len() >= 3 && (a.contains(b) || b.contains(a)))
+}
+
+/// Each side has a proper name the other lacks (`iOS` vs `Android`); a name met inside
+/// the other's identifiers (`BitmapFactory` in `BitmapFactory.decodeStream`) is not lacked.
+pub(crate) fn names_conflict(a: &Slots, b: &Slots) -> bool {
+    let lacks = |x: &Slots, y: &Slots| {
+        x.names.iter().any(|n| {
+            !y.names.iter().any(|m| name_meets(n, m))
+                && !y
+                    .entities
+                    .iter()
+                    .any(|e| anchor_meets(n, e) || name_meets(n, e))
+        })
+    };
+    lacks(a, b) && lacks(b, a)
+}
+
+/// The content tokens (words, identifiers, values, qualifiers) each side has and the other lacks, leaving
+/// out tokens that share a dotted/dashed part with one of the other side's
+/// (`cluster-wide` / `cluster`), and how many both have.
+fn unique_tokens<'a>(a: &'a Signature, b: &'a Signature) -> (Vec<&'a str>, Vec<&'a str>, usize) {
+    let toks = |s: &'a Signature| -> Vec<&'a str> {
+        let mut v: Vec<&str> = s
+            .words
+            .iter()
+            .chain(&s.ids)
+            .chain(&s.value_keys)
+            .chain(&s.class_members)
+            .map(String::as_str)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let (ta, tb) = (toks(a), toks(b));
+    let shared = ta.iter().filter(|x| tb.binary_search(x).is_ok()).count();
+    let only = |x: &[&'a str], y: &[&'a str]| -> Vec<&'a str> {
+        x.iter()
+            .filter(|t| y.binary_search(t).is_err())
+            .copied()
+            .collect()
+    };
+    let (oa, ob) = (only(&ta, &tb), only(&tb, &ta));
+    let keep = |x: &[&'a str], y: &[&'a str]| -> Vec<&'a str> {
+        x.iter()
+            .filter(|t| !y.iter().any(|u| anchor_meets(t, u)))
+            .copied()
+            .collect()
+    };
+    (keep(&oa, &ob), keep(&ob, &oa), shared)
+}
+
+/// Most tokens on each side of a minimal pair.
+const SWAP_MAX: usize = 3;
+
+/// A minimal pair: the same wording but for at most three tokens on each side, one of
+/// which names an entity (`p99 on cart-svc ...` / `p99 on checkout ...`, `... on iOS` /
+/// `... on Android`): a look-alike that differs in one slot, whatever the cosine.
+pub(crate) fn minimal_pair(a: &Slots, b: &Slots) -> bool {
+    let (oa, ob, shared) = unique_tokens(&a.sig, &b.sig);
+    let small = |x: &[&str]| !x.is_empty() && x.len() <= SWAP_MAX;
+    if !small(&oa) || !small(&ob) || shared < 2 || shared < oa.len() + ob.len() {
+        return false;
+    }
+    let named = |x: &[&str], s: &Slots| {
+        x.iter()
+            .any(|t| s.entities.binary_search_by(|e| e.as_str().cmp(t)).is_ok())
+    };
+    named(&oa, a) || named(&ob, b)
+}
+
+/// Entity-like tokens of a wording (see [`Slots::entities`]).
+fn entities(text: &str) -> Vec<String> {
+    static TOKEN: std::sync::OnceLock<Regex> = std::sync::OnceLock::new();
+    let token = TOKEN.get_or_init(|| re(r"[A-Za-z0-9][A-Za-z0-9_.:/-]*[A-Za-z0-9]|[A-Za-z0-9]"));
+    static CAMEL: std::sync::OnceLock<Regex> = std::sync::OnceLock::new();
+    let camel = CAMEL.get_or_init(|| re(r"[A-Z]+[a-z0-9]*|[a-z0-9]+"));
+    let mut out: Vec<String> = Vec::new();
+    let add = |w: &str, out: &mut Vec<String>| {
+        if w.len() >= 2 {
+            out.push(w.to_string());
+            out.push(text::stem(w));
+        }
+    };
+    for m in token.find_iter(text) {
+        let w = m.as_str();
+        let before = text[..m.start()].trim_end();
+        let sentence_start = before.is_empty()
+            || before.ends_with(['.', ':', '!', '?', '>', ';', '"'])
+            || before.ends_with(" -");
+        // Identifiers whole; proper names (not all-caps acronyms: `DB`, `TLS`, `OOM` are
+        // common nouns to a paraphrase) with their CamelCase parts.
+        let ident = w.contains(['-', '_', '.', '/', ':']) || w.chars().any(|c| c.is_ascii_digit());
+        let proper = w.chars().any(|c| c.is_ascii_lowercase())
+            && (w.chars().skip(1).any(|c| c.is_ascii_uppercase())
+                || (w.starts_with(|c: char| c.is_ascii_uppercase()) && !sentence_start));
+        if ident {
+            add(&w.to_ascii_lowercase(), &mut out);
+        } else if proper {
+            add(&w.to_ascii_lowercase(), &mut out);
+            for p in camel.find_iter(w) {
+                add(&p.as_str().to_ascii_lowercase(), &mut out);
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+const MONTHS: &[&str] = &[
+    "jan",
+    "feb",
+    "mar",
+    "apr",
+    "may",
+    "jun",
+    "jul",
+    "aug",
+    "sep",
+    "sept",
+    "oct",
+    "nov",
+    "dec",
+    "january",
+    "february",
+    "march",
+    "april",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+    "monday",
+    "tuesday",
+    "wednesday",
+    "thursday",
+    "friday",
+    "saturday",
+    "sunday",
+];
+
+fn re(p: &str) -> Regex {
+    Regex::new(p).expect("slot pattern")
+}
+
+/// Proper names of a wording (see the module doc), lowercased, sorted, deduplicated.
+pub(crate) fn proper_names(text: &str) -> Vec<String> {
+    static TOKEN: std::sync::OnceLock<Regex> = std::sync::OnceLock::new();
+    // Whole tokens, identifiers included (`pg-orders-01`, `a.b`): only plain words count.
+    let token = TOKEN.get_or_init(|| re(r"[A-Za-z0-9][A-Za-z0-9_.:/-]*[A-Za-z0-9]|[A-Za-z0-9]"));
+    let mut out: Vec<String> = Vec::new();
+    for m in token.find_iter(text) {
+        let w = m.as_str();
+        if !w.chars().all(|c| c.is_ascii_alphanumeric())
+            || !w.starts_with(|c: char| c.is_ascii_alphabetic())
+            || !w.chars().any(|c| c.is_ascii_lowercase())
+            || w.len() < 2
+        {
+            continue; // an identifier, a number or an acronym
+        }
+        let before = text[..m.start()].trim_end();
+        let sentence_start = before.is_empty()
+            || before.ends_with(['.', ':', '!', '?', '>', ';', '"'])
+            || before.ends_with(" -");
+        let inner = w.chars().skip(1).any(|c| c.is_ascii_uppercase());
+        let proper = w.starts_with(|c: char| c.is_ascii_uppercase()) && !sentence_start;
+        let lw = w.to_ascii_lowercase();
+        if (inner || proper) && !MONTHS.contains(&lw.as_str()) {
+            out.push(lw);
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn num(s: &str) -> Option<f64> {
+    s.replace(',', "").parse().ok()
+}
+
+fn fmt(x: f64) -> String {
+    let r = (x * 1e6).round() / 1e6;
+    if r.fract() == 0.0 && r.abs() < 1e15 {
+        format!("{}", r as i64)
+    } else {
+        let s = format!("{r:.6}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+/// The wording with measurements in one form (see the module doc); borrowed when no
+/// rule applies.
+pub(crate) fn measure_text(text: &str) -> Cow<'_, str> {
+    type Rule = (Regex, fn(&Captures) -> String);
+    static RULES: std::sync::OnceLock<Vec<Rule>> = std::sync::OnceLock::new();
+    let rules = RULES.get_or_init(|| {
+        const N: &str = r"(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)";
+        let v: Vec<Rule> = vec![
+            // Percentiles: 99th percentile / 99th pct / 99th-percentile / 99%ile -> p99.
+            (
+                re(r"(?i)\b(\d{2,3})(?:(?:st|nd|rd|th)[ -]?(?:percentile|pct|perc)|[ -]?percentile|%ile)\b"),
+                |c| format!("p{}", &c[1]),
+            ),
+            (re(r"(?i)\bresponse[ -]times?\b"), |_| "latency".to_string()),
+            (re(r"(?i)\bserver[ -]errors?\b"), |_| "errors".to_string()),
+            // Hyphenated durations: 7-day -> 7 day.
+            (
+                re(r"(?i)\b(\d+)-(second|minute|hour|day|week)s?\b"),
+                |c| format!("{} {}", &c[1], &c[2]),
+            ),
+            // Scientific notation.
+            (re(r"(?i)\b(\d+(?:\.\d+)?)e(-?\d{1,2})\b"), |c| {
+                match (num(&c[1]), c[2].parse::<i32>()) {
+                    (Some(m), Ok(e)) => fmt(m * 10f64.powi(e)),
+                    _ => c[0].to_string(),
+                }
+            }),
+            // Magnitudes.
+            (re(&format!(r"(?i)\b{N}\s*(?:million|mln)\b")), |c| scaled_of(c, 1e6)),
+            (re(&format!(r"\b{N}\s?M\b")), |c| scaled_of(c, 1e6)),
+            (re(&format!(r"(?i)\b{N}\s*(?:billion|bn)\b")), |c| scaled_of(c, 1e9)),
+            (re(&format!(r"\b{N}B\b")), |c| scaled_of(c, 1e9)),
+            (re(&format!(r"(?i)\b{N}\s*thousand\b")), |c| scaled_of(c, 1e3)),
+            // Proportions: 0.41 of -> 41% of.
+            (re(r"(?i)(^|[^\d.])(0?\.\d+)\s+of\b"), |c| match num(&c[2]) {
+                Some(x) => format!("{}{}% of", &c[1], fmt(x * 100.0)),
+                None => c[0].to_string(),
+            }),
+            // Rates, per second.
+            (
+                re(&format!(
+                    r"(?i)\b{N}((?:\s+[a-z]+)?)\s*(?:/\s?s(?:ec)?|per\s+sec(?:ond)?|every\s+second|a\s+second)\b"
+                )),
+                |c| rate(c, 1.0),
+            ),
+            (
+                re(&format!(
+                    r"(?i)\b{N}((?:\s+[a-z]+)?)\s*(?:/\s?min|per\s+min(?:ute)?|every\s+minute|a\s+minute)\b"
+                )),
+                |c| rate(c, 1.0 / 60.0),
+            ),
+            // Versions: v2.14.0 -> 2.14.0.
+            (re(r"(?i)\bv(\d+\.\d+(?:\.\d+)*)\b"), |c| c[1].to_string()),
+            // host:port -> host port N.
+            (re(r"\b([A-Za-z][\w.-]*[A-Za-z0-9]):(\d{2,5})\b"), |c| {
+                format!("{} port {}", &c[1], &c[2])
+            }),
+            // Clock ranges: 11:10-11:35Z -> 11:10 to 11:35.
+            (
+                re(r"(?i)\b(\d{1,2}:\d{2})\s*[-–]\s*(\d{1,2}:\d{2})z?\b"),
+                |c| format!("{} to {}", &c[1], &c[2]),
+            ),
+        ];
+        v
+    });
+    let mut out = Cow::Borrowed(text);
+    for (r, f) in rules {
+        if r.is_match(&out) {
+            out = Cow::Owned(r.replace_all(&out, |c: &Captures| f(c)).into_owned());
+        }
+    }
+    out
+}
+
+fn scaled_of(c: &Captures, f: f64) -> String {
+    match num(&c[1]) {
+        Some(x) => fmt(x * f),
+        None => c[0].to_string(),
+    }
+}
+
+fn rate(c: &Captures, per_sec: f64) -> String {
+    match num(&c[1]) {
+        Some(x) => format!("{}{} persec", fmt(x * per_sec), &c[2]),
+        None => c[0].to_string(),
+    }
+}
+
+/// Where a statement stands (the epistemic slot): a cause suspected, confirmed, ruled
+/// out, or the issue resolved. Two statements in different stances are different facts
+/// ("X is suspected" / "X turned out to be the cause"); suspected-or-confirmed against
+/// ruled out about one thing is a contradiction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stance {
+    /// No marker.
+    Plain,
+    /// A hypothesis: suspected, might, possibly, a question.
+    Hedged,
+    /// Confirmed: root cause, caused by, turned out.
+    Confirmed,
+    /// Ruled out, excluded, not the cause.
+    RuledOut,
+    /// Resolved, mitigated, closed, back to normal.
+    Resolved,
+}
+
+fn stance_patterns() -> &'static [(Stance, regex::Regex)] {
+    static P: std::sync::OnceLock<Vec<(Stance, regex::Regex)>> = std::sync::OnceLock::new();
+    P.get_or_init(|| {
+        let re = |s: &str| regex::Regex::new(&format!("(?i){s}")).expect("stance pattern");
+        // Checked in this order: the first that matches decides.
+        vec![
+            (Stance::RuledOut, re(r"\b(ruled?[- ]out|rules out|ruling out|exclud\w*|eliminat\w*|not (the|a) (root )?(cause|culprit|issue|problem)|unrelated|red herring|innocent|disprov\w*|refut\w*|no evidence (of|for|that)|can be dismissed|dismissed|false alarm|cleared of)\b")),
+            (Stance::Resolved, re(r"\b(resolved|mitigated|closing|closed out|all clear|back to (baseline|normal)|recovered|fully fixed|incident (is )?over)\b")),
+            (Stance::Confirmed, re(r"\b(confirm\w*|root[- ]cause|rc:|caused by|turn(s|ed)? out|comes? down to|is due to|was due to|culprit|traced (it |this )?(back )?to|verified)\b|^rc\b")),
+            (Stance::Hedged, re(r"\b(suspect\w*|might|may be|maybe|possibl\w*|perhaps|could be|theory|hypothes\w*|likely|probabl\w*|guess\w*|wonder\w*|needs? checking|unconfirmed|not yet confirmed|plausibl\w*)\b|\?\s*\)?\s*$")),
+        ]
+    })
+}
+
+/// The stance of a wording.
+pub fn stance(text: &str) -> Stance {
+    stance_patterns()
+        .iter()
+        .find(|(_, r)| r.is_match(text))
+        .map_or(Stance::Plain, |(s, _)| *s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn measurements_are_normalised() {
+        let m = |t: &str| measure_text(t).into_owned();
+        assert_eq!(
+            m("checkout's 99th percentile latency"),
+            "checkout's p99 latency"
+        );
+        assert_eq!(m("tail latency (99th pct)"), "tail latency (p99)");
+        assert_eq!(m("lag 1.2M msgs"), "lag 1200000 msgs");
+        assert_eq!(m("1.2 million rows"), "1200000 rows");
+        assert_eq!(m("12.5 thousand rows"), "12500 rows");
+        assert_eq!(m("34B params"), "34000000000 params");
+        assert_eq!(m("only 0.41 of lookups"), "only 41% of lookups");
+        assert_eq!(m("evictions 120/s"), "evictions 120 persec");
+        assert_eq!(
+            m("evicting 120 keys every second"),
+            "evicting 120 keys persec"
+        );
+        assert_eq!(m("7,200 per minute"), "120 persec");
+        assert_eq!(m("lr=5e-5"), "lr=0.00005");
+        assert_eq!(m("rollback to v2.14.0"), "rollback to 2.14.0");
+        assert_eq!(
+            m("conn refused pg-orders-01:5433"),
+            "conn refused pg-orders-01 port 5433"
+        );
+        assert_eq!(m("502 burst 11:10-11:35Z"), "502 burst 11:10 to 11:35");
+        assert_eq!(m("80 GB at 14:00"), "80 GB at 14:00");
+        assert_eq!(m("the 7-day retention"), "the 7 day retention");
+    }
+
+    #[test]
+    fn proper_names_and_anchors() {
+        assert_eq!(
+            proper_names("Crash-free sessions for FoodHub 5.1.4 on iOS are at 98.2 percent."),
+            vec!["foodhub", "ios"]
+        );
+        assert_eq!(
+            proper_names("SSL cert on pay.example.com valid until Jul 31, 2026 (UTC)"),
+            Vec::<String>::new()
+        );
+        let a = Slots::of("Crash-free sessions for FoodHub 5.1.4 on iOS are at 98.2 percent.");
+        let b = Slots::of("Crash-free sessions for FoodHub 5.1.4 on Android are at 98.2 percent.");
+        assert!(names_conflict(&a, &b));
+        let c = Slots::of("per Muller (2022), MMLU acc 63.5");
+        let d = Slots::of("Muller2022: CoT-Distill MMLU = 63.5");
+        assert!(!names_conflict(&c, &d));
+        let e = Slots::of("612 failed logins 203.0.113.45 -> sso.example.com");
+        let f = Slots::of("612 sign-in failures against the SSO portal from 203.0.113.45");
+        assert!(share_anchor(&e, &f));
+        let g = Slots::of("only 0.41 of lookups are served from redis-cache");
+        let h = Slots::of("The cache hit rate on redis-cache is at 41 percent right now.");
+        assert_eq!(g.sig.value_keys, h.sig.value_keys);
+        // Minimal pairs: one entity swapped; a paraphrase is not one.
+        let p = Slots::of("p99 on cart-svc went up to 2.3 s");
+        let q = Slots::of("p99 on checkout went up to 2.3 s");
+        assert!(minimal_pair(&p, &q));
+        assert!(minimal_pair(&a, &b));
+        let r = Slots::of("consumer group etl-loader lag: 1.2M messages");
+        let s = Slots::of("The etl-loader consumer group is about 1,200,000 messages behind.");
+        assert!(!minimal_pair(&r, &s));
+        let t = Slots::of("DNS resolution for ledger.internal fails intermittently");
+        let u = Slots::of("ledger.internal: intermittent NXDOMAIN on lookup");
+        assert!(!minimal_pair(&t, &u) && !names_conflict(&t, &u));
+    }
+}
