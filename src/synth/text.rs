@@ -555,7 +555,7 @@ fn unit_of(u: &str) -> Option<(Dim, f64)> {
 
 /// Canonical text of a magnitude: integers without a fraction, others with at most 6
 /// decimals, trailing zeros dropped (`1.0` -> `1`, `2.4 * 1000` -> `2400`).
-fn num_key(x: f64) -> String {
+pub(crate) fn num_key(x: f64) -> String {
     let r = (x * 1e6).round() / 1e6;
     if r.fract() == 0.0 && r.abs() < 1e15 {
         format!("{}", r as i64)

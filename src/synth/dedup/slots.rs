@@ -265,16 +265,6 @@ fn num(s: &str) -> Option<f64> {
     s.replace(',', "").parse().ok()
 }
 
-fn fmt(x: f64) -> String {
-    let r = (x * 1e6).round() / 1e6;
-    if r.fract() == 0.0 && r.abs() < 1e15 {
-        format!("{}", r as i64)
-    } else {
-        let s = format!("{r:.6}");
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    }
-}
-
 /// The wording with measurements in one form (see the module doc); borrowed when no
 /// rule applies.
 pub(crate) fn measure_text(text: &str) -> Cow<'_, str> {
@@ -298,7 +288,7 @@ pub(crate) fn measure_text(text: &str) -> Cow<'_, str> {
             // Scientific notation.
             (re(r"(?i)\b(\d+(?:\.\d+)?)e(-?\d{1,2})\b"), |c| {
                 match (num(&c[1]), c[2].parse::<i32>()) {
-                    (Some(m), Ok(e)) => fmt(m * 10f64.powi(e)),
+                    (Some(m), Ok(e)) => text::num_key(m * 10f64.powi(e)),
                     _ => c[0].to_string(),
                 }
             }),
@@ -310,7 +300,7 @@ pub(crate) fn measure_text(text: &str) -> Cow<'_, str> {
             (re(&format!(r"(?i)\b{N}\s*thousand\b")), |c| scaled_of(c, 1e3)),
             // Proportions: 0.41 of -> 41% of.
             (re(r"(?i)(^|[^\d.])(0?\.\d+)\s+of\b"), |c| match num(&c[2]) {
-                Some(x) => format!("{}{}% of", &c[1], fmt(x * 100.0)),
+                Some(x) => format!("{}{}% of", &c[1], text::num_key(x * 100.0)),
                 None => c[0].to_string(),
             }),
             // Rates, per second.
@@ -351,14 +341,14 @@ pub(crate) fn measure_text(text: &str) -> Cow<'_, str> {
 
 fn scaled_of(c: &Captures, f: f64) -> String {
     match num(&c[1]) {
-        Some(x) => fmt(x * f),
+        Some(x) => text::num_key(x * f),
         None => c[0].to_string(),
     }
 }
 
 fn rate(c: &Captures, per_sec: f64) -> String {
     match num(&c[1]) {
-        Some(x) => format!("{}{} persec", fmt(x * per_sec), &c[2]),
+        Some(x) => format!("{}{} persec", text::num_key(x * per_sec), &c[2]),
         None => c[0].to_string(),
     }
 }
