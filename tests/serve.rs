@@ -195,6 +195,16 @@ pub(crate) struct Sse {
 impl Sse {
     /// The next event (comments skipped); `None` at the end of the stream.
     pub(crate) fn next(&mut self) -> Option<Msg> {
+        loop {
+            if let Some(m) = self.next_or_comment()? {
+                return Some(m);
+            }
+        }
+    }
+
+    /// The next event, or `Some(None)` for a comment (a heartbeat) met before one;
+    /// `None` at the end of the stream.
+    pub(crate) fn next_or_comment(&mut self) -> Option<Option<Msg>> {
         let mut m = Msg {
             event: None,
             id: None,
@@ -209,11 +219,14 @@ impl Sse {
             let line = line.trim_end_matches(['\n', '\r']);
             if line.is_empty() {
                 if any {
-                    return Some(m);
+                    return Some(Some(m));
                 }
                 continue;
             }
             if line.starts_with(':') {
+                if !any {
+                    return Some(None);
+                }
                 continue;
             }
             any = true;

@@ -34,6 +34,7 @@ mod semantic;
 mod serve;
 mod serve_cli;
 mod serve_crash;
+mod serve_feed;
 #[cfg(feature = "mcp")]
 mod serve_model;
 mod serve_socket;

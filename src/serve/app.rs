@@ -1,6 +1,6 @@
 //! What every request shares: the server's options, the tokens, one `Store` per user, the
-//! shared watches of followed runs and the shutdown signal; and the helper that runs a
-//! library call on a blocking thread.
+//! shared watches and shared readers of followed runs and the shutdown signal; and the
+//! helper that runs a library call on a blocking thread.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::serve::feed::Feeds;
 use crate::serve::metrics::Metrics;
 use crate::serve::problem::Problem;
 use crate::serve::token::TokenSet;
@@ -77,6 +78,8 @@ pub struct App {
     /// One watch per followed run, shared by all of its SSE subscribers (one inotify
     /// instance for the server), keyed by run directory, i.e. by (user, run).
     pub watches: WatchHub,
+    /// One shared reader per run with SSE subscribers on it, keyed by run directory.
+    pub(crate) feeds: Feeds,
     /// Each token's rate-limit bucket: tokens left, and when it was last filled.
     pub(crate) buckets: Mutex<HashMap<String, (f64, Instant)>>,
     /// The embedding model searches rank with, and each user's vector cache.

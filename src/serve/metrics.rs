@@ -1,7 +1,8 @@
 //! The server's own counters, served at `/metrics` in the Prometheus text format:
 //! requests by status, append latency (a histogram), events appended, the writers'
 //! fsyncs and the durable events they covered (so events per fsync), live tail
-//! subscribers, the events buffered for them and the ones closed for lagging, and the
+//! subscribers, the events buffered for them and the ones closed for lagging, the runs'
+//! shared readers and the gaps subscribers filled by reading themselves, and the
 //! shared watches that wake them (how many, how many subscribers share them, how many
 //! are left to polling).
 //!
@@ -37,6 +38,11 @@ pub struct Metrics {
     buffered: AtomicU64,
     /// Events written to subscribers' connections.
     tail_sent: AtomicU64,
+    /// Shared readers running (one per run with live subscribers, `serve::feed`).
+    readers: AtomicU64,
+    /// Reads a subscriber made of the log itself, after joining its run's shared reader,
+    /// to fill a gap the reader's feed left it.
+    gap_reads: AtomicU64,
 }
 
 impl Metrics {
@@ -69,17 +75,28 @@ impl Metrics {
         self.lagged.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// An event went into a subscriber's buffer.
-    pub fn buffered(&self) {
-        self.buffered.fetch_add(1, Ordering::Relaxed);
+    /// `n` events went into a subscriber's buffer.
+    pub fn buffered(&self, n: u64) {
+        self.buffered.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// An event left a subscriber's buffer: written to its connection (`sent`), or
+    /// A run's shared reader started; the guard counts it until dropped.
+    pub fn reader(self: &std::sync::Arc<Self>) -> Reading {
+        self.readers.fetch_add(1, Ordering::Relaxed);
+        Reading(self.clone())
+    }
+
+    /// A subscriber on a shared reader's feed read the log itself to fill a gap.
+    pub fn gap_read(&self) {
+        self.gap_reads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `n` events left a subscriber's buffer: written to its connection (`sent`), or
     /// dropped with a connection that went away.
-    pub fn unbuffered(&self, sent: bool) {
-        self.buffered.fetch_sub(1, Ordering::Relaxed);
+    pub fn unbuffered(&self, n: u64, sent: bool) {
+        self.buffered.fetch_sub(n, Ordering::Relaxed);
         if sent {
-            self.tail_sent.fetch_add(1, Ordering::Relaxed);
+            self.tail_sent.fetch_add(n, Ordering::Relaxed);
         }
     }
 
@@ -150,6 +167,18 @@ impl Metrics {
                 "Events written to live tail subscribers' connections.",
                 "counter",
                 &self.tail_sent,
+            ),
+            (
+                "swarm_tail_shared_readers",
+                "Runs whose live tail subscribers share one reader of the log (each new event is read, decoded and encoded once per run, not once per subscriber).",
+                "gauge",
+                &self.readers,
+            ),
+            (
+                "swarm_tail_gap_reads_total",
+                "Reads a live tail subscriber made of the log itself to fill a gap in its run's shared feed (it joined between two reads, or fell behind the feed).",
+                "counter",
+                &self.gap_reads,
             ),
         ] {
             counter(&mut out, name, help, kind, v.load(Ordering::Relaxed));
@@ -252,6 +281,16 @@ impl Drop for Subscribed {
     }
 }
 
+/// Counts one shared reader while it runs.
+#[derive(Debug)]
+pub struct Reading(std::sync::Arc<Metrics>);
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        self.0.readers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,9 +304,9 @@ mod tests {
         m.request(201);
         m.request(201);
         let s = m.subscribe();
-        m.buffered();
-        m.buffered();
-        m.unbuffered(true);
+        m.buffered(2);
+        m.unbuffered(1, true);
+        let r = m.reader();
         let text = m.render(
             SyncCounters {
                 fsyncs: 2,
@@ -305,6 +344,7 @@ mod tests {
         assert!(text.contains("swarm_tail_subscribers 1\n"), "{text}");
         assert!(text.contains("swarm_tail_buffered_events 1\n"), "{text}");
         assert!(text.contains("swarm_tail_sent_events_total 1\n"), "{text}");
+        assert!(text.contains("swarm_tail_shared_readers 1\n"), "{text}");
         assert!(text.contains("swarm_fsyncs_total 2\n"), "{text}");
         assert!(text.contains("swarm_fsyncs_coalesced_total 1\n"), "{text}");
         assert!(text.contains("swarm_durable_events_total 7\n"), "{text}");
@@ -320,7 +360,9 @@ mod tests {
         assert!(text.contains("swarm_tail_inotify_instances 1\n"), "{text}");
         assert!(text.contains("# TYPE swarm_tail_watches gauge\n"), "{text}");
         drop(s);
+        drop(r);
         let text = m.render(SyncCounters::default(), HubStats::default());
         assert!(text.contains("swarm_tail_subscribers 0\n"), "{text}");
+        assert!(text.contains("swarm_tail_shared_readers 0\n"), "{text}");
     }
 }

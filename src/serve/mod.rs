@@ -32,6 +32,7 @@
 pub mod app;
 mod append;
 pub mod extract;
+mod feed;
 pub mod listen;
 #[cfg(feature = "mcp")]
 pub mod mcp;
@@ -134,6 +135,7 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
         shutdown: stop_rx,
         metrics: Arc::default(),
         watches: crate::tail::WatchHub::new(opts.sse_poll),
+        feeds: feed::Feeds::default(),
         buckets: Mutex::new(HashMap::new()),
         vectors,
     });

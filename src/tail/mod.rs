@@ -353,6 +353,64 @@ impl Tail {
         self
     }
 
+    /// A tail at this one's position that delivers every event from there on, with no
+    /// agent or type filter and no cursor file, waking on `source`: the server's shared
+    /// reader of a run starts where the subscriber that started it caught up, without
+    /// scanning the segment again. Its next seq is the one after the last event read
+    /// (delivered or filtered), or the first pending one; a tail not located yet starts
+    /// from seq 1.
+    pub(crate) fn fork(&self, source: WakeSource) -> Tail {
+        let wake = Arc::new(Wake::default());
+        let next_seq = match (self.located, self.pending.front()) {
+            (true, Some(e)) => e.seq,
+            (true, None) => self.head_seen + 1,
+            (false, _) => 1,
+        };
+        let mut waiter = Waiter::new(wake.clone(), self.opts.notify);
+        waiter.share(source);
+        Tail {
+            storage: self.storage.clone(),
+            cursor_storage: self.cursor_storage.clone(),
+            live_store: self.live_store.as_ref().map(Store::same_config),
+            dir: self.dir.clone(),
+            run: self.run.clone(),
+            opts: TailOptions {
+                from_seq: Some(next_seq),
+                agent: None,
+                kind: None,
+                follow: true,
+                cursor_file: None,
+                ..self.opts.clone()
+            },
+            poll: self.poll,
+            located: self.located,
+            resume: None,
+            seg: self.seg,
+            seg_file: self.seg_file.clone(),
+            off: self.off,
+            next_seq,
+            head_seen: self.head_seen,
+            last_ts: self.last_ts,
+            pending: self.pending.clone(),
+            pending_frame: self.pending_frame,
+            synced: None,
+            frozen: None,
+            wake,
+            waiter,
+            last: None,
+            committed: None,
+            finished: false,
+        }
+    }
+
+    /// Resumes right after `cursor`'s event, as from a cursor file (a position that does
+    /// not hold its seq is scanned for instead). Only before the first read.
+    pub(crate) fn with_resume(mut self, cursor: Cursor) -> Tail {
+        self.next_seq = cursor.seq.saturating_add(1);
+        self.resume = Some(cursor);
+        self
+    }
+
     /// Turns the tail into an async [`futures_core::Stream`].
     ///
     /// The tail runs on its own thread (file reads and waits are blocking) and hands

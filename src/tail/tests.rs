@@ -416,3 +416,62 @@ fn inotify_wakes_the_tail_without_polling() {
         writer.join().unwrap();
     }
 }
+
+/// A fork of a filtered, caught-up tail (the server's shared reader of a run) delivers
+/// every later event, unfiltered, across segments, without re-reading the history; a
+/// tail reopened with the cursor of an event resumes right after it.
+#[test]
+fn fork_follows_on_unfiltered_and_resume_continues_after_a_cursor() {
+    let (_m, store) = mem_store(4096);
+    for i in 1..=40 {
+        let agent = if i % 2 == 0 { "b" } else { "a" };
+        store
+            .append(RUN, ev(agent, EventType::Evidence, i), Durability::Sync)
+            .unwrap();
+    }
+    let mut t = Tail::open(
+        &store,
+        RUN,
+        TailOptions {
+            agent: Some("a".into()),
+            ..polling()
+        },
+    )
+    .unwrap();
+    assert_eq!(drain(&mut t).len(), 20);
+    let mut f = t.fork(WakeSource::new());
+    assert_eq!(f.position().next_seq, 41);
+    assert!(drain(&mut f).is_empty());
+    for i in 41..=90 {
+        store
+            .append(RUN, ev("b", EventType::Evidence, i), Durability::Sync)
+            .unwrap();
+    }
+    assert_eq!(drain(&mut f), (41..=90).collect::<Vec<_>>());
+    let c = f.cursor().cloned().unwrap();
+    assert_eq!(c.seq, 90);
+    // The filtered original sees none of them (all are b's).
+    assert!(drain(&mut t).is_empty());
+    // Reopened at the cursor of seq 60 (taken from a fresh tail), it resumes at 61.
+    let mut at = Tail::open(&store, RUN, polling()).unwrap();
+    let c60 = loop {
+        let e = at.try_next().unwrap().unwrap();
+        if e.seq == 60 {
+            break at.cursor().cloned().unwrap();
+        }
+    };
+    let mut r = Tail::open(
+        &store,
+        RUN,
+        TailOptions {
+            from_seq: Some(61),
+            ..polling()
+        },
+    )
+    .unwrap()
+    .with_resume(c60);
+    assert_eq!(drain(&mut r), (61..=90).collect::<Vec<_>>());
+    // A fork of a tail that has not located the run yet starts from seq 1.
+    let fresh = Tail::open(&store, RUN, polling()).unwrap();
+    assert_eq!(fresh.fork(WakeSource::new()).position().next_seq, 1);
+}
