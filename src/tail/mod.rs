@@ -359,6 +359,7 @@ impl Tail {
     /// scanning the segment again. Its next seq is the one after the last event read
     /// (delivered or filtered), or the first pending one; a tail not located yet starts
     /// from seq 1.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) fn fork(&self, source: WakeSource) -> Tail {
         let wake = Arc::new(Wake::default());
         let next_seq = match (self.located, self.pending.front()) {
@@ -405,6 +406,7 @@ impl Tail {
 
     /// Resumes right after `cursor`'s event, as from a cursor file (a position that does
     /// not hold its seq is scanned for instead). Only before the first read.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) fn with_resume(mut self, cursor: Cursor) -> Tail {
         self.next_seq = cursor.seq.saturating_add(1);
         self.resume = Some(cursor);
