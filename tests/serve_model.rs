@@ -211,6 +211,12 @@ fn serve_search_with_the_model_is_hybrid_and_finds_a_paraphrase() {
     assert!(srv.stop().success());
 }
 
+/// The runs a synth report says it read.
+fn synth_runs(v: &Value) -> Vec<&str> {
+    let runs = v["runs"].as_array().unwrap_or_else(|| panic!("{v}"));
+    runs.iter().map(|r| r["run"].as_str().unwrap()).collect()
+}
+
 /// `POST /v1/synth` synthesizes with the server's model (the report says `on: <model>`),
 /// takes `swarm synth`'s options in its body (only the runs named), and refuses
 /// `llm_cmd` (the server never runs a client's command), unknown options, a bad
@@ -255,23 +261,11 @@ fn serve_synth_uses_the_server_model_and_takes_options() {
     let v = r.json();
     let semantic = v["semantic"].as_str().unwrap_or_default();
     assert!(semantic.starts_with("on: all-MiniLM-L6-v2@sha256:"), "{v}");
-    let runs: Vec<&str> = v["runs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["run"].as_str().unwrap())
-        .collect();
-    assert_eq!(runs, ["inc"], "{v}");
+    assert_eq!(synth_runs(&v), ["inc"], "{v}");
     let small_passes = v["passes"].as_u64().unwrap();
     // The other run is left for the next pass, which takes every run.
     let v = srv.post("/v1/synth", Some(&admin), &json!({})).json();
-    let runs: Vec<&str> = v["runs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["run"].as_str().unwrap())
-        .collect();
-    assert_eq!(runs, ["other"], "{v}");
+    assert_eq!(synth_runs(&v), ["other"], "{v}");
     // The same two findings in passes of one source event took more passes.
     assert!(
         small_passes > v["passes"].as_u64().unwrap(),
