@@ -202,6 +202,40 @@ fn start_redis(dir: &Path) -> Result<(Child, String), String> {
     Err("redis-server did not answer PING within 10 s".into())
 }
 
+/// The server's `/metrics` counters `swarm_fsyncs_total` and `swarm_durable_events_total`.
+fn sync_counters(swarm: &str) -> (f64, f64) {
+    let url = swarm.split_once('#').unwrap().0;
+    let text = ureq::get(&format!("{url}/metrics"))
+        .call()
+        .expect("metrics")
+        .into_string()
+        .unwrap();
+    let read = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    (
+        read("swarm_fsyncs_total"),
+        read("swarm_durable_events_total"),
+    )
+}
+
+/// A process's CPU time so far (user + system), in seconds, from `/proc` (Linux).
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the `(comm)`: state is the 3rd field; utime and stime the 14th, 15th.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        f.get(i - 3)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // USER_HZ is 100 on Linux.
+    (ticks(14) + ticks(15)) / 100.0
+}
+
 fn start_swarm(dir: &Path) -> (Child, String) {
     let out = Command::new(SWARM)
         .arg("--data-dir")
@@ -353,14 +387,21 @@ fn main() {
         "peer", "clients", "events/s", "p50 ms", "p99 ms"
     );
     for &n in &clients {
+        let (fsyncs0, events0) = sync_counters(&swarm);
+        let cpu0 = cpu_secs(server.id());
         let (rate, lat) = cell("swarm", n, &swarm, tmp.path(), secs);
+        let cpu = cpu_secs(server.id()) - cpu0;
+        let (fsyncs1, events1) = sync_counters(&swarm);
+        let events = events1 - events0;
         println!(
-            "{:<10} {:>8} {:>12.0} {:>9.2} {:>9.2}",
+            "{:<10} {:>8} {:>12.0} {:>9.2} {:>9.2}   {:.1} events/fsync, server {:.0} us CPU/event (warm-up included)",
             "swarm",
             n,
             rate,
             pct(&lat, 0.5),
-            pct(&lat, 0.99)
+            pct(&lat, 0.99),
+            events / (fsyncs1 - fsyncs0).max(1.0),
+            cpu * 1e6 / events.max(1.0),
         );
         match &redis {
             Ok((_, url)) => {

@@ -25,19 +25,36 @@ pub enum Transport {
         /// `SWARM_CA_CERT`, with https://.
         ca: Option<PathBuf>,
     },
-    /// `unix:///path`: a Unix socket.
-    Unix(PathBuf),
+    /// `unix:///path`: a Unix socket, and the longest wait for a read (`None`: none).
+    Unix(PathBuf, Option<Duration>),
 }
 
-/// A response: its status (any, refusals included) and its body as it arrives.
+/// A response: its status (any, refusals included), its headers (names in lower case)
+/// and its body as it arrives.
 pub struct Answer {
     pub status: u16,
+    pub headers: Vec<(String, String)>,
     pub body: Box<dyn Read + Send>,
+}
+
+impl Answer {
+    /// The value of header `name` (any case), if the response has it.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 impl Transport {
     /// The transport of `url` (`SWARM_URL`).
     pub fn new(url: &str) -> anyhow::Result<Transport> {
+        Transport::with_read_timeout(url, None)
+    }
+
+    /// The transport of `url`, whose reads give up after `read` (`None`: never).
+    pub fn with_read_timeout(url: &str, read: Option<Duration>) -> anyhow::Result<Transport> {
         if let Some(path) = url.strip_prefix("unix://") {
             if path.is_empty() {
                 bail!(crate::invalid(
@@ -45,7 +62,7 @@ impl Transport {
                     "unix:// names no socket (unix:///run/swarm.sock)"
                 ));
             }
-            return Ok(Transport::Unix(PathBuf::from(path)));
+            return Ok(Transport::Unix(PathBuf::from(path), read));
         }
         let https = url.starts_with("https://");
         if !https && !url.starts_with("http://") {
@@ -57,6 +74,9 @@ impl Transport {
             ));
         }
         let mut agent = ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(10));
+        if let Some(t) = read {
+            agent = agent.timeout_read(t);
+        }
         let mut ca = None;
         if https {
             ca = std::env::var_os("SWARM_CA_CERT")
@@ -93,6 +113,14 @@ impl Transport {
                 match sent {
                     Ok(resp) | Err(ureq::Error::Status(_, resp)) => Ok(Answer {
                         status: resp.status(),
+                        headers: resp
+                            .headers_names()
+                            .into_iter()
+                            .filter_map(|k| {
+                                let v = resp.header(&k)?.to_string();
+                                Some((k, v))
+                            })
+                            .collect(),
                         body: Box::new(resp.into_reader()),
                     }),
                     Err(e) => {
@@ -101,9 +129,10 @@ impl Transport {
                     }
                 }
             }
-            Transport::Unix(path) => unix_send(path, method, target, headers, body).map_err(|e| {
-                anyhow::Error::new(e).context(format!("cannot reach unix://{}", path.display()))
-            }),
+            Transport::Unix(path, read) => unix_send(path, *read, method, target, headers, body)
+                .map_err(|e| {
+                    anyhow::Error::new(e).context(format!("cannot reach unix://{}", path.display()))
+                }),
         }
     }
 
@@ -111,25 +140,12 @@ impl Transport {
     pub fn name(&self) -> String {
         match self {
             Transport::Tcp { base, .. } => base.clone(),
-            Transport::Unix(p) => format!("unix://{}", p.display()),
+            Transport::Unix(p, _) => format!("unix://{}", p.display()),
         }
     }
 }
 
 /// What to do about a refused server certificate (`why`: ureq's error), if it was one.
-/// The TLS client configuration for `url` when it is `https://` (the Mozilla roots plus
-/// `SWARM_CA_CERT`, as the CLI uses), for other clients of the server (`swarm mcp`'s
-/// bridge).
-pub fn tls_for(url: &str) -> anyhow::Result<Option<Arc<rustls::ClientConfig>>> {
-    if !url.starts_with("https://") {
-        return Ok(None);
-    }
-    let ca = std::env::var_os("SWARM_CA_CERT")
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from);
-    tls_config(ca.as_deref()).map(Some)
-}
-
 fn tls_hint(why: &str, ca: Option<&Path>) -> String {
     if !why.contains("certificate") {
         String::new()
@@ -185,12 +201,14 @@ fn bad(what: impl Into<String>) -> io::Error {
 /// One HTTP/1.1 exchange over a new connection to the socket at `path`.
 fn unix_send(
     path: &std::path::Path,
+    read: Option<Duration>,
     method: &str,
     target: &str,
     headers: &[(&str, String)],
     body: Option<&[u8]>,
 ) -> io::Result<Answer> {
     let mut s = UnixStream::connect(path)?;
+    s.set_read_timeout(read)?;
     let mut head =
         format!("{method} {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
     for (k, v) in headers {
@@ -208,6 +226,7 @@ fn unix_send(
         s.write_all(b)?;
     }
     let mut r = BufReader::new(s);
+    let mut names = Vec::new();
     let (status, chunked, length) = {
         let mut h = (&mut r).take(HEAD_BYTES_MAX);
         let mut line = String::new();
@@ -237,6 +256,7 @@ fn unix_send(
             } else if k == "content-length" {
                 length = Some(v.parse::<u64>().map_err(|_| bad("bad Content-Length"))?);
             }
+            names.push((k, v.to_string()));
         }
         (status, chunked, length)
     };
@@ -249,7 +269,11 @@ fn unix_send(
         (false, Some(n)) => Box::new(r.take(n)),
         (false, None) => Box::new(r),
     };
-    Ok(Answer { status, body })
+    Ok(Answer {
+        status,
+        headers: names,
+        body,
+    })
 }
 
 /// A chunked body, decoded as it arrives (streams: SSE, NDJSON acknowledgements).

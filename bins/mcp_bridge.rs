@@ -1,4 +1,5 @@
-//! `swarm mcp` with `SWARM_URL` set: an MCP server over stdio whose tools run on a
+//! `swarm mcp` with `SWARM_URL` set (`http://`, `https://` or `unix:///PATH`, as every
+//! command reaches a server: `crate::http`): an MCP server over stdio whose tools run on a
 //! `swarm serve`, as the user and agents of the bearer token in `SWARM_TOKEN` (issue 14:
 //! "identity from `SWARM_TOKEN` against a server"). A byte-level bridge: each JSON-RPC
 //! line read on stdin is POSTed to the server's `/mcp` (streamable HTTP), and every
@@ -22,6 +23,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::http::Transport;
+
 /// Requests forwarded at once.
 pub const IN_FLIGHT_MAX: usize = 64;
 /// Longest request line read from stdin, in bytes (the server's own body limit is lower).
@@ -32,10 +35,12 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
 const STREAM_RETRIES_MAX: u32 = 5;
 
 struct Bridge {
+    /// `SWARM_URL/mcp`, as messages name it.
     endpoint: String,
     token: Option<String>,
-    post: ureq::Agent,
-    stream: ureq::Agent,
+    /// Requests (a read timeout of [`REQUEST_TIMEOUT`]) and the GET stream (none).
+    post: Transport,
+    stream: Transport,
     session: Mutex<Option<String>>,
     out: Mutex<io::Stdout>,
 }
@@ -51,12 +56,11 @@ impl Bridge {
         let _ = writeln!(out, "{line}").and_then(|()| out.flush());
     }
 
-    fn request(&self, agent: &ureq::Agent, method: &str) -> ureq::Request {
-        let mut r = agent
-            .request(method, &self.endpoint)
-            .set("Accept", "application/json, text/event-stream");
+    /// The headers of a request to `/mcp`: what it accepts, the token, the session.
+    fn headers(&self) -> Vec<(&'static str, String)> {
+        let mut h = vec![("Accept", "application/json, text/event-stream".to_string())];
         if let Some(t) = &self.token {
-            r = r.set("Authorization", &format!("Bearer {t}"));
+            h.push(("Authorization", format!("Bearer {t}")));
         }
         if let Some(s) = self
             .session
@@ -64,9 +68,9 @@ impl Bridge {
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
         {
-            r = r.set("Mcp-Session-Id", s);
+            h.push(("Mcp-Session-Id", s.clone()));
         }
-        r
+        h
     }
 
     /// Writes every message of an SSE body as a line; stops at its end. Returns whether
@@ -109,14 +113,16 @@ impl Bridge {
             ),
             None => eprintln!("swarm mcp: {why}"),
         };
-        let sent = self
-            .request(&self.post, "POST")
-            .set("Content-Type", "application/json")
-            .send_string(line);
-        let resp = match sent {
-            Ok(r) => r,
-            Err(ureq::Error::Status(status, r)) => {
-                let body = r.into_string().unwrap_or_default();
+        let mut headers = self.headers();
+        headers.push(("Content-Type", "application/json".to_string()));
+        let resp = match self
+            .post
+            .send("POST", "/mcp", &headers, Some(line.as_bytes()))
+        {
+            Ok(r) if r.status >= 400 => {
+                let status = r.status;
+                let mut body = String::new();
+                let _ = r.body.take(64 * 1024).read_to_string(&mut body);
                 let detail = serde_json::from_str::<Value>(&body)
                     .ok()
                     .and_then(|v| v["detail"].as_str().map(str::to_string))
@@ -132,16 +138,20 @@ impl Bridge {
                     detail.trim()
                 ));
             }
-            Err(e) => return fail(format!("cannot reach {}: {e}", self.endpoint)),
+            Ok(r) => r,
+            Err(e) => return fail(format!("{e:#}")),
         };
         if let Some(s) = resp.header("mcp-session-id") {
             *self.session.lock().unwrap_or_else(|e| e.into_inner()) = Some(s.to_string());
         }
-        if resp.status() == 202 {
+        if resp.status == 202 {
             return;
         }
-        let sse = resp.content_type() == "text/event-stream";
-        let mut body = resp.into_reader().take(LINE_BYTES_MAX as u64 * 4);
+        let sse = resp
+            .header("content-type")
+            .and_then(|c| c.split(';').next())
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("text/event-stream"));
+        let mut body = resp.body.take(LINE_BYTES_MAX as u64 * 4);
         let read = if sse {
             self.forward_sse(body, id.as_ref())
         } else {
@@ -168,14 +178,14 @@ impl Bridge {
     fn listen(&self) {
         let mut retries = 0;
         while retries <= STREAM_RETRIES_MAX {
-            match self.request(&self.stream, "GET").call() {
-                Ok(resp) => {
-                    retries = 0;
-                    let _ = self.forward_sse(resp.into_reader(), None);
-                }
+            match self.stream.send("GET", "/mcp", &self.headers(), None) {
                 // 405: the server offers no GET stream; 404: the session ended.
-                Err(ureq::Error::Status(405 | 404, _)) => return,
-                Err(_) => {}
+                Ok(resp) if matches!(resp.status, 404 | 405) => return,
+                Ok(resp) if resp.status < 300 => {
+                    retries = 0;
+                    let _ = self.forward_sse(resp.body, None);
+                }
+                Ok(_) | Err(_) => {}
             }
             retries += 1;
             thread::sleep(Duration::from_millis(200 * u64::from(retries)));
@@ -193,28 +203,12 @@ fn answers(text: &str, id: Option<&Value>) -> bool {
 
 /// Runs the bridge until stdin closes; then ends the server's session.
 pub fn run(base: &str) -> anyhow::Result<ExitCode> {
-    if !base.starts_with("http://") && !base.starts_with("https://") {
-        anyhow::bail!(crate::invalid(
-            "SWARM_URL",
-            format!("{base:?}: `swarm mcp` reaches a server over http:// or https:// only (not a Unix socket yet): start the server with --listen too")
-        ));
-    }
-    let tls = crate::http::tls_for(base)?;
-    let agent = |read: Option<Duration>| {
-        let mut b = ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(10));
-        if let Some(t) = read {
-            b = b.timeout_read(t);
-        }
-        if let Some(c) = &tls {
-            b = b.tls_config(c.clone());
-        }
-        b.build()
-    };
+    let base = base.trim_end_matches('/');
     let bridge = Arc::new(Bridge {
         endpoint: format!("{base}/mcp"),
         token: std::env::var("SWARM_TOKEN").ok().filter(|t| !t.is_empty()),
-        post: agent(Some(REQUEST_TIMEOUT)),
-        stream: agent(None),
+        post: Transport::with_read_timeout(base, Some(REQUEST_TIMEOUT))?,
+        stream: Transport::with_read_timeout(base, None)?,
         session: Mutex::new(None),
         out: Mutex::new(io::stdout()),
     });
@@ -294,7 +288,7 @@ pub fn run(base: &str) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|e| e.into_inner())
         .is_some()
     {
-        let _ = bridge.request(&bridge.post, "DELETE").call();
+        let _ = bridge.post.send("DELETE", "/mcp", &bridge.headers(), None);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -391,6 +391,72 @@ impl Store {
         expect_seq: Option<u64>,
         durability: Durability,
     ) -> Result<Vec<Event>> {
+        let batch = self.check_batch(run, events, expect_seq)?;
+        self.append_checked(run, batch, expect_seq, durability)
+    }
+
+    /// Appends several independent atomic batches to one run, each as
+    /// [`Store::append_batch`] would, with one outcome each, in order: one refused does
+    /// not refuse the others. They share one write and one fsync, made by the calling
+    /// thread (a server commits the requests that queued during its last commit this
+    /// way). `batches`: each batch's events and `expect_seq`.
+    pub fn append_many(
+        &self,
+        run: &str,
+        batches: Vec<(Vec<NewEvent>, Option<u64>)>,
+        durability: Durability,
+    ) -> Vec<Result<Vec<Event>>> {
+        let checked: Vec<Result<(Vec<Checked>, Option<u64>)>> = batches
+            .into_iter()
+            .map(|(events, expect)| Ok((self.check_batch(run, events, expect)?, expect)))
+            .collect();
+        // (`check_batch` refused the engine's logs already: no batch to show the gate.)
+        let Ok(log) = self
+            .append_gate(run, &[])
+            .and_then(|()| self.writer(run, &self.user))
+        else {
+            // Each batch on its own then, to get its own error.
+            return checked
+                .into_iter()
+                .map(|c| c.and_then(|(b, e)| self.append_checked(run, b, e, durability)))
+                .collect();
+        };
+        let mut out: Vec<Option<Result<Vec<Event>>>> = Vec::with_capacity(checked.len());
+        let mut reqs = Vec::new();
+        for c in checked {
+            match c {
+                Ok((batch, expect)) => {
+                    reqs.push(Request::new(batch, expect, durability));
+                    out.push(None);
+                }
+                Err(e) => out.push(Some(Err(e))),
+            }
+        }
+        let mut stored = log.append_many(reqs).into_iter();
+        let out: Vec<Result<Vec<Event>>> = out
+            .into_iter()
+            .map(|o| match o {
+                Some(refused) => refused,
+                None => stored
+                    .next()
+                    .unwrap_or_else(|| Err(Error::invalid("batch", "append result lost"))),
+            })
+            .collect();
+        for events in out.iter().flatten() {
+            self.maybe_checkpoint(&log, run, events);
+        }
+        self.after_append(&log, run);
+        out
+    }
+
+    /// Checks a client's batch for `run`: the run id, the size, the user, `expect_seq`,
+    /// every event, and (on a run that does not exist yet) its refs.
+    fn check_batch(
+        &self,
+        run: &str,
+        events: Vec<NewEvent>,
+        expect_seq: Option<u64>,
+    ) -> Result<Vec<Checked>> {
         check_run_id(run)?;
         if run.starts_with('@') {
             return Err(Error::Forbidden(format!(
@@ -433,7 +499,7 @@ impl Store {
             })?);
         }
         self.refuse_on_new_run(run, &batch, expect_seq)?;
-        self.append_checked(run, batch, expect_seq, durability)
+        Ok(batch)
     }
 
     /// Appends validated events (client or engine) as one atomic batch.
@@ -444,6 +510,17 @@ impl Store {
         expect_seq: Option<u64>,
         durability: Durability,
     ) -> Result<Vec<Event>> {
+        self.append_gate(run, &batch)?;
+        let log = self.writer(run, &self.user)?;
+        let stored = log.append(Request::new(batch, expect_seq, durability))?;
+        self.maybe_checkpoint(&log, run, &stored);
+        self.after_append(&log, run);
+        Ok(stored)
+    }
+
+    /// Refuses appends to an archived run, and anything but the synthesizer's events in
+    /// the engine's own logs.
+    fn append_gate(&self, run: &str, batch: &[Checked]) -> Result<()> {
         if let Some(p) = self.archived(run)? {
             return Err(Error::Forbidden(format!(
                 "run {run:?} is closed and archived at {}",
@@ -464,14 +541,17 @@ impl Store {
                 "{run:?} is an engine log (facts, patterns); only the synthesizer writes it"
             )));
         }
-        let log = self.writer(run, &self.user)?;
-        let stored = log.append(Request::new(batch, expect_seq, durability))?;
-        self.maybe_checkpoint(&log, run, &stored);
+        Ok(())
+    }
+
+    /// After an append: starts an automatic prune when one is due.
+    fn after_append(&self, log: &Arc<RunLog>, run: &str) {
         if log.claim_prune() {
             // Off the append path, with the built-in summariser; a concurrent pruner in
             // another process makes this one fail its CAS harmlessly.
             let store = self.same_config();
             let run_id = run.to_string();
+            let log = log.clone();
             let spawned = std::thread::Builder::new()
                 .name("swarm-prune".into())
                 .spawn(move || {
@@ -488,7 +568,6 @@ impl Store {
                 tracing::warn!(run, error = %e, "cannot start the prune thread");
             }
         }
-        Ok(stored)
     }
 
     /// Waits, at most `limit`, for this process's background prunes to end; returns

@@ -36,9 +36,23 @@ fn scenario(name: &str) -> Option<Value> {
 /// `sre`.
 /// `bridge`: through `swarm mcp` over stdio with `SWARM_URL` and `SWARM_TOKEN`.
 fn stdio_scenario_over_http(name: &str, bridge: bool) -> Option<Value> {
+    stdio_scenario_on(name, bridge, false)
+}
+
+/// [`stdio_scenario_over_http`]; `socket`: the bridge reaches the server on its Unix
+/// socket (`SWARM_URL=unix:///PATH`, `swarm serve --socket PATH`).
+fn stdio_scenario_on(name: &str, bridge: bool, socket: bool) -> Option<Value> {
     let py = python_or_skip(name)?;
     let env = Env::fast();
-    let srv = Server::start(&env, &[]);
+    let sock = env.path().join("swarm.sock");
+    let srv = match socket {
+        true => Server::start(&env, &["--socket", sock.to_str().unwrap()]),
+        false => Server::start(&env, &[]),
+    };
+    let url = match socket {
+        true => format!("unix://{}", sock.display()),
+        false => srv.url.clone(),
+    };
     let alice = token(&env, "alice", &["sre", "lead", "agent-*"], "agent");
     let bob = token(&env, "bob", &["sre"], "agent");
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/client.py");
@@ -51,7 +65,7 @@ fn stdio_scenario_over_http(name: &str, bridge: bool) -> Option<Value> {
         .arg(name)
         .arg(SWARM)
         .arg(env.path())
-        .env("MCP_URL", &srv.url)
+        .env("MCP_URL", &url)
         .env("MCP_TOKEN_ALICE", &alice)
         .env("MCP_TOKEN_BOB", &bob)
         .output()
@@ -177,6 +191,22 @@ fn swarm_mcp_with_swarm_url_bridges_every_tool_to_the_server() {
     assert_eq!(v["tools"], 20);
     assert_eq!(v["cas_conflict"], "cas_conflict");
     assert_eq!(v["forbidden"], true);
+}
+
+/// The bridge over the server's Unix socket: every tool, and a subscription's updates
+/// (the session's GET stream, a chunked SSE body on the socket).
+#[test]
+fn swarm_mcp_with_a_unix_socket_url_bridges_tools_and_updates() {
+    let Some(v) = stdio_scenario_on("basic", true, true) else {
+        return;
+    };
+    assert_eq!(v["tools"], 20);
+    assert_eq!(v["cas_conflict"], "cas_conflict");
+    assert_eq!(v["forbidden"], true);
+    let Some(v) = stdio_scenario_on("subscribe", true, true) else {
+        return;
+    };
+    assert_eq!(v["updated"], "swarm://runs/inc-sub");
 }
 
 /// Through the bridge, a subscription hears of another process's append (the server's

@@ -714,9 +714,22 @@ fn serve_cli_every_served_command_prints_what_the_embedded_cli_prints() {
     let agent_token = token(&env, "alice", &["a1"], "agent");
     assert_eq!(remote(&env, &srv, &agent_token, &["synth"], "").code, 5);
     assert_eq!(r(&["synth", "--llm-cmd", "true"]).code, 2);
-    let synth = r(&["synth", "--all"]).ok();
+    assert_eq!(r(&["synth", "--embed-model", "/models/x"]).code, 2);
+    // The options reach the server: only the run named is read.
+    let synth = r(&[
+        "synth",
+        "--run",
+        "inc",
+        "--pass-events",
+        "3",
+        "--share-patterns",
+        "off",
+    ])
+    .ok();
     let report: Value = serde_json::from_str(&synth.stdout).unwrap();
     assert_eq!(report["nothing_new"], false, "{report}");
+    assert_eq!(report["runs"][0]["run"], "inc", "{report}");
+    assert_eq!(report["runs"].as_array().map(Vec::len), Some(1), "{report}");
     let facts: Value = serde_json::from_str(&l(&["facts"]).ok().stdout).unwrap();
     let f1 = facts["facts"][0]["id"]
         .as_str()

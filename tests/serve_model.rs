@@ -211,6 +211,69 @@ fn serve_search_with_the_model_is_hybrid_and_finds_a_paraphrase() {
     assert!(srv.stop().success());
 }
 
+/// The runs a synth report says it read.
+fn synth_runs(v: &Value) -> Vec<&str> {
+    let runs = v["runs"].as_array().unwrap_or_else(|| panic!("{v}"));
+    runs.iter().map(|r| r["run"].as_str().unwrap()).collect()
+}
+
+/// `POST /v1/synth` synthesizes with the server's model (the report says `on: <model>`),
+/// takes `swarm synth`'s options in its body (only the runs named), and refuses
+/// `llm_cmd` (the server never runs a client's command), unknown options, a bad
+/// `share_patterns`, and agent tokens.
+#[test]
+fn serve_synth_uses_the_server_model_and_takes_options() {
+    let Some(model) = model_dir() else { return };
+    let env = Env::fast();
+    let log = env.path().join("serve.log");
+    let srv = start_logged(&env, &["--embed-model", model.to_str().unwrap()], &log);
+    let admin = token(&env, "alice", &["*"], "admin");
+    let agent = token(&env, "alice", &["db"], "agent");
+    for (run, agent_id, c) in [
+        ("inc", "db-1", POOL),
+        ("inc", "db-2", PARAPHRASE),
+        ("other", "db-1", "disk full on kafka-3 broker"),
+        ("other", "db-2", "a bad deploy of checkout"),
+    ] {
+        let r = srv.post(
+            &format!("/v1/runs/{run}/events"),
+            Some(&admin),
+            &finding(agent_id, c),
+        );
+        assert_eq!(r.status, 201, "{}", r.body);
+    }
+    for (body, status) in [
+        (json!({"llm_cmd": "true"}), 400),
+        (json!({"runz": ["inc"]}), 400),
+        (json!({"share_patterns": "everything"}), 400),
+        (json!({"pass_events": "many"}), 400),
+    ] {
+        let r = srv.post("/v1/synth", Some(&admin), &body);
+        assert_eq!(r.status, status, "{body}: {}", r.body);
+    }
+    assert_eq!(srv.post("/v1/synth", Some(&agent), &json!({})).status, 403);
+    let r = srv.post(
+        "/v1/synth",
+        Some(&admin),
+        &json!({"runs": ["inc"], "pass_events": 1}),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let v = r.json();
+    let semantic = v["semantic"].as_str().unwrap_or_default();
+    assert!(semantic.starts_with("on: all-MiniLM-L6-v2@sha256:"), "{v}");
+    assert_eq!(synth_runs(&v), ["inc"], "{v}");
+    let small_passes = v["passes"].as_u64().unwrap();
+    // The other run is left for the next pass, which takes every run.
+    let v = srv.post("/v1/synth", Some(&admin), &json!({})).json();
+    assert_eq!(synth_runs(&v), ["other"], "{v}");
+    // The same two findings in passes of one source event took more passes.
+    assert!(
+        small_passes > v["passes"].as_u64().unwrap(),
+        "{small_passes} vs {v}"
+    );
+    assert!(srv.stop().success());
+}
+
 /// Without a model (the data dir has none, `SWARM_EMBED_MODEL` unset): lexical, and the
 /// answer and the start-up log say where the model was looked for. A model directory
 /// whose files do not load keeps the server from starting.
@@ -257,6 +320,14 @@ fn serve_search_without_a_model_is_lexical_and_says_why() {
         "{m}"
     );
     assert!(cache_files(&env, "alice").is_empty());
+    // The synthesizer is lexical too, and its report says why.
+    let admin = token(&env, "alice", &["*"], "admin");
+    let v = srv.post("/v1/synth", Some(&admin), &json!({})).json();
+    let semantic = v["semantic"].as_str().unwrap_or_default();
+    assert!(
+        semantic.starts_with("off: ") && semantic.contains("no-model-here"),
+        "{v}"
+    );
     drop(srv);
     // Files that are there but are not a model: refused at start, naming the path.
     let broken = env.path().join("broken-model");

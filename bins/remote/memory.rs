@@ -220,28 +220,35 @@ pub(super) fn metrics(c: &Client, run: &str, json: bool) -> anyhow::Result<ExitC
     Ok(ExitCode::SUCCESS)
 }
 
-/// `synth`: one pass of the server's synthesizer with its default options (admin
-/// tokens); the options that change what a pass does are refused.
+/// `synth`: one pass of the server's synthesizer (admin tokens), with the same options,
+/// semantic with the server's model. `--llm-cmd` is refused (the server never runs a
+/// command a client names), and `--embed-model` (the server's model ranks).
 pub(super) fn synth(c: &Client, a: SynthArgs) -> anyhow::Result<ExitCode> {
-    let refused = [
-        ("run", !a.runs.is_empty()),
-        ("llm-cmd", a.llm_cmd.is_some()),
-        ("project-id", !a.project_ids.is_empty()),
-        ("env-name", !a.env_names.is_empty()),
-        ("redact-name", !a.redact_names.is_empty()),
-        ("share-patterns", a.share_patterns.is_some()),
-        (
-            "pass-events",
-            a.pass_events != swarm_memory::synth::PASS_EVENTS_MAX_DEFAULT,
-        ),
-    ];
-    if let Some((flag, _)) = refused.iter().find(|(_, given)| *given) {
+    if a.llm_cmd.is_some() {
         return Err(not_remote(
-            flag,
-            "the server synthesizes every run of the token's user with its default options; run it on the data directory",
+            "llm-cmd",
+            "the server never runs a command a client names; run it on the data directory",
         ));
     }
-    let text = c.text("POST", "/v1/synth", None)?;
+    if a.embed_model.is_some() {
+        return Err(not_remote(
+            "embed-model",
+            "the server synthesizes with its own model (`swarm serve --embed-model`)",
+        ));
+    }
+    let mut body = serde_json::json!({
+        "pass_events": a.pass_events,
+        "project_ids": a.project_ids,
+        "env_names": a.env_names,
+        "redact_names": a.redact_names,
+    });
+    if !a.all && !a.runs.is_empty() {
+        body["runs"] = serde_json::json!(a.runs);
+    }
+    if let Some(p) = &a.share_patterns {
+        body["share_patterns"] = serde_json::json!(p);
+    }
+    let text = c.text("POST", "/v1/synth", Some(&body))?;
     // As the embedded report: through a JSON value (its members sorted).
     let v: Value = serde_json::from_str(&text)?;
     crate::scratch::print_json(&v)

@@ -201,36 +201,74 @@ impl RunLog {
     /// waiters, leading the fsync itself when nobody does (`group_durable`). Whoever
     /// makes a frame durable wakes its thread: each thread parks once and is woken once,
     /// with a final (durable) result.
-    pub(crate) fn append(self: &Arc<Self>, mut req: Request) -> Result<Vec<Event>> {
-        let durability = req.durability;
-        // Encoding is most of an event's cost: done here, in parallel, not under the lock.
-        if req.tails.len() != req.batch.len() {
-            req.tails = req.batch.iter().map(Checked::encode_tail).collect();
+    pub(crate) fn append(self: &Arc<Self>, req: Request) -> Result<Vec<Event>> {
+        self.append_many(vec![req])
+            .pop()
+            .unwrap_or_else(|| Err(self.lost()))
+    }
+
+    fn lost(&self) -> Error {
+        Error::Io {
+            op: "append",
+            path: self.dir.clone(),
+            source: std::io::Error::other("append result lost"),
         }
-        let slot = Arc::new(Slot {
-            req: Mutex::new(Some(req)),
-            sync: durability == Durability::Sync,
-            result: Mutex::new(None),
-            done: AtomicBool::new(false),
-            taken: AtomicBool::new(false),
-            lead: AtomicBool::new(false),
-            thread: std::thread::current(),
-        });
-        lock(&self.combine).pending.push(slot.clone());
+    }
+
+    /// Appends several independent atomic batches from one thread, as [`RunLog::append`]
+    /// does one: they join the same write group (one `pwrite`) and wait for the same
+    /// fsync, and each gets its own outcome, in order (one refused, say by its
+    /// `expect_seq`, does not refuse the others). A server uses it to commit every
+    /// request that queued while its last commit ran with one thread, one lock and one
+    /// fsync, rather than a parked thread per request.
+    pub(crate) fn append_many(self: &Arc<Self>, reqs: Vec<Request>) -> Vec<Result<Vec<Event>>> {
+        let me = std::thread::current();
+        let slots: Vec<(Durability, Arc<Slot>)> = reqs
+            .into_iter()
+            .map(|mut req| {
+                let durability = req.durability;
+                // Encoding is most of an event's cost: done here, in parallel, not under
+                // the lock.
+                if req.tails.len() != req.batch.len() {
+                    req.tails = req.batch.iter().map(Checked::encode_tail).collect();
+                }
+                let slot = Arc::new(Slot {
+                    req: Mutex::new(Some(req)),
+                    sync: durability == Durability::Sync,
+                    result: Mutex::new(None),
+                    done: AtomicBool::new(false),
+                    taken: AtomicBool::new(false),
+                    lead: AtomicBool::new(false),
+                    thread: me.clone(),
+                });
+                (durability, slot)
+            })
+            .collect();
+        if slots.is_empty() {
+            return Vec::new();
+        }
+        // All at once, so that one write leader takes them all.
+        lock(&self.combine)
+            .pending
+            .extend(slots.iter().map(|(_, s)| s.clone()));
+        let untaken = || slots.iter().any(|(_, s)| !s.taken.load(Ordering::Acquire));
         loop {
             // Asked to lead the next data fsync: checked first, so that a hand-off is
             // never dropped (the fsync leader is the only one who sets `done` meanwhile).
-            if slot.lead.swap(false, Ordering::AcqRel) {
+            if slots
+                .iter()
+                .any(|(_, s)| s.lead.swap(false, Ordering::AcqRel))
+            {
                 // (No frame of its own: the outcomes go to the waiters.)
                 let _ = self.lead_fsyncs(None);
                 continue;
             }
-            if slot.done.load(Ordering::Acquire) {
+            if slots.iter().all(|(_, s)| s.done.load(Ordering::Acquire)) {
                 break;
             }
-            if !slot.taken.load(Ordering::Acquire) {
+            if untaken() {
                 let mut c = lock(&self.combine);
-                if !c.leader && !slot.taken.load(Ordering::Acquire) {
+                if !c.leader && untaken() {
                     c.leader = true;
                     let group = std::mem::take(&mut c.pending);
                     for s in &group {
@@ -245,53 +283,53 @@ impl RunLog {
                         next.thread.unpark();
                     }
                     drop(c);
-                    self.group_durable(&group, &slot);
+                    self.group_durable(&group);
                     continue;
                 }
             }
-            // The leader unparks us when our result is final (durable), to lead the next
+            // The leader unparks us when a result is final (durable), to lead the next
             // write, or to lead the next fsync.
             std::thread::park();
         }
-        let taken = lock(&slot.result).take();
-        let Some(result) = taken else {
-            return Err(Error::Io {
-                op: "append",
-                path: self.dir.clone(),
-                source: std::io::Error::other("append result lost"),
-            });
-        };
-        let outcome = result?;
-        // The last seq of the frame ending at `outcome.end` (a retried batch is its whole
-        // frame), recorded with the marks.
-        let end_seq = outcome.events.iter().map(|e| e.seq).max().unwrap_or(0);
-        match (durability, outcome.replayed) {
-            // A retry is not acknowledged before the original is durable either. A stored
-            // frame in an older segment is durable already: rotation syncs the old one.
-            // (The group's leader made it durable already: this only checks.)
-            (Durability::Sync, _) => {
-                if let Some(seg) = &outcome.seg {
-                    self.wait_durable(outcome.end, end_seq, seg)?
+        slots
+            .iter()
+            .map(|(durability, slot)| {
+                let taken = lock(&slot.result).take();
+                let outcome = taken.ok_or_else(|| self.lost())??;
+                // The last seq of the frame ending at `outcome.end` (a retried batch is
+                // its whole frame), recorded with the marks.
+                let end_seq = outcome.events.iter().map(|e| e.seq).max().unwrap_or(0);
+                match (durability, outcome.replayed) {
+                    // A retry is not acknowledged before the original is durable either.
+                    // A stored frame in an older segment is durable already: rotation
+                    // syncs the old one. (The group's leader made it durable already:
+                    // this only checks.)
+                    (Durability::Sync, _) => {
+                        if let Some(seg) = &outcome.seg {
+                            self.wait_durable(outcome.end, end_seq, seg)?
+                        }
+                        self.stats
+                            .durable_events
+                            .fetch_add(outcome.events.len() as u64, Ordering::Relaxed);
+                    }
+                    (Durability::Batch, false) => {
+                        if let Some(seg) = &outcome.seg {
+                            self.note_batch_write(outcome.end, end_seq, seg.clone())
+                        }
+                    }
+                    _ => {}
                 }
-                self.stats
-                    .durable_events
-                    .fetch_add(outcome.events.len() as u64, Ordering::Relaxed);
-            }
-            (Durability::Batch, false) => {
-                if let Some(seg) = &outcome.seg {
-                    self.note_batch_write(outcome.end, end_seq, seg.clone())
-                }
-            }
-            _ => {}
-        }
-        Ok(outcome.events)
+                Ok(outcome.events)
+            })
+            .collect()
     }
 
     /// Settles a written group: every request that needs no fsync (not `sync`, failed,
     /// or an old frame) is done now; the `sync` ones wait, each for the fsync that covers
     /// its frame, and are woken by whoever makes it (this thread leads one when no fsync
-    /// is in flight). `me`: this thread's slot, which it need not unpark.
-    fn group_durable(&self, group: &[Arc<Slot>], me: &Arc<Slot>) {
+    /// is in flight). This thread's own slots need no unpark.
+    fn group_durable(&self, group: &[Arc<Slot>]) {
+        let me = std::thread::current().id();
         let mut waiting: Vec<(FrameEnd, Arc<Slot>)> = Vec::new();
         for s in group {
             if s.sync {
@@ -304,7 +342,7 @@ impl RunLog {
                 }
             }
             s.done.store(true, Ordering::Release);
-            if !Arc::ptr_eq(s, me) {
+            if s.thread.id() != me {
                 s.thread.unpark();
             }
         }
@@ -322,7 +360,7 @@ impl RunLog {
             (wake, lead)
         };
         for w in wake {
-            if !Arc::ptr_eq(&w, me) {
+            if w.thread.id() != me {
                 w.thread.unpark();
             }
         }

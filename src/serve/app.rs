@@ -84,6 +84,8 @@ pub struct App {
     pub(crate) buckets: Mutex<HashMap<String, (f64, Instant)>>,
     /// The embedding model searches rank with, and each user's vector cache.
     pub vectors: Vectors,
+    /// Each run's queue of appends waiting for its next commit.
+    pub(crate) commits: Arc<crate::serve::commit::Commits>,
 }
 
 impl App {

@@ -130,11 +130,17 @@ impl Target {
         let expect = self
             .expect_seq
             .or_else(|| events.first().and_then(|e| e.expect_seq));
-        let (run, durability) = (self.run.clone(), self.durability);
         let started = std::time::Instant::now();
         let stored = self
-            .id
-            .call(move |s| s.append_batch(&run, events, expect, durability))
+            .app
+            .commits
+            .append(
+                self.id.store.clone(),
+                self.run.clone(),
+                events,
+                expect,
+                self.durability,
+            )
             .await?;
         self.app.metrics.append(stored.len(), started.elapsed());
         Ok(stored)

@@ -12,6 +12,8 @@
 //! - `routes.rs`: the routes, each a thin call into the library on a blocking thread.
 //! - `append.rs`: the append route (a JSON body, or an NDJSON stream acknowledged line by
 //!   line).
+//! - `commit.rs`: server-side group commit (the appends that queue for a run while its
+//!   last commit runs are committed together by one thread, one write, one fsync).
 //! - `sse.rs`: the live tail over SSE (bounded buffer per subscriber, resume by seq).
 //! - `mcp.rs` (with feature `mcp`): `/mcp`, the MCP tools over streamable HTTP with the
 //!   token's identity.
@@ -31,6 +33,7 @@
 
 pub mod app;
 mod append;
+mod commit;
 pub mod extract;
 mod feed;
 pub mod listen;
@@ -138,6 +141,7 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
         feeds: feed::Feeds::default(),
         buckets: Mutex::new(HashMap::new()),
         vectors,
+        commits: Arc::default(),
     });
     // New vectors reach the users' cache files every few seconds (and at shutdown), so
     // a restart does not embed the same texts again.

@@ -22,7 +22,7 @@ use crate::query::options::ReadOptions;
 use crate::scratchpad::board::PickOutcome;
 use crate::serve::app::App;
 use crate::serve::append;
-use crate::serve::extract::{Act, Identity, Keyed, NoParams, Reading, Q};
+use crate::serve::extract::{Act, Identity, JsonBody, Keyed, NoParams, Reading, Q};
 use crate::serve::problem::Problem;
 use crate::serve::sse;
 use crate::serve::token::Role;
@@ -766,10 +766,84 @@ async fn advise(id: Identity, Q(q): Q<LookupQuery>) -> Viewed {
 
 /// `POST /v1/synth`: one synthesizer pass over the user's runs, default options (admin
 /// tokens; the LLM judge is the CLI's).
-async fn synth(id: Identity) -> Created {
+/// The options of `POST /v1/synth` (all optional; no body: the defaults). `swarm synth`'s
+/// flags, less `--llm-cmd`: a server never runs a command a client names.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct SynthBody {
+    /// Synthesize only these runs (default: every run of the token's user).
+    #[serde(default)]
+    runs: Vec<String>,
+    /// Source events per atomic pass.
+    pass_events: Option<u64>,
+    #[serde(default)]
+    project_ids: Vec<String>,
+    #[serde(default)]
+    env_names: Vec<String>,
+    #[serde(default)]
+    redact_names: Vec<String>,
+    /// `off`, `structured` or `sanitized` (default: the user's setting).
+    share_patterns: Option<String>,
+    /// Refused with a reason (rather than as an unknown field).
+    llm_cmd: Option<Value>,
+}
+
+/// `POST /v1/synth`: one synthesizer pass over the token's user's runs (admin tokens),
+/// semantic with the server's embedding model when it has one (as `swarm synth` with
+/// one), else lexical and the report says why. The body (optional) gives the options.
+async fn synth(State(app): State<Arc<App>>, id: Identity, req: axum::extract::Request) -> Created {
     id.admin()?;
+    let empty = req
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_none()
+        && req
+            .headers()
+            .get(axum::http::header::CONTENT_LENGTH)
+            .is_none_or(|v| v.as_bytes() == b"0");
+    let body: SynthBody = if empty {
+        SynthBody::default()
+    } else {
+        use axum::extract::FromRequest;
+        let JsonBody(v) = JsonBody::from_request(req, &app).await?;
+        serde_json::from_value(v).map_err(|e| Problem::invalid(format!("synth options: {e}")))?
+    };
+    if body.llm_cmd.is_some() {
+        return Err(Problem::invalid(
+            "llm_cmd: the server never runs a command a client names; run `swarm synth --llm-cmd` on the data directory",
+        ));
+    }
+    let share_patterns = body
+        .share_patterns
+        .as_deref()
+        .map(str::parse)
+        .transpose()
+        .map_err(|e: crate::error::Error| Problem::invalid(format!("share_patterns: {e}")))?;
+    let embedder = app.embedder_for(id.store.user()).await?;
+    let opts = SynthOptions {
+        runs: (!body.runs.is_empty()).then_some(body.runs),
+        pass_events_max: body
+            .pass_events
+            .unwrap_or(crate::synth::PASS_EVENTS_MAX_DEFAULT)
+            .max(1),
+        project_ids: body.project_ids,
+        env_names: body.env_names,
+        redact_names: body.redact_names,
+        share_patterns,
+        embedder: embedder.clone().map(|e| e as Arc<dyn Embedder>),
+        no_model_reason: app.vectors.reason().to_string(),
+        ..SynthOptions::default()
+    };
     let r = id
-        .call(|s| s.synth(&SynthOptions::default(), |_| {}))
+        .call(move |s| {
+            let r = s.synth(&opts, |_| {});
+            if let Some(e) = &embedder {
+                if let Err(err) = e.flush() {
+                    tracing::warn!(error = %err, "cannot write the vector cache");
+                }
+            }
+            r
+        })
         .await?;
     Ok((StatusCode::CREATED, Json(r)).into_response())
 }
