@@ -15,6 +15,8 @@
 //! - `commit.rs`: server-side group commit (the appends that queue for a run while its
 //!   last commit runs are committed together by one thread, one write, one fsync).
 //! - `sse.rs`: the live tail over SSE (bounded buffer per subscriber, resume by seq).
+//! - `feed.rs`: the live tail's shared reader per followed run (each new event read,
+//!   decoded and encoded once, published in `Arc` batches to the run's subscribers).
 //! - `mcp.rs` (with feature `mcp`): `/mcp`, the MCP tools over streamable HTTP with the
 //!   token's identity.
 //! - `metrics.rs`: the counters `/metrics` shows (Prometheus text).
