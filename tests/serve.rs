@@ -252,6 +252,22 @@ impl Sse {
     }
 }
 
+/// Puts a policy on `run` (as agent `lead`, whose token is `lead`): `lead` may do
+/// anything, `db` read and write evidence only.
+pub(crate) fn put_db_evidence_only_policy(srv: &Server, lead: &str, run: &str) {
+    let all = json!(["*"]);
+    let policy = json!({"agent": "lead", "policy": {"permissions": {
+        "lead": {"read_types": all, "write_types": all, "read_channels": all, "write_channels": all, "admin": true},
+        "db": {"read_types": ["evidence"], "write_types": ["evidence"], "read_channels": all, "write_channels": all}}}});
+    let put = srv
+        .http
+        .put(&format!("{}/v1/runs/{run}/policy", srv.url))
+        .set("Authorization", &format!("Bearer {lead}"))
+        .set("Content-Type", "application/json")
+        .send_string(&policy.to_string());
+    assert_eq!(Resp::from(put).status, 201);
+}
+
 /// `swarm --user USER token add --agent A... --role ROLE`: the token (last stdout line).
 pub(crate) fn token(env: &Env, user: &str, agents: &[&str], role: &str) -> String {
     let mut args = vec!["--user", user, "token", "add", "--role", role];
@@ -836,17 +852,7 @@ fn serve_scratchpad_routes_apply_the_runs_policy_to_the_tokens_agent() {
         Some(&db),
         &json!({"agent_id": "db", "type": "evidence", "content": "disk full", "subject": "db-1"}),
     );
-    let all = json!(["*"]);
-    let policy = json!({"agent": "lead", "policy": {"permissions": {
-        "lead": {"read_types": all, "write_types": all, "read_channels": all, "write_channels": all, "admin": true},
-        "db": {"read_types": ["evidence"], "write_types": ["evidence"], "read_channels": all, "write_channels": all}}}});
-    let put = srv
-        .http
-        .put(&format!("{}{r}/policy", srv.url))
-        .set("Authorization", &format!("Bearer {lead}"))
-        .set("Content-Type", "application/json")
-        .send_string(&policy.to_string());
-    assert_eq!(Resp::from(put).status, 201);
+    put_db_evidence_only_policy(&srv, &lead, "inc");
     assert!(
         srv.get(&format!("{r}/policy"), Some(&db)).json()["policy"]["permissions"]["db"]
             .is_object()
@@ -1044,17 +1050,7 @@ fn serve_search_answers_as_the_tokens_user_and_agent() {
         Some(&bob),
         &ev("db", "dns resolver timeouts on bob-ledger"),
     );
-    let all = json!(["*"]);
-    let policy = json!({"agent": "lead", "policy": {"permissions": {
-        "lead": {"read_types": all, "write_types": all, "read_channels": all, "write_channels": all, "admin": true},
-        "db": {"read_types": ["evidence"], "write_types": ["evidence"], "read_channels": all, "write_channels": all}}}});
-    let put = srv
-        .http
-        .put(&format!("{}{r}/policy", srv.url))
-        .set("Authorization", &format!("Bearer {lead}"))
-        .set("Content-Type", "application/json")
-        .send_string(&policy.to_string());
-    assert_eq!(Resp::from(put).status, 201);
+    put_db_evidence_only_policy(&srv, &lead, "inc");
     let hits = |token: &str, query: &str| -> Vec<(String, String)> {
         let v = srv.get(&format!("/v1/search?{query}"), Some(token)).json();
         assert_eq!(v["mode"], "lexical", "{v}");

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::serve::{token, Resp, Server, Sse};
+use crate::serve::{put_db_evidence_only_policy, token, Server, Sse};
 use crate::serve_cli::metric;
 use crate::util::Env;
 
@@ -253,17 +253,7 @@ fn serve_feed_applies_the_runs_policy_to_each_subscriber() {
         Some(&lead),
         &json!({"agent_id": "lead", "type": "evidence", "content": "start"}),
     );
-    let all = json!(["*"]);
-    let policy = json!({"agent": "lead", "policy": {"permissions": {
-        "lead": {"read_types": all, "write_types": all, "read_channels": all, "write_channels": all, "admin": true},
-        "db": {"read_types": ["evidence"], "write_types": ["evidence"], "read_channels": all, "write_channels": all}}}});
-    let put = srv
-        .http
-        .put(&format!("{}{r}/policy", srv.url))
-        .set("Authorization", &format!("Bearer {lead}"))
-        .set("Content-Type", "application/json")
-        .send_string(&policy.to_string());
-    assert_eq!(Resp::from(put).status, 201);
+    put_db_evidence_only_policy(&srv, &lead, "inc");
     let head = all_events(&srv, &lead, "inc", "lead").len() as u64;
     // Both follow live, from the next event on: the feed carries everything.
     let from = format!("{r}/events?follow=1&from_seq={}", head + 1);
