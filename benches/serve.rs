@@ -202,8 +202,9 @@ fn start_redis(dir: &Path) -> Result<(Child, String), String> {
     Err("redis-server did not answer PING within 10 s".into())
 }
 
-/// The server's `/metrics` counters `swarm_fsyncs_total` and `swarm_durable_events_total`.
-fn sync_counters(swarm: &str) -> (f64, f64) {
+/// The server's `/metrics` counters `swarm_fsyncs_total`, `swarm_durable_events_total`
+/// and `swarm_append_commits_total`.
+fn sync_counters(swarm: &str) -> (f64, f64, f64) {
     let url = swarm.split_once('#').unwrap().0;
     let text = ureq::get(&format!("{url}/metrics"))
         .call()
@@ -218,6 +219,7 @@ fn sync_counters(swarm: &str) -> (f64, f64) {
     (
         read("swarm_fsyncs_total"),
         read("swarm_durable_events_total"),
+        read("swarm_append_commits_total"),
     )
 }
 
@@ -387,20 +389,21 @@ fn main() {
         "peer", "clients", "events/s", "p50 ms", "p99 ms"
     );
     for &n in &clients {
-        let (fsyncs0, events0) = sync_counters(&swarm);
+        let (fsyncs0, events0, commits0) = sync_counters(&swarm);
         let cpu0 = cpu_secs(server.id());
         let (rate, lat) = cell("swarm", n, &swarm, tmp.path(), secs);
         let cpu = cpu_secs(server.id()) - cpu0;
-        let (fsyncs1, events1) = sync_counters(&swarm);
+        let (fsyncs1, events1, commits1) = sync_counters(&swarm);
         let events = events1 - events0;
         println!(
-            "{:<10} {:>8} {:>12.0} {:>9.2} {:>9.2}   {:.1} events/fsync, server {:.0} us CPU/event (warm-up included)",
+            "{:<10} {:>8} {:>12.0} {:>9.2} {:>9.2}   {:.1} events/fsync, {:.1} requests/commit turn, server {:.0} us CPU/event (warm-up included)",
             "swarm",
             n,
             rate,
             pct(&lat, 0.5),
             pct(&lat, 0.99),
             events / (fsyncs1 - fsyncs0).max(1.0),
+            events / (commits1 - commits0).max(1.0),
             cpu * 1e6 / events.max(1.0),
         );
         match &redis {

@@ -30,6 +30,7 @@ use tokio::sync::oneshot;
 use crate::error::Result;
 use crate::event::{Event, NewEvent};
 use crate::log::meta::Durability;
+use crate::serve::metrics::Metrics;
 use crate::serve::problem::Problem;
 use crate::store::Store;
 
@@ -45,6 +46,8 @@ const REQUESTS_PER_COMMIT_MAX: usize = 1024;
 #[derive(Default)]
 pub(crate) struct Commits {
     queues: Mutex<HashMap<(String, String), Arc<Queue>>>,
+    /// Counts the turns and the requests they take (`/metrics`).
+    metrics: Arc<Metrics>,
 }
 
 #[derive(Default)]
@@ -67,6 +70,14 @@ struct Job {
 }
 
 impl Commits {
+    /// The queues of a server whose `/metrics` is `metrics`.
+    pub(crate) fn new(metrics: Arc<Metrics>) -> Commits {
+        Commits {
+            queues: Mutex::default(),
+            metrics,
+        }
+    }
+
     /// Appends one atomic batch to `run` in `store` (the token's user's), committed with
     /// whatever else queued for the run meanwhile; its stored events, as
     /// [`Store::append_batch`] returns them.
@@ -131,6 +142,7 @@ impl Commits {
                 let n = st.jobs.len().min(REQUESTS_PER_COMMIT_MAX);
                 st.jobs.drain(..n).collect::<Vec<Job>>()
             };
+            self.metrics.commit(jobs.len());
             commit(store, &key.1, jobs);
         }
     }

@@ -43,6 +43,9 @@ pub struct Metrics {
     /// Reads a subscriber made of the log itself, after joining its run's shared reader,
     /// to fill a gap the reader's feed left it.
     gap_reads: AtomicU64,
+    /// Commit turns of the append queues (`serve::commit`), and the requests they took.
+    commits: AtomicU64,
+    committed_requests: AtomicU64,
 }
 
 impl Metrics {
@@ -62,6 +65,13 @@ impl Metrics {
         self.append_sum_us.fetch_add(us, Ordering::Relaxed);
         self.appended_events
             .fetch_add(events as u64, Ordering::Relaxed);
+    }
+
+    /// An append queue's drain committed `requests` requests in one turn.
+    pub fn commit(&self, requests: usize) {
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.committed_requests
+            .fetch_add(requests as u64, Ordering::Relaxed);
     }
 
     /// A live tail subscriber started; the guard counts it until dropped.
@@ -143,6 +153,18 @@ impl Metrics {
                 "Events stored by acknowledged append requests.",
                 "counter",
                 &self.appended_events,
+            ),
+            (
+                "swarm_append_commits_total",
+                "Commit turns of the append queues: each takes every request queued for its run (one write, one fsync).",
+                "counter",
+                &self.commits,
+            ),
+            (
+                "swarm_append_committed_requests_total",
+                "Append requests taken by commit turns; over swarm_append_commits_total: requests per turn.",
+                "counter",
+                &self.committed_requests,
             ),
             (
                 "swarm_tail_subscribers",
@@ -303,6 +325,7 @@ mod tests {
         m.append(1, Duration::from_secs(10));
         m.request(201);
         m.request(201);
+        m.commit(2);
         let s = m.subscribe();
         m.buffered(2);
         m.unbuffered(1, true);
@@ -337,6 +360,11 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("swarm_appended_events_total 5\n"), "{text}");
+        assert!(text.contains("swarm_append_commits_total 1\n"), "{text}");
+        assert!(
+            text.contains("swarm_append_committed_requests_total 2\n"),
+            "{text}"
+        );
         assert!(
             text.contains("swarm_http_requests_total{status=\"201\"} 2\n"),
             "{text}"
