@@ -848,10 +848,18 @@ impl Store {
         let meta_path = dir.join(meta::META_FILE);
         if !self.storage.exists(&meta_path) {
             // A run whose `run.json` is gone but whose log is there is damaged, not absent:
-            // saying "not found" would hide every record it holds.
-            if self.storage.exists(&dir)
-                && !segment::list_segments(&*self.storage, &dir)?.is_empty()
-            {
+            // saying "not found" would hide every record it holds. An empty first
+            // segment alone is a run being created (the segment comes before `run.json`),
+            // or a creation cut short: no record either way, so the run is not there yet.
+            let holds_records = self.storage.exists(&dir) && {
+                let bases = segment::list_segments(&*self.storage, &dir)?;
+                match bases.as_slice() {
+                    [] => false,
+                    [1] => file_len(&*self.storage, &segment::segment_path(&dir, 1))? > 0,
+                    _ => true,
+                }
+            };
+            if holds_records {
                 return Err(Error::corrupt(
                     &meta_path,
                     0,

@@ -481,6 +481,34 @@ fn lost_or_garbled_auxiliary_files_hide_nothing() {
     }
 }
 
+/// A run is created segment first, `run.json` second. In between (or after a crash in
+/// between) the run holds no record: readers are told it does not exist yet, not that it
+/// is damaged, and the next append creates it from seq 1. A first segment that holds
+/// bytes without `run.json` is still damage.
+#[test]
+fn a_run_caught_between_its_first_segment_and_run_json_is_not_there_yet() {
+    let env = Env::new();
+    let run = "creating";
+    let dir = env.run_dir(run);
+    std::fs::create_dir_all(&dir).unwrap();
+    let seg = dir.join(swarm_memory::log::segment::segment_name(1));
+    std::fs::File::create(&seg).unwrap();
+    let out = env.swarm(&["read", "--run", run]).code(2);
+    assert!(
+        out.stderr.contains("not found") || out.stderr.contains("no run"),
+        "{}",
+        out.stderr
+    );
+    let stored = env.append_lines(run, &[serde_json::json!({"agent_id": "a", "type": "evidence", "subject": "s", "content": "first"})]);
+    assert_eq!(stored.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1]);
+    assert_eq!(env.read(run).len(), 1);
+    // The same shape with a record in the segment: damage, named with its repair.
+    std::fs::remove_file(dir.join("run.json")).unwrap();
+    env.swarm(&["read", "--run", run])
+        .code(3)
+        .one_line_error(&["run.json", "swarm repair"]);
+}
+
 /// Records appended with `none` durability are shown to readers before their fsync; a power
 /// loss can take them while `SYNCED` (which is not fsynced either) survives. Their seqs
 /// were seen, so the next append declares them lost with a `log_damaged` event and goes on
