@@ -20,7 +20,8 @@
 //!
 //! Environment: `SWARM_BENCH_SECS` (default 3) measured seconds per cell;
 //! `SWARM_BENCH_PEERS` (default `swarm,jsonl,sqlite,redis,local`; `local` is the three
-//! one-process cells `none1,nonebatch,sync64`; `swarm-noprealloc` adds the process cells
+//! one-process cells `none1,nonebatch,sync64`,
+//! where `sync64` runs `none64` beside it, and `none64` runs alone; `swarm-noprealloc` adds the process cells
 //! with preallocated segments turned off) and `SWARM_BENCH_PROCS` (default `1,4,16`)
 //! select cells;
 //! `SWARM_BENCH_DIR` the parent of the temporary data directory; `SWARM_BENCH_REDIS` the
@@ -781,7 +782,7 @@ fn main() {
     }
 
     let local = want("local");
-    if local || want("none1") || want("nonebatch") || want("sync64") {
+    if local || want("none1") || want("nonebatch") || want("sync64") || want("none64") {
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
         let store = Arc::new(Store::open(tmp.path().join("local")).unwrap());
         // Each cell: its events, latencies, and the fsyncs and CPU of this process over
@@ -868,7 +869,7 @@ fn main() {
 
         // 64 threads, one event per call: `none` (the ceiling without the disk), then
         // `sync` (group commit: how close it gets to that ceiling).
-        if local || want("sync64") {
+        if local || want("sync64") || want("none64") {
             local_cell(
                 format!("swarm_none_{SYNC_THREADS}t"),
                 "swarm-memory `none`, 1 event/call".into(),
@@ -877,6 +878,8 @@ fn main() {
                 "none-64",
                 &mut one_event("none-64", SYNC_THREADS, Durability::None),
             );
+        }
+        if local || want("sync64") {
             local_cell(
                 format!("swarm_sync_{SYNC_THREADS}t"),
                 "swarm-memory `sync`, 1 event/call".into(),

@@ -521,11 +521,21 @@ impl Store {
     /// Refuses appends to an archived run, and anything but the synthesizer's events in
     /// the engine's own logs.
     fn append_gate(&self, run: &str, batch: &[Checked]) -> Result<()> {
-        if let Some(p) = self.archived(run)? {
-            return Err(Error::Forbidden(format!(
-                "run {run:?} is closed and archived at {}",
-                p.display()
-            )));
+        // A run this process writes already is checked under its `LOCK`, once a write
+        // group (`RunLog::write_group_locked`); the first append here says where the
+        // archive is.
+        let cached = self
+            .logs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(run);
+        if !cached {
+            if let Some(p) = self.archived(run)? {
+                return Err(Error::Forbidden(format!(
+                    "run {run:?} is closed and archived at {}",
+                    p.display()
+                )));
+            }
         }
         // The engine's own logs take only the synthesizer's events: no policy, channel,
         // summary or close can be written into a facts log.

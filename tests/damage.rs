@@ -509,6 +509,42 @@ fn a_run_caught_between_its_first_segment_and_run_json_is_not_there_yet() {
         .one_line_error(&["run.json", "swarm repair"]);
 }
 
+/// A run closed and archived by another process while this one has it open: the
+/// writer's next append is refused (checked under `LOCK`, once a write group), and
+/// neither it nor a new writer puts a file back in the archived run's directory.
+#[test]
+fn an_archived_run_refuses_a_writer_that_had_it_open() {
+    let env = Env::new();
+    let run = "archived-under-a-writer";
+    let (a, b) = (env.store(), env.store());
+    lib_append(&a, run, "one");
+    lib_append(&b, run, "two");
+    b.close_run(run, "lead").unwrap();
+    let dir = env.run_dir(run);
+    let files = || {
+        let mut v: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let before = files();
+    assert!(before.contains(&"ARCHIVED".to_string()), "{before:?}");
+    for (store, what) in [
+        (&a, "the writer that had it open"),
+        (&env.store(), "a new one"),
+    ] {
+        for durability in [Durability::Sync, Durability::None] {
+            match store.append(run, new_ev(None, "late"), durability) {
+                Err(Error::Forbidden(m)) => assert!(m.contains("archived"), "{what}: {m}"),
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+        assert_eq!(files(), before, "{what}");
+    }
+}
+
 /// Records appended with `none` durability are shown to readers before their fsync; a power
 /// loss can take them while `SYNCED` (which is not fsynced either) survives. Their seqs
 /// were seen, so the next append declares them lost with a `log_damaged` event and goes on

@@ -19,6 +19,29 @@ use crate::commit::{io_copy, lock, FrameEnd, InFlight, LiteEvent, RunLog, Slot, 
 /// waits meanwhile; a hand-off costs a wake-up and leaves the disk idle until it runs).
 const LEAD_ROUNDS: u32 = 4;
 
+thread_local! {
+    /// The run log (its address) whose data fsyncs this thread leads, while it does.
+    static LEADING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Marks this thread as the fsync leader of a run for as long as it lives.
+struct Leading {
+    before: usize,
+}
+
+impl Leading {
+    fn new(log: &RunLog) -> Leading {
+        let before = LEADING.with(|l| l.replace(log as *const RunLog as usize));
+        Leading { before }
+    }
+}
+
+impl Drop for Leading {
+    fn drop(&mut self) {
+        LEADING.with(|l| l.set(self.before));
+    }
+}
+
 fn unpark_all(wake: Vec<Arc<Slot>>) {
     let me = std::thread::current().id();
     for w in wake {
@@ -80,6 +103,12 @@ impl RunLog {
                 s.waiters.retain(|(_, x)| !Arc::ptr_eq(x, w));
             }
         };
+        if LEADING.with(|l| l.get()) == self as *const RunLog as usize {
+            // The fsync leader itself, writing the queued group (`write_pending`), and
+            // the write must be durable now (a refusal's engine event): it syncs here, as
+            // nobody else will while it leads.
+            return self.sync_now((end, end_seq, seg.clone())).map(|_| ());
+        }
         let mut s = lock(&self.sync);
         loop {
             let asked = me
@@ -99,7 +128,8 @@ impl RunLog {
                 s.leader = true;
                 forget(&mut s, &me);
                 drop(s);
-                return self.lead_fsyncs(Some((end, end_seq, seg.clone())));
+                // (Callers may hold the writer mutex: no writing of the queue here.)
+                return self.lead_fsyncs(Some((end, end_seq, seg.clone())), false);
             }
             let w = me.get_or_insert_with(Slot::waiter).clone();
             if !s.waiters.iter().any(|(_, x)| Arc::ptr_eq(x, &w)) {
@@ -112,15 +142,33 @@ impl RunLog {
         }
     }
 
-    /// The fsync leader's work (the caller set `leader`): fsyncs, each covering every
+    /// The fsync leader's work (the caller set `leader`): with `write` (the caller holds
+    /// no writer mutex), it writes the appends queued for it before each fsync
+    /// (`write_pending`); fsyncs, each covering every
     /// frame this process wrote before it began, until no waiter is left uncovered, waking
     /// the waiters each one covers; after `LEAD_ROUNDS` it hands the lead to a waiter
     /// rather than keep its own caller waiting. `own`: a frame the caller waits for,
     /// when it is not in `written` (or not yet). Returns `own`'s outcome.
-    pub(super) fn lead_fsyncs(&self, mut own: Option<FrameEnd>) -> Result<()> {
+    pub(super) fn lead_fsyncs(&self, mut own: Option<FrameEnd>, write: bool) -> Result<()> {
         let mut result = Ok(());
         let mut rounds = 0;
+        let _leading = Leading::new(self);
+        {
+            let mut c = lock(&self.combine);
+            c.fsync_active = write;
+            if !write && !c.leader {
+                // Appends queued for a writing leader before this one took over.
+                if let Some(next) = c.pending.first() {
+                    next.thread.unpark();
+                }
+            }
+        }
         loop {
+            // The `sync` appends that queued during the last fsync: one group, covered by
+            // the next fsync.
+            if write {
+                self.write_pending();
+            }
             let (id, cover, cover_seq, file) = {
                 let mut s = lock(&self.sync);
                 let durable = s.durable;
@@ -134,7 +182,11 @@ impl RunLog {
                 }
                 let uncovered = s.waiters.iter().any(|((e, _, _), _)| durable < *e);
                 if poisoned || (own.is_none() && !uncovered) {
-                    s.leader = false;
+                    // Appends queued for this leader since `write_pending`: write them first.
+                    if write && !poisoned && self.queued_for_fsync_leader() {
+                        continue;
+                    }
+                    self.end_fsync_lead(&mut s);
                     let wake = self.settle_waiters(&mut s, None);
                     drop(s);
                     unpark_all(wake);
@@ -171,7 +223,7 @@ impl RunLog {
                     }
                 }
                 let Some((cover, cover_seq, file)) = cover.cloned() else {
-                    s.leader = false;
+                    self.end_fsync_lead(&mut s);
                     return result;
                 };
                 let id = s.next_id;
@@ -195,6 +247,55 @@ impl RunLog {
                 if own.take().is_some() {
                     result = Err(e);
                 }
+            }
+        }
+    }
+
+    /// One data fsync covering `cover` (and everything this process wrote), outside
+    /// `lead_fsyncs`' rounds but in the same bookkeeping: the waiters it covers are woken.
+    fn sync_now(&self, cover: FrameEnd) -> Result<Pos> {
+        let (id, (cover, cover_seq, file)) = {
+            let mut s = lock(&self.sync);
+            let id = s.next_id;
+            s.next_id += 1;
+            s.inflight.push(InFlight { id, done: false });
+            let cover = match &s.written {
+                Some(w) if w.0 > cover.0 => w.clone(),
+                _ => cover,
+            };
+            (id, cover)
+        };
+        let r = self.sync_and_publish(id, cover, cover_seq, &file);
+        let wake = {
+            let mut s = lock(&self.sync);
+            s.inflight.retain(|f| f.id != id);
+            if let Ok(p) = &r {
+                s.durable = s.durable.max(*p);
+            }
+            self.sync_cv.notify_all();
+            self.settle_waiters(&mut s, r.as_ref().err())
+        };
+        unpark_all(wake);
+        r
+    }
+
+    /// Whether appends wait in the queue for the fsync leader to write them. (Called
+    /// under the `sync` mutex: `combine` is taken inside it, never the other way round.)
+    fn queued_for_fsync_leader(&self) -> bool {
+        let c = lock(&self.combine);
+        !c.leader && !c.pending.is_empty()
+    }
+
+    /// The fsync leader steps down (under the `sync` mutex, so that a writer that
+    /// registers waiters after it sees no leader and leads). Appends still queued for it
+    /// (a poisoned writer's) are handed to the first of them, which writes them.
+    fn end_fsync_lead(&self, s: &mut SyncLocal) {
+        s.leader = false;
+        let mut c = lock(&self.combine);
+        c.fsync_active = false;
+        if !c.leader {
+            if let Some(next) = c.pending.first() {
+                next.thread.unpark();
             }
         }
     }

@@ -24,7 +24,12 @@
 //!   unparks every waiter it covered itself, then syncs again while waiters are left
 //!   uncovered (at most `LEAD_ROUNDS` times, then it hands the lead to one of them). So
 //!   each fsync serves everybody who queued during the last, and each appending thread
-//!   parks once and is woken once.
+//!   parks once and is woken once. While a thread leads the fsyncs, `sync` appends do
+//!   not write themselves: they queue, and the fsync leader writes everything queued in
+//!   one group when its fsync ends, just before the next one (`write_pending`), as Redis
+//!   writes every waiting client's command once per loop turn. No write-lead hand-off,
+//!   no lock or `pwrite` per arrival: at 64 threads a write group is about the whole
+//!   next fsync's worth.
 //! - **Processes.** fsyncs of a run are taken one at a time under the `SYNC_LOCK` file. A
 //!   process that waited for it first re-reads the durable mark in `SYNCED`, which the
 //!   flush before it may have moved past its frame (then it has nothing to do); otherwise
@@ -42,7 +47,8 @@
 //!
 //! Lock order, always: writer mutex, then `LOCK`, then `SYNC_LOCK`, then the `sync_io`
 //! mutex, then `SYNCED`.
-//! The `sync` state mutex is innermost and never held across I/O.
+//! The `sync` state mutex is never held across I/O; only the `combine` queue's mutex is
+//! taken inside it (when the fsync leader steps down), never the other way round.
 
 //!
 //! Invariant: every acknowledged `sync` append was covered by an `fdatasync` before it
@@ -150,7 +156,12 @@ struct Slot {
 #[derive(Default)]
 struct Combine {
     pending: Vec<Arc<Slot>>,
+    /// A thread is writing a group.
     leader: bool,
+    /// A thread leads the data fsyncs and writes, before each one, the appends that
+    /// queued while the last one ran (`RunLog::write_pending`). Set and cleared by that
+    /// leader; cleared only under the `sync` mutex, with `pending` empty (or handed on).
+    fsync_active: bool,
 }
 
 struct Writer {
@@ -286,6 +297,7 @@ fn io_copy(e: &Error) -> Error {
             source: std::io::Error::new(source.kind(), source.to_string()),
         },
         Error::Poisoned(r) => Error::Poisoned(r.clone()),
+        Error::Forbidden(m) => Error::Forbidden(m.clone()),
         Error::Corrupt {
             path,
             offset,

@@ -16,8 +16,8 @@ use crate::event::{
 use crate::fold::rules::Rules;
 use crate::log::frame::{self, PAYLOAD_BYTES_MAX};
 use crate::log::meta::{
-    read_meta, Durability, LogOptions, RunMeta, BATCH_BYTES_MAX, LOCK_FILE, META_FILE, SYNCED_FILE,
-    SYNC_LOCK_FILE,
+    read_meta, Durability, LogOptions, RunMeta, ARCHIVED_FILE, BATCH_BYTES_MAX, LOCK_FILE,
+    META_FILE, SYNCED_FILE, SYNC_LOCK_FILE,
 };
 use crate::log::segment::{self, FrameReader, Step};
 use crate::log::storage::{OpenMode, Storage, StorageFile};
@@ -27,6 +27,12 @@ use crate::commit::{
     io_copy, lock, rule_event, Combine, FrameEnd, Outcome, PlanEnd, Request, RunLog, Slot,
     SyncCounters, SyncLocal, SyncStats, Writer,
 };
+
+fn archived(run: &str) -> Error {
+    Error::Forbidden(format!(
+        "run {run:?} is closed and archived; `swarm run restore {run}` brings it back (closed)"
+    ))
+}
 
 impl RunLog {
     /// Opens (creating when `create` is set) the run's directory and files. Does not read
@@ -128,6 +134,10 @@ impl RunLog {
         let meta_path = dir.join(META_FILE);
         if storage.exists(&meta_path) {
             return read_meta(storage, dir);
+        }
+        // An archived run's working files are gone: never a new run in its place.
+        if storage.exists(&dir.join(ARCHIVED_FILE)) {
+            return Err(archived(run_id));
         }
         let meta = RunMeta {
             format: frame::FORMAT_VERSION,
@@ -252,6 +262,7 @@ impl RunLog {
             .pending
             .extend(slots.iter().map(|(_, s)| s.clone()));
         let untaken = || slots.iter().any(|(_, s)| !s.taken.load(Ordering::Acquire));
+        let all_sync = slots.iter().all(|(_, s)| s.sync);
         loop {
             // Asked to lead the next data fsync: checked first, so that a hand-off is
             // never dropped (the fsync leader is the only one who sets `done` meanwhile).
@@ -260,7 +271,7 @@ impl RunLog {
                 .any(|(_, s)| s.lead.swap(false, Ordering::AcqRel))
             {
                 // (No frame of its own: the outcomes go to the waiters.)
-                let _ = self.lead_fsyncs(None);
+                let _ = self.lead_fsyncs(None, true);
                 continue;
             }
             if slots.iter().all(|(_, s)| s.done.load(Ordering::Acquire)) {
@@ -268,7 +279,9 @@ impl RunLog {
             }
             if untaken() {
                 let mut c = lock(&self.combine);
-                if !c.leader && untaken() {
+                // While an fsync leader runs, `sync` appends queue for it: it writes them
+                // all in one group when its fsync ends, and the next fsync covers them.
+                if !c.leader && !(c.fsync_active && all_sync) && untaken() {
                     c.leader = true;
                     let group = std::mem::take(&mut c.pending);
                     for s in &group {
@@ -276,13 +289,7 @@ impl RunLog {
                     }
                     drop(c);
                     self.write_group(&group);
-                    let mut c = lock(&self.combine);
-                    c.leader = false;
-                    // Appends that arrived during the write: the first of them leads next.
-                    if let Some(next) = c.pending.first() {
-                        next.thread.unpark();
-                    }
-                    drop(c);
+                    self.end_write_lead();
                     self.group_durable(&group);
                     continue;
                 }
@@ -322,6 +329,41 @@ impl RunLog {
                 Ok(outcome.events)
             })
             .collect()
+    }
+
+    /// Ends a write lead: the appends that arrived during the write are left to the fsync
+    /// leader when one runs and they all wait for an fsync anyway (it writes them when
+    /// its fsync ends, without a wake-up); otherwise the first of them leads next.
+    pub(super) fn end_write_lead(&self) {
+        let mut c = lock(&self.combine);
+        c.leader = false;
+        if c.fsync_active && c.pending.iter().all(|s| s.sync) {
+            return;
+        }
+        if let Some(next) = c.pending.first() {
+            next.thread.unpark();
+        }
+    }
+
+    /// The fsync leader's write: the appends that queued while its last fsync ran, in one
+    /// group (one `LOCK`, one `pwrite`), registered as waiters for its next fsync.
+    pub(super) fn write_pending(&self) {
+        let group = {
+            let mut c = lock(&self.combine);
+            if c.leader || c.pending.is_empty() {
+                return;
+            }
+            c.leader = true;
+            let group = std::mem::take(&mut c.pending);
+            for s in &group {
+                s.taken.store(true, Ordering::Release);
+            }
+            group
+        };
+        self.write_group(&group);
+        self.end_write_lead();
+        // (This thread leads the fsyncs: `group_durable` only registers the waiters.)
+        self.group_durable(&group);
     }
 
     /// Settles a written group: every request that needs no fsync (not `sync`, failed,
@@ -366,7 +408,7 @@ impl RunLog {
         }
         if lead {
             // (No frame of its own: the outcomes go to the waiters.)
-            let _ = self.lead_fsyncs(None);
+            let _ = self.lead_fsyncs(None, true);
         }
     }
 
@@ -413,6 +455,12 @@ impl RunLog {
         w: &mut Writer,
         reqs: Vec<Request>,
     ) -> Result<Vec<Result<Outcome>>> {
+        // Closed and archived by another process since this one opened the run (the
+        // rules refuse a closed run too, but its segments may be gone): checked once a
+        // group, under `LOCK`.
+        if self.storage.exists(&self.dir.join(ARCHIVED_FILE)) {
+            return Err(archived(&self.run_id));
+        }
         self.catch_up(w)?;
         if w.end >= self.meta.segment_bytes {
             self.rotate(w)?;

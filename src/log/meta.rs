@@ -100,6 +100,10 @@ pub(crate) const LOCK_FILE: &str = "LOCK";
 pub(crate) const SYNC_LOCK_FILE: &str = "SYNC_LOCK";
 pub(crate) const SYNCED_FILE: &str = "SYNCED";
 pub(crate) const META_FILE: &str = "run.json";
+/// The tombstone a closed and archived run leaves in its directory (see
+/// `store::archive`). Writers check for it under `LOCK`: never an append to, nor a new run
+/// in the place of, an archived run.
+pub const ARCHIVED_FILE: &str = "ARCHIVED";
 
 /// Reads a run's `run.json`.
 pub(crate) fn read_meta(storage: &dyn Storage, dir: &Path) -> Result<RunMeta> {

@@ -32,7 +32,7 @@ use crate::log::storage::{MemStorage, OpenMode, Storage};
 use crate::store::Store;
 
 /// Name of the tombstone left in an archived run's directory.
-pub const TOMBSTONE: &str = "ARCHIVED";
+pub const TOMBSTONE: &str = crate::log::meta::ARCHIVED_FILE;
 const MAGIC: &[u8] = b"SWARC1\n";
 /// Largest archive accepted when reading one back (decoder limit).
 pub const ARCHIVE_RAW_BYTES_MAX: u64 = 64 << 30;
