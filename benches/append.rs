@@ -20,10 +20,10 @@
 //!
 //! Environment: `SWARM_BENCH_SECS` (default 3) measured seconds per cell;
 //! `SWARM_BENCH_PEERS` (default `swarm,jsonl,sqlite,redis,local`; `local` is the three
-//! one-process cells `none1,nonebatch,sync64`,
-//! where `sync64` runs `none64` beside it, and `none64` runs alone; `swarm-noprealloc` adds the process cells
-//! with preallocated segments turned off) and `SWARM_BENCH_PROCS` (default `1,4,16`)
-//! select cells;
+//! one-process cells `none1,nonebatch,sync64`, where `sync64` runs the 64-thread `none`
+//! cell beside it and `none64` runs that one alone; `swarm-noprealloc` adds the process
+//! cells with preallocated segments turned off) and `SWARM_BENCH_PROCS` (default
+//! `1,4,16`) select cells;
 //! `SWARM_BENCH_DIR` the parent of the temporary data directory; `SWARM_BENCH_REDIS` the
 //! `redis-server` binary.
 

@@ -281,7 +281,8 @@ impl RunLog {
                 let mut c = lock(&self.combine);
                 // While an fsync leader runs, `sync` appends queue for it: it writes them
                 // all in one group when its fsync ends, and the next fsync covers them.
-                if !c.leader && !(c.fsync_active && all_sync) && untaken() {
+                let queued_for_leader = c.fsync_active && all_sync;
+                if !(c.leader || queued_for_leader) && untaken() {
                     c.leader = true;
                     let group = std::mem::take(&mut c.pending);
                     for s in &group {
