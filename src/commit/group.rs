@@ -231,18 +231,8 @@ impl RunLog {
                 s.inflight.push(InFlight { id, done: false });
                 (id, cover, cover_seq, file)
             };
-            let r = self.sync_and_publish(id, cover, cover_seq, &file);
+            let r = self.sync_and_settle(id, (cover, cover_seq, file));
             rounds += 1;
-            let wake = {
-                let mut s = lock(&self.sync);
-                s.inflight.retain(|f| f.id != id);
-                if let Ok(p) = &r {
-                    s.durable = s.durable.max(*p);
-                }
-                self.sync_cv.notify_all();
-                self.settle_waiters(&mut s, r.as_ref().err())
-            };
-            unpark_all(wake);
             if let Err(e) = r {
                 if own.take().is_some() {
                     result = Err(e);
@@ -254,7 +244,7 @@ impl RunLog {
     /// One data fsync covering `cover` (and everything this process wrote), outside
     /// `lead_fsyncs`' rounds but in the same bookkeeping: the waiters it covers are woken.
     fn sync_now(&self, cover: FrameEnd) -> Result<Pos> {
-        let (id, (cover, cover_seq, file)) = {
+        let (id, cover) = {
             let mut s = lock(&self.sync);
             let id = s.next_id;
             s.next_id += 1;
@@ -265,6 +255,12 @@ impl RunLog {
             };
             (id, cover)
         };
+        self.sync_and_settle(id, cover)
+    }
+
+    /// fsync `id` (registered in `inflight`) of everything up to `cover`, published; then
+    /// the waiters it covered (all of them, with the error, when it failed) are woken.
+    fn sync_and_settle(&self, id: u64, (cover, cover_seq, file): FrameEnd) -> Result<Pos> {
         let r = self.sync_and_publish(id, cover, cover_seq, &file);
         let wake = {
             let mut s = lock(&self.sync);
