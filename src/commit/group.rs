@@ -156,11 +156,9 @@ impl RunLog {
         {
             let mut c = lock(&self.combine);
             c.fsync_active = write;
-            if !write && !c.leader {
+            if !write {
                 // Appends queued for a writing leader before this one took over.
-                if let Some(next) = c.pending.first() {
-                    next.thread.unpark();
-                }
+                c.hand_on();
             }
         }
         loop {
@@ -289,11 +287,7 @@ impl RunLog {
         s.leader = false;
         let mut c = lock(&self.combine);
         c.fsync_active = false;
-        if !c.leader {
-            if let Some(next) = c.pending.first() {
-                next.thread.unpark();
-            }
-        }
+        c.hand_on();
     }
 
     /// Settles the waiters: those whose frame is now durable are done; when `failed` (an

@@ -164,6 +164,17 @@ struct Combine {
     fsync_active: bool,
 }
 
+impl Combine {
+    /// When nobody writes, wakes the first queued append to write the queue.
+    fn hand_on(&self) {
+        if !self.leader {
+            if let Some(next) = self.pending.first() {
+                next.thread.unpark();
+            }
+        }
+    }
+}
+
 struct Writer {
     lock_file: Box<dyn StorageFile>,
     /// The rule part of the fold, current with the log up to `end`.

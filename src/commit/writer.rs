@@ -338,11 +338,8 @@ impl RunLog {
     pub(super) fn end_write_lead(&self) {
         let mut c = lock(&self.combine);
         c.leader = false;
-        if c.fsync_active && c.pending.iter().all(|s| s.sync) {
-            return;
-        }
-        if let Some(next) = c.pending.first() {
-            next.thread.unpark();
+        if !(c.fsync_active && c.pending.iter().all(|s| s.sync)) {
+            c.hand_on();
         }
     }
 
