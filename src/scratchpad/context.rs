@@ -1,10 +1,12 @@
 //! Bounded context (seed 000: "fail if the agent's prompt grows unbounded"): what an
 //! agent should put in its prompt, never over a byte budget.
 //!
-//! Selection, in priority order until the budget is full: the summaries (newest first),
-//! the pinned entries, decisions and actions (newest first), then the most recent
+//! Selection, in priority order until the budget is full: the pinned entries, decisions
+//! and actions (newest first), then the summaries (newest first), then the most recent
 //! unpinned entries of the working view (newest first); everything the agent may not
-//! read under the run's policy is left out. The chosen items are printed in seq order,
+//! read under the run's policy is left out. Pinned entries come first because they are
+//! what the swarm committed to (seed 000's audit trail) and are few, while summaries
+//! grow with the run: a long run's summaries must never push its decisions out. The chosen items are printed in seq order,
 //! one line each; the budget counts the exact bytes of the rendered text.
 
 use serde::Serialize;
@@ -94,15 +96,15 @@ impl Store {
         let state = self.head_state(run)?.state;
         let rules = &state.rules;
         let mut cands: Vec<(u8, &'static str, Event)> = Vec::new();
-        for s in state.summaries.iter().rev() {
-            cands.push((0, "summary", s.clone()));
-        }
         let mut pinned: Vec<&Event> = state.decisions.iter().chain(&state.actions).collect();
         pinned.sort_by_key(|e| std::cmp::Reverse(e.seq));
         for e in pinned {
             if rules.may_read_type(agent, e.kind) {
-                cands.push((1, "pinned", e.clone()));
+                cands.push((0, "pinned", e.clone()));
             }
+        }
+        for s in state.summaries.iter().rev() {
+            cands.push((1, "summary", s.clone()));
         }
         let from =
             (rules.pruned_upto + 1).max(state.head_seq.saturating_sub(RECENT_EVENTS_MAX) + 1);
