@@ -3,7 +3,9 @@
 //! Durable appends over the network from 16 and 64 client *processes*, one request in
 //! flight each, side by side with Redis:
 //! - `swarm serve`: `POST /v1/runs/bench/events` (one ~250-byte event, `sync`: acknowledged
-//!   after `fdatasync`), one keep-alive HTTP/1.1 connection per client;
+//!   after `fdatasync`), one keep-alive HTTP/1.1 connection per client, through a lean
+//!   client (`LeanHttp`: one write per request, the response read whole by its
+//!   `Content-Length`) or, with `SWARM_BENCH_HTTP=ureq`, through ureq;
 //! - `redis`: Redis Streams `XADD` with `appendonly yes`, `appendfsync always`, one
 //!   connection per client (skipped with a note when `redis-server` is not installed).
 //!
@@ -46,6 +48,15 @@ fn worker(kind: &str) {
         .parse()
         .expect("secs");
     let mut op: Box<dyn FnMut(u64)> = match kind {
+        "swarm" if std::env::var("SWARM_BENCH_HTTP").as_deref() != Ok("ureq") => {
+            let (url, token) = target.split_once('#').expect("url#token");
+            let mut http = LeanHttp::connect(url, token, "/v1/runs/bench/events");
+            let id = id.clone();
+            Box::new(move |n| {
+                let status = http.post(event(&id, n).as_bytes());
+                assert_eq!(status, 201);
+            })
+        }
         "swarm" => {
             let (url, token) = target.split_once('#').expect("url#token");
             let agent = ureq::AgentBuilder::new().build();
@@ -104,6 +115,78 @@ fn worker(kind: &str) {
     let bytes: Vec<u8> = lat.iter().flat_map(|l| l.to_le_bytes()).collect();
     fs::write(&out, bytes).unwrap();
     writeln!(stdout, "done {}", lat.len()).unwrap();
+}
+
+/// A keep-alive HTTP/1.1 client that does what a lean client does per request (as
+/// redis-rs does for RESP): one `write` of the request, reads until the headers end,
+/// `Content-Length` parsed, the body read whole. No URL parsing or header validation per
+/// request, so the two cores measure the server rather than the client library
+/// (`SWARM_BENCH_HTTP=ureq` runs the clients on ureq instead).
+struct LeanHttp {
+    stream: std::net::TcpStream,
+    head: Vec<u8>,
+    req: Vec<u8>,
+    buf: Vec<u8>,
+}
+
+impl LeanHttp {
+    fn connect(url: &str, token: &str, path: &str) -> LeanHttp {
+        let host = url.trim_start_matches("http://").trim_end_matches('/');
+        let stream = std::net::TcpStream::connect(host).expect("connect");
+        stream.set_nodelay(true).unwrap();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: "
+        )
+        .into_bytes();
+        LeanHttp {
+            stream,
+            head,
+            req: Vec::with_capacity(1024),
+            buf: vec![0; 16 << 10],
+        }
+    }
+
+    /// Sends one request with `body`; returns the response's status once it is read whole.
+    fn post(&mut self, body: &[u8]) -> u16 {
+        use std::io::Read;
+        self.req.clear();
+        self.req.extend_from_slice(&self.head);
+        self.req
+            .extend_from_slice(format!("{}\r\n\r\n", body.len()).as_bytes());
+        self.req.extend_from_slice(body);
+        self.stream.write_all(&self.req).expect("send");
+        let mut have = 0;
+        let end = loop {
+            let n = self.stream.read(&mut self.buf[have..]).expect("recv");
+            assert!(n > 0, "server closed the connection");
+            have += n;
+            if let Some(i) = self.buf[..have].windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            assert!(have < self.buf.len(), "response headers over 16 KiB");
+        };
+        let head = std::str::from_utf8(&self.buf[..end]).expect("utf-8 headers");
+        let status: u16 = head
+            .get(9..12)
+            .and_then(|s| s.parse().ok())
+            .expect("status line");
+        let len: usize = head
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse().ok())?
+            })
+            .expect("a Content-Length response");
+        let mut body = have - end;
+        while body < len {
+            let n = self.stream.read(&mut self.buf[..]).expect("recv body");
+            assert!(n > 0, "server closed the connection");
+            body += n;
+        }
+        assert_eq!(body, len, "one response at a time");
+        status
+    }
 }
 
 /// Runs `clients` workers of `kind` against `target`; events per second and the sorted
@@ -384,6 +467,14 @@ fn main() {
     let (mut server, swarm) = start_swarm(&tmp.path().join("swarm"));
     let redis = start_redis(&tmp.path().join("redis"));
     println!("serve bench: {secs} s per cell, one durable append in flight per client process");
+    println!(
+        "http client: {}",
+        if std::env::var("SWARM_BENCH_HTTP").as_deref() == Ok("ureq") {
+            "ureq"
+        } else {
+            "lean keep-alive HTTP/1.1 (SWARM_BENCH_HTTP=ureq for ureq)"
+        }
+    );
     println!(
         "{:<10} {:>8} {:>12} {:>9} {:>9}",
         "peer", "clients", "events/s", "p50 ms", "p99 ms"
