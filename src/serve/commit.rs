@@ -33,6 +33,7 @@ use crate::log::meta::Durability;
 use crate::serve::metrics::Metrics;
 use crate::serve::problem::Problem;
 use crate::store::Store;
+use crate::tail::WatchHub;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -43,11 +44,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 const REQUESTS_PER_COMMIT_MAX: usize = 1024;
 
 /// The queues of the runs being appended to, keyed by (user, run).
-#[derive(Default)]
 pub(crate) struct Commits {
     queues: Mutex<HashMap<(String, String), Arc<Queue>>>,
     /// Counts the turns and the requests they take (`/metrics`).
     metrics: Arc<Metrics>,
+    /// The live tails' watches: a commit wakes its run's tails itself.
+    watches: WatchHub,
 }
 
 #[derive(Default)]
@@ -71,10 +73,11 @@ struct Job {
 
 impl Commits {
     /// The queues of a server whose `/metrics` is `metrics`.
-    pub(crate) fn new(metrics: Arc<Metrics>) -> Commits {
+    pub(crate) fn new(metrics: Arc<Metrics>, watches: WatchHub) -> Commits {
         Commits {
             queues: Mutex::default(),
             metrics,
+            watches,
         }
     }
 
@@ -143,7 +146,7 @@ impl Commits {
                 st.jobs.drain(..n).collect::<Vec<Job>>()
             };
             self.metrics.commit(jobs.len());
-            commit(store, &key.1, jobs);
+            commit(store, &key.1, jobs, &self.watches);
         }
     }
 
@@ -165,7 +168,9 @@ impl Commits {
 
 /// Commits jobs: those of one durability together (the usual case is all `sync`), in
 /// their order, each answered with its own outcome.
-fn commit(store: &Store, run: &str, jobs: Vec<Job>) {
+/// The run's live tails are woken before the requests are answered (the events are
+/// visible by then), as Redis serves its blocked readers before it replies to the writer.
+fn commit(store: &Store, run: &str, jobs: Vec<Job>, watches: &WatchHub) {
     let mut rest = jobs.into_iter().peekable();
     while let Some(first) = rest.next() {
         let durability = first.durability;
@@ -178,6 +183,11 @@ fn commit(store: &Store, run: &str, jobs: Vec<Job>) {
             .map(|j| ((j.events, j.expect_seq), j.reply))
             .unzip();
         let results = store.append_many(run, batches, durability);
+        if results.iter().any(|r| r.is_ok()) {
+            if let Ok(dir) = store.run_dir(run) {
+                watches.wake_run(&dir);
+            }
+        }
         for (reply, r) in replies.into_iter().zip(results) {
             // A request whose client went away: nobody to answer.
             let _ = reply.send(r);
@@ -203,7 +213,10 @@ mod tests {
                 .with_user("u", true)
                 .unwrap(),
         );
-        let commits = Arc::new(Commits::default());
+        let commits = Arc::new(Commits::new(
+            Arc::default(),
+            WatchHub::new(std::time::Duration::from_millis(50)),
+        ));
         let mut tasks = Vec::new();
         for i in 0..64u64 {
             let (c, s) = (commits.clone(), store.clone());
@@ -254,6 +267,14 @@ mod tests {
             .map(|e| e.unwrap().seq)
             .collect();
         assert_eq!(stored, seqs);
+        // The drain answers its last requests before it finds the queue empty and
+        // removes it: give it a moment after the last answer.
+        let idle_since = std::time::Instant::now();
+        while !lock(&commits.queues).is_empty()
+            && idle_since.elapsed() < std::time::Duration::from_secs(5)
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
         assert!(
             lock(&commits.queues).is_empty(),
             "an idle queue stays in the map"

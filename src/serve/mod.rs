@@ -134,17 +134,18 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let metrics: Arc<metrics::Metrics> = Arc::default();
+    let watches = crate::tail::WatchHub::new(opts.sse_poll);
     let app = Arc::new(App {
         opts: opts.clone(),
         tokens,
         stores: Mutex::new(HashMap::new()),
         shutdown: stop_rx,
         metrics: metrics.clone(),
-        watches: crate::tail::WatchHub::new(opts.sse_poll),
+        watches: watches.clone(),
         feeds: feed::Feeds::default(),
         buckets: Mutex::new(HashMap::new()),
         vectors,
-        commits: Arc::new(commit::Commits::new(metrics.clone())),
+        commits: Arc::new(commit::Commits::new(metrics.clone(), watches)),
     });
     // New vectors reach the users' cache files every few seconds (and at shutdown), so
     // a restart does not embed the same texts again.

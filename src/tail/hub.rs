@@ -239,6 +239,17 @@ impl WatchHub {
         }
     }
 
+    /// Wakes the tails of the run in `dir` now, if it is watched: for a writer in this
+    /// process that has just made an append visible, so that its tails need not wait for
+    /// inotify to report the `SYNCED` write (they read the marks, as after any wake-up;
+    /// the inotify event still comes and finds nothing more). Never blocks on a waiter.
+    pub fn wake_run(&self, dir: &Path) {
+        let entry = lock(&self.0.reg).runs.get(dir).map(|s| s.entry.clone());
+        if let Some(e) = entry {
+            e.source.notify();
+        }
+    }
+
     /// What the hub is doing now.
     pub fn stats(&self) -> HubStats {
         let reg = lock(&self.0.reg);
