@@ -135,7 +135,7 @@ impl Hit {
         }
     }
 
-    /// The text it is found by (a fact's first wording, an entry's text).
+    /// The text it is shown by (a fact's first wording, an entry's text).
     pub fn text(&self) -> String {
         match &self.found {
             Found::Fact { fact } => fact.text.clone(),
@@ -150,9 +150,21 @@ impl Hit {
         }
     }
 
-    /// The words it is found by: its text and its subject.
+    /// Every wording it is found by: a fact's first wording and the further ones it kept
+    /// (a question may be phrased like any of them), an entry's text.
+    fn texts(&self) -> Vec<String> {
+        match &self.found {
+            Found::Fact { fact } => std::iter::once(&fact.text)
+                .chain(&fact.variants)
+                .cloned()
+                .collect(),
+            Found::Finding { .. } => vec![self.text()],
+        }
+    }
+
+    /// The words it is found by: those of its wordings and its subject.
     fn words(&self) -> BTreeSet<String> {
-        let mut w = words(&self.text());
+        let mut w: BTreeSet<String> = self.texts().iter().flat_map(|t| words(t)).collect();
         w.extend(self.subject().map(words).unwrap_or_default());
         w
     }
@@ -477,17 +489,19 @@ fn score_embedding(e: &dyn Embedder, query: &str, cands: &mut [Hit]) -> Result<u
             .cmp(&cands[a].ts())
             .then(cands[a].key().cmp(&cands[b].key()))
     });
-    let texts: Vec<String> = cands.iter().map(Hit::text).collect();
+    let texts: Vec<Vec<String>> = cands.iter().map(Hit::texts).collect();
     let mut slot: HashMap<&str, usize> = HashMap::new();
     let mut distinct: Vec<&str> = Vec::new();
     for &i in &order {
-        let t = texts[i].as_str();
-        if !slot.contains_key(t) {
-            if distinct.len() == EMBED_TEXTS_MAX {
-                continue;
+        for t in &texts[i] {
+            let t = t.as_str();
+            if !slot.contains_key(t) {
+                if distinct.len() == EMBED_TEXTS_MAX {
+                    continue;
+                }
+                slot.insert(t, distinct.len());
+                distinct.push(t);
             }
-            slot.insert(t, distinct.len());
-            distinct.push(t);
         }
     }
     if distinct.is_empty() {
@@ -506,8 +520,12 @@ fn score_embedding(e: &dyn Embedder, query: &str, cands: &mut [Hit]) -> Result<u
             ),
         ));
     }
-    for (h, t) in cands.iter_mut().zip(&texts) {
-        h.cosine = slot.get(t.as_str()).map(|&s| dot(qv, &vs[s]));
+    // A candidate's cosine is that of its nearest wording.
+    for (h, ts) in cands.iter_mut().zip(&texts) {
+        h.cosine = ts
+            .iter()
+            .filter_map(|t| slot.get(t.as_str()).map(|&s| dot(qv, &vs[s])))
+            .reduce(f32::max);
     }
     Ok(distinct.len())
 }
@@ -581,6 +599,7 @@ fn collapse(hits: Vec<Hit>, limit: usize) -> Vec<Hit> {
         match &h.found {
             Found::Fact { fact } => {
                 fact_texts.insert(fact.text.clone());
+                fact_texts.extend(fact.variants.iter().cloned());
             }
             Found::Finding { .. } if fact_texts.contains(&h.text()) => continue,
             Found::Finding { .. } => {}
@@ -753,6 +772,7 @@ mod tests {
                 superseded: None,
                 contradictions: vec![],
                 wordings: 1,
+                variants: vec![],
             },
         })
     }
@@ -781,6 +801,39 @@ mod tests {
                 ("fact", "pool exhausted on orders-db".to_string()),
             ]
         );
+    }
+
+    /// A fact whose first wording shares nothing with the question but whose kept
+    /// variant does: found by the variant, by words and by meaning, and a finding that
+    /// repeats the variant is left out below it.
+    #[test]
+    fn a_fact_is_found_by_any_of_its_wordings() {
+        let with_variant = || {
+            let mut f = fact(1, "cpu steal on node-7");
+            if let Found::Fact { fact } = &mut f.found {
+                fact.variants = vec!["postgres pool is exhausted".into()];
+                fact.wordings = 2;
+                // Newer than the finding: it wins their tie and ranks above it.
+                fact.last_seen = Some(Ts(2_000));
+            }
+            f
+        };
+        let lex = lexical("postgres pool", vec![with_variant()]);
+        assert_eq!(
+            texts(&lex),
+            ["cpu steal on node-7"],
+            "found by its variant's words"
+        );
+        let t = table();
+        let h = hybrid(
+            &t,
+            "no free DB connections left",
+            vec![with_variant(), entry(2, "postgres pool is exhausted", 0.5)],
+        );
+        // The fact's cosine is its nearest wording's (the variant, 0.95), not its first
+        // wording's (0.1, below the floor); the finding with the variant's text is left out.
+        assert_eq!(texts(&h), ["cpu steal on node-7"]);
+        assert!(h[0].cosine.unwrap() > 0.9);
     }
 
     #[test]

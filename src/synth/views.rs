@@ -46,6 +46,10 @@ pub struct FactView {
     pub contradictions: Vec<String>,
     /// Wordings kept for comparison.
     pub wordings: usize,
+    /// The further wordings kept (after `text`): search finds a fact by any of them. Not
+    /// printed (`wordings` counts them).
+    #[serde(skip)]
+    pub variants: Vec<String>,
 }
 
 /// Why a fact is no longer current.
@@ -202,6 +206,7 @@ fn view(fold: &FactsFold, i: usize) -> FactView {
             .filter_map(|&n| fold.contradictions.get(n)?.as_ref().map(|c| c.id.clone()))
             .collect(),
         wordings: 1 + f.variants.len(),
+        variants: f.variants.clone(),
     }
 }
 
