@@ -201,8 +201,19 @@ impl Drop for Feed {
 
 /// The reader: reads what is visible and publishes it, then waits for the run's next
 /// wake-up (or the backstop), until its last subscriber leaves, the run ends, a read
-/// fails or the server stops. Between reads it holds no thread.
+/// fails or the server stops. Between reads it holds no thread (a small read takes its
+/// Tokio worker for that read; a large one goes to the blocking pool).
+///
+/// However it ends, a panic in a read included, the channel is closed on the way out,
+/// so its pumps go on reading alone rather than wait for batches that never come.
 async fn read_loop(s: Start, shared: Arc<Shared>, mut gone: oneshot::Receiver<()>) {
+    struct CloseOnExit(Arc<Shared>);
+    impl Drop for CloseOnExit {
+        fn drop(&mut self) {
+            self.0.close();
+        }
+    }
+    let _close = CloseOnExit(shared.clone());
     let Start {
         mut tail,
         source,
@@ -250,7 +261,6 @@ async fn read_loop(s: Start, shared: Arc<Shared>, mut gone: oneshot::Receiver<()
             tokio::time::sleep(backstop).await;
         }
     }
-    shared.close();
 }
 
 /// What [`read`] did.
