@@ -30,7 +30,8 @@
 //! `SYNTH_BENCH_SEMANTIC_EVENTS` (default 100,000) events of the same generator, cold (an
 //! empty vector cache) and warm (the same events in a second data dir, with the cold
 //! run's vector cache copied in): events/s and peak RSS of each.
-//! `SYNTH_BENCH_ONLY=semantic` runs this cell alone.
+//! `SYNTH_BENCH_ONLY=semantic` runs this cell alone; `SYNTH_BENCH_KEEP=1` keeps its two
+//! data dirs and prints where.
 
 use std::process::Command;
 use std::time::Instant;
@@ -279,6 +280,8 @@ fn semantic_cell(base: &std::path::Path) {
         .unwrap_or(100_000);
     let runs = 10;
     let dir = tempfile::tempdir_in(base).unwrap();
+    // SYNTH_BENCH_KEEP=1: keep both data dirs (to compare settings on the same data).
+    let keep = std::env::var("SYNTH_BENCH_KEEP").as_deref() == Ok("1");
     let make = |name: &str| {
         let data = dir.path().join(name).join("data");
         let store = Store::open(&data)
@@ -321,6 +324,9 @@ fn semantic_cell(base: &std::path::Path) {
             "cold_peak_rss_mib": mib(&cold), "warm_events_per_s": n as f64 / warm_secs,
             "warm_peak_rss_mib": mib(&warm), "facts": cold["facts_total"]})
     );
+    if keep {
+        println!("data kept in {}", dir.keep().display());
+    }
 }
 
 #[cfg(not(feature = "semantic"))]

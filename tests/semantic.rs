@@ -454,6 +454,92 @@ fn incremental_semantic_synth_agrees_with_one_synth() {
     assert_eq!(a.1[0].1, 2, "the paraphrase joined the 2.3 s fact: {a:?}");
 }
 
+/// Past `exact_max` wordings a scope is searched through its neighbour graph, whose
+/// links depend on the order its vectors arrived in. Later wordings of early facts arrive
+/// after other facts here, so a deduper rebuilt in fact order would hold another graph:
+/// the facts log records each wording's insertion number and the rebuild follows it.
+/// Synthesized in one synth or in eleven, the records and facts are the same.
+#[test]
+fn incremental_synth_past_the_exact_limit_agrees_with_one_synth() {
+    // 16 clusters of 5 wordings; wording m of cluster c leans from axis c towards
+    // axis c+1+m, cosine 0.97 down to 0.81 with the axis.
+    let letter = |n: usize| (b'a' + n as u8) as char;
+    let mut rows: Vec<(String, Vec<f32>)> = Vec::new();
+    for m in 0..5 {
+        for c in 0..16 {
+            let i = c * 5 + m;
+            let text = format!("queue depth report {}{}", letter(i / 26), letter(i % 26));
+            rows.push((text, v(c, (c + 1 + m) % DIM, 0.97 - 0.04 * m as f32)));
+        }
+    }
+    let t = table(
+        &rows
+            .iter()
+            .map(|(t, x)| (t.as_str(), x.clone()))
+            .collect::<Vec<_>>(),
+    );
+    let mut o = opts(t);
+    o.dedup.semantic.exact_max = 8;
+    // A search of breadth 1 (greedy) follows the graph's links closely, so another
+    // graph would find other neighbours.
+    o.dedup.semantic.candidates = 1;
+    o.dedup.semantic.ann_ef = 1;
+    let feed = |s: &Store, i: usize| {
+        let at = format!("2026-03-11T15:{:02}:00Z", i % 60);
+        add(
+            s,
+            &format!("agent-{}", i % 4),
+            EventType::Evidence,
+            "q",
+            &rows[i].0,
+            &at,
+        );
+    };
+    let shape = |s: &Store| {
+        let mut recs = records(s);
+        for r in &mut recs {
+            if let Some(o) = r.as_object_mut() {
+                o.remove("evidence");
+                o.remove("at");
+            }
+        }
+        let facts = s
+            .facts(&FactsQuery {
+                include_superseded: true,
+                ..FactsQuery::default()
+            })
+            .expect("facts")
+            .facts
+            .into_iter()
+            .map(|f| (f.id, f.evidence, f.text, f.wordings))
+            .collect::<Vec<_>>();
+        (recs, facts)
+    };
+    let one = Env::new();
+    let s1 = store(&one);
+    (0..rows.len()).for_each(|i| feed(&s1, i));
+    s1.synth(&o, |_| {}).expect("synth");
+    let many = Env::new();
+    let s2 = store(&many);
+    for i in 0..rows.len() {
+        feed(&s2, i);
+        if i % 8 == 7 {
+            s2.synth(&o, |_| {}).expect("synth");
+        }
+    }
+    s2.synth(&o, |_| {}).expect("synth");
+    let (a, b) = (shape(&s1), shape(&s2));
+    // Merges happened (fewer facts than wordings) and wordings carry their numbers.
+    assert!(a.1.len() < rows.len() && a.1.len() >= 16, "{:?}", a.1);
+    let ords: usize =
+        a.0.iter()
+            .filter(|r| r["op"] == "fact")
+            .map(|r| r["ords"].as_array().map_or(0, Vec::len))
+            .sum();
+    assert!(ords > a.1.len(), "insertion numbers recorded: {ords}");
+    assert_eq!(a.1, b.1);
+}
+
 /// The LLM step in semantic mode: an unguarded pair in the borderline band (below the
 /// merge cosine) is asked; its answer decides; a guarded pair is never asked.
 #[test]

@@ -222,6 +222,9 @@ struct Pass {
 struct Delta {
     new: Option<NewFact>,
     variants: Vec<String>,
+    /// Semantic mode: the deduper's insertion numbers of the wordings this pass kept
+    /// (the new fact's first, then each of `variants`).
+    ords: Vec<u64>,
     evidence: Vec<EvidenceLink>,
     /// The latest observation time of its findings in this pass, when one was not the
     /// finding's own time.
@@ -294,11 +297,12 @@ impl Pass {
         let (idx, how) = match c.matched {
             Match::New => {
                 let i = deduper.add_fact(scope, text);
+                let d = self.deltas.entry(i).or_default();
                 if let Some(v) = vector {
-                    deduper.add_vector(i, v);
+                    d.ords.push(deduper.add_vector(i, v));
                 }
                 report.facts_new += 1;
-                self.deltas.entry(i).or_default().new = Some(NewFact {
+                d.new = Some(NewFact {
                     subject: e.subject.clone(),
                     kind: e.kind.as_str().to_string(),
                     text: text.to_string(),
@@ -317,14 +321,11 @@ impl Pass {
                     report.matched_near += 1;
                 }
                 if deduper.add_variant(fact, text) {
+                    let d = self.deltas.entry(fact).or_default();
                     if let Some(v) = vector {
-                        deduper.add_vector(fact, v);
+                        d.ords.push(deduper.add_vector(fact, v));
                     }
-                    self.deltas
-                        .entry(fact)
-                        .or_default()
-                        .variants
-                        .push(text.to_string());
+                    d.variants.push(text.to_string());
                 }
                 let tag = if judged { "judged" } else { "near" };
                 (fact, Cow::Owned(format!("{tag} {score:.2}")))
@@ -423,6 +424,7 @@ impl Pass {
         for (&i, d) in &mut self.deltas {
             let mut new = d.new.take();
             let mut variants = std::mem::take(&mut d.variants);
+            let mut ords = std::mem::take(&mut d.ords);
             let mut evidence = std::mem::take(&mut d.evidence);
             let mut observed = d.observed.take();
             loop {
@@ -431,6 +433,7 @@ impl Pass {
                     fact: fact_id(i),
                     new: new.take(),
                     variants: std::mem::take(&mut variants),
+                    ords: std::mem::take(&mut ords),
                     evidence: Evidence(evidence),
                     observed: observed.take(),
                 });

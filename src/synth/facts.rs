@@ -211,6 +211,11 @@ pub enum Record {
         /// Further wordings kept for comparison.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         variants: Vec<String>,
+        /// Semantic mode: the deduper's insertion numbers of the wordings this record
+        /// adds (the first wording's when `new`, then each of `variants`'), so a
+        /// deduper rebuilt from the log adds their vectors in the order they came.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        ords: Vec<u64>,
         /// Links to the raw events behind it.
         #[serde(default, skip_serializing_if = "Evidence::is_empty")]
         evidence: Evidence,
@@ -315,6 +320,10 @@ pub struct Fact {
     pub text: String,
     /// Further wordings kept for comparison.
     pub variants: Vec<String>,
+    /// Semantic mode: the deduper's insertion number of each wording (first, then the
+    /// variants), when the records gave them (see [`Record::Fact`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ords: Vec<u64>,
     /// Each agent that found it (a [`FactsFold::name`] id), with the highest confidence
     /// it gave (0.5 when none).
     pub agents: BTreeMap<u32, f64>,
@@ -613,6 +622,7 @@ impl FactsFold {
                 fact,
                 new,
                 variants,
+                ords,
                 evidence,
                 observed,
             } => {
@@ -635,6 +645,7 @@ impl FactsFold {
                     return;
                 }
                 self.facts[i].variants.extend(variants.iter().cloned());
+                self.facts[i].ords.extend_from_slice(ords);
                 if let Some(t) = observed.filter(|t| cutoff.is_none_or(|c| *t <= c)) {
                     let o = &mut self.facts[i].last_observed;
                     *o = Some(o.map_or(t, |x| x.max(t)));

@@ -32,18 +32,24 @@ pub(super) fn fact_id(i: usize) -> String {
 }
 
 /// Rebuilds the deduper from the fold: facts in number order, each with its wordings.
-/// The deduper's state does not depend on the order wordings arrived in (its postings
-/// are sorted by fact), so this is the deduper that wrote the log: a synth that crashed
-/// and was run again decides exactly as one that was never interrupted. In semantic mode
-/// every kept wording gets its vector (embedded in batches; a vector cache makes this
-/// free after the first time) and facts are scoped by entry type.
+/// The lexical state does not depend on the order wordings arrived in (its postings are
+/// sorted by fact); in semantic mode every kept wording gets its vector (embedded in
+/// batches; a vector cache makes this free after the first time), added in the order
+/// the deduper first took them (their insertion numbers in the facts log), because a
+/// large scope's neighbour graph depends on that order. So this is the deduper that
+/// wrote the log: a synth that crashed and was run again decides exactly as one that
+/// was never interrupted. A log written before insertion numbers were recorded has
+/// none: its vectors go in fact order (a different graph only for scopes past
+/// `SemanticConfig::exact_max`, decided once and then kept). Facts are scoped by entry
+/// type in semantic mode.
 pub(super) fn restore(
     fold: &FactsFold,
     cfg: &DedupConfig,
     embedder: Option<&dyn Embedder>,
 ) -> Result<Deduper> {
     let mut d = Deduper::new(cfg.clone());
-    let mut kept: Vec<(FactIdx, &str)> = Vec::new();
+    // (insertion number if known, fact, wording)
+    let mut kept: Vec<(Option<u64>, FactIdx, &str)> = Vec::new();
     for f in &fold.facts {
         let scope = if embedder.is_some() {
             f.kind.as_str()
@@ -51,10 +57,10 @@ pub(super) fn restore(
             f.scope()
         };
         let i = d.add_fact(scope, &f.text);
-        kept.push((i, &f.text));
-        for v in &f.variants {
+        kept.push((f.ords.first().copied(), i, &f.text));
+        for (j, v) in f.variants.iter().enumerate() {
             if d.add_variant(i, v) {
-                kept.push((i, v));
+                kept.push((f.ords.get(j + 1).copied(), i, v));
             }
         }
         if let Some(t) = f.last_observed.or(f.last_seen) {
@@ -62,9 +68,13 @@ pub(super) fn restore(
         }
     }
     if let Some(m) = embedder {
+        if kept.iter().all(|k| k.0.is_some()) {
+            // Stable: a fact's own wordings keep their order whatever the numbers say.
+            kept.sort_by_key(|k| k.0);
+        }
         for chunk in kept.chunks(EMBED_BATCH) {
-            let texts: Vec<&str> = chunk.iter().map(|x| x.1).collect();
-            for ((i, _), v) in chunk.iter().zip(m.embed(&texts)?) {
+            let texts: Vec<&str> = chunk.iter().map(|x| x.2).collect();
+            for ((_, i, _), v) in chunk.iter().zip(m.embed(&texts)?) {
                 d.add_vector(*i, &v);
             }
         }

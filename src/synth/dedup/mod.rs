@@ -44,6 +44,7 @@ use std::collections::HashMap;
 use crate::event::ts::Ts;
 use crate::synth::text::{self, Dim, Signature};
 
+mod ann;
 mod semantic;
 mod slots;
 
@@ -158,12 +159,14 @@ struct Fact {
 }
 
 /// The vectors of one scope's kept wordings: `data` holds them end to end (`dim` floats
-/// each), `facts[k]` is the fact of the `k`-th.
+/// each), `facts[k]` is the fact of the `k`-th; once the scope holds more than
+/// `SemanticConfig::exact_max` of them, `graph` links them for approximate search.
 #[derive(Default)]
 pub(crate) struct ScopeVectors {
     pub(crate) dim: usize,
     pub(crate) facts: Vec<u32>,
     pub(crate) data: Vec<f32>,
+    pub(crate) graph: Option<ann::Graph>,
 }
 
 /// The in-memory dedup engine; memory grows with distinct facts and wordings kept, never
@@ -185,6 +188,8 @@ pub struct Deduper {
     /// Semantic mode, per fact: the typed slots of each kept wording that has a vector
     /// (in the order [`Deduper::add_vector`] was called for it; see `slots.rs`).
     slots: Vec<Vec<slots::Slots>>,
+    /// Semantic mode: vectors added so far (the next one's insertion number).
+    vectors_added: u64,
 }
 
 /// How two signatures compare.
@@ -477,6 +482,7 @@ impl Deduper {
             vectors: Vec::new(),
             last_ts: Vec::new(),
             slots: Vec::new(),
+            vectors_added: 0,
         }
     }
 

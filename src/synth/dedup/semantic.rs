@@ -8,9 +8,11 @@
 //!
 //! # Method
 //! 1. Candidates: the `candidates` facts with the highest cosine over their kept
-//!    wordings, at or above `floor`. Brute force: one dot product of 384 floats per kept
-//!    wording (at most `variants_max` per fact); exact, deterministic, and at 10,000
-//!    facts about 4 M multiply-adds per finding.
+//!    wordings, at or above `floor`. While the scope keeps at most `exact_max` wordings:
+//!    brute force, one dot product of 384 floats per kept wording (at most
+//!    `variants_max` per fact), exact. Beyond that: the `ann_ef` nearest wordings by the
+//!    scope's neighbour graph (`ann.rs`), approximate but deterministic, so the cost per
+//!    finding grows with the log of the scope, not with its size.
 //! 2. Slots (`slots.rs`): each wording is rewritten by generic measurement rules
 //!    (`99th pct` -> `p99`, `1.2M` -> `1200000`, `0.41 of` -> `41% of`, `120/s` and
 //!    `7,200 per minute` -> one rate, `v2.14.0` -> `2.14.0`, `host:5433` -> `host port
@@ -41,6 +43,7 @@
 //!    contradiction whatever the time (a cause asserted and ruled out).
 
 use crate::event::ts::Ts;
+use crate::synth::dedup::ann;
 use crate::synth::dedup::slots::{minimal_pair, names_conflict, share_anchor, Slots, Stance};
 use crate::synth::dedup::{compare, Classified, Cmp, Deduper, FactIdx, Judge, Match};
 use crate::synth::text;
@@ -79,6 +82,12 @@ pub struct SemanticConfig {
     /// Findings further apart than this (seconds) that state another value of the same
     /// quantity are a change over time; closer ones contradict.
     pub change_window_secs: u64,
+    /// Most kept wordings of one scope searched by brute force (exact); a larger scope
+    /// is searched through its approximate neighbour graph (`ann.rs`).
+    pub exact_max: usize,
+    /// Nodes the approximate search keeps (its breadth): more finds more of the true
+    /// neighbours, at more cost.
+    pub ann_ef: usize,
 }
 
 impl Default for SemanticConfig {
@@ -96,6 +105,8 @@ impl Default for SemanticConfig {
             merge_anchored: 0.60,
             merge_valued: 0.55,
             change_window_secs: 20 * 60,
+            exact_max: 4096,
+            ann_ef: 96,
         }
     }
 }
@@ -117,15 +128,19 @@ fn same_thing(c: &Cmp) -> bool {
 
 impl Deduper {
     /// Remembers the vector of the wording of fact `f` added last (call right after
-    /// [`Deduper::add_fact`] or a kept [`Deduper::add_variant`]).
+    /// [`Deduper::add_fact`] or a kept [`Deduper::add_variant`]). Returns its insertion
+    /// number (0, 1, 2... over the deduper's life): a deduper rebuilt from the facts log
+    /// must add the vectors in this order again, because a large scope's neighbour graph
+    /// depends on the order its vectors arrived in (`findings::restore` does).
     ///
     /// Panics if `v`'s dimension differs from the scope's earlier vectors (one model per
     /// synthesis).
-    pub fn add_vector(&mut self, f: FactIdx, v: &[f32]) {
+    pub fn add_vector(&mut self, f: FactIdx, v: &[f32]) -> u64 {
         let sid = self.facts[f].scope as usize;
         if self.vectors.len() <= sid {
             self.vectors.resize_with(sid + 1, Default::default);
         }
+        let exact_max = self.cfg.semantic.exact_max;
         let sv = &mut self.vectors[sid];
         if sv.facts.is_empty() {
             sv.dim = v.len();
@@ -133,6 +148,21 @@ impl Deduper {
         assert_eq!(sv.dim, v.len(), "one embedding dimension per synthesis");
         sv.facts.push(f as u32);
         sv.data.extend_from_slice(v);
+        let n = sv.facts.len();
+        let (data, dim) = (&sv.data, sv.dim);
+        match &mut sv.graph {
+            Some(g) => g.insert((n - 1) as u32, data, dim),
+            None if n > exact_max => {
+                // The scope outgrew brute force: link every vector so far, in the order
+                // they came (the same graph as linking each on arrival).
+                let mut g = ann::Graph::default();
+                for k in 0..n {
+                    g.insert(k as u32, data, dim);
+                }
+                sv.graph = Some(g);
+            }
+            None => {}
+        }
         if self.slots.len() <= f {
             self.slots.resize_with(f + 1, Vec::new);
         }
@@ -140,6 +170,8 @@ impl Deduper {
         if let Some(w) = self.facts[f].variants.get(k) {
             self.slots[f].push(Slots::of(&w.text));
         }
+        self.vectors_added += 1;
+        self.vectors_added - 1
     }
 
     /// The slots of every kept wording of fact `f` (computed here for a wording added
@@ -202,20 +234,34 @@ impl Deduper {
         else {
             return out;
         };
-        for (f, w) in sv.facts.iter().zip(sv.data.chunks_exact(sv.dim)) {
-            let cos = crate::embed::dot(v, w);
+        let mut keep = |f: u32, cos: f32| {
             if cos < cfg.floor {
-                continue;
+                return;
             }
-            match slot.get(f) {
+            match slot.get(&f) {
                 Some(&k) => {
                     if cos > best[k].1 {
-                        best[k] = (*f, cos);
+                        best[k] = (f, cos);
                     }
                 }
                 None => {
-                    slot.insert(*f, best.len());
-                    best.push((*f, cos));
+                    slot.insert(f, best.len());
+                    best.push((f, cos));
+                }
+            }
+        };
+        match &sv.graph {
+            // A large scope: its nearest wordings by the graph (approximate).
+            Some(g) => {
+                let ef = cfg.ann_ef.max(cfg.candidates);
+                for n in g.search(v, ef, &sv.data, sv.dim) {
+                    keep(sv.facts[n.node as usize], n.sim);
+                }
+            }
+            // Brute force: exact.
+            None => {
+                for (f, w) in sv.facts.iter().zip(sv.data.chunks_exact(sv.dim)) {
+                    keep(*f, crate::embed::dot(v, w));
                 }
             }
         }

@@ -411,3 +411,72 @@ fn bounded_growth_many_findings() {
     assert_eq!(d.len(), 2000);
     assert!((0..d.len()).all(|f| d.variants(f) <= cfg.variants_max));
 }
+
+/// A scope past `exact_max` is searched through its neighbour graph; the graph depends on
+/// the order vectors arrived in, so a deduper rebuilt from the facts log adds them by
+/// their insertion numbers (as `findings::restore` does), not fact by fact.
+#[test]
+fn past_exact_max_the_graph_is_rebuilt_in_insertion_order() {
+    let mut cfg = DedupConfig::default();
+    cfg.semantic.exact_max = 8;
+    let dim = 16;
+    let vector = |k: usize| -> Vec<f32> {
+        let mut s = k as u64 * 7919 + 1;
+        let mut v: Vec<f32> = (0..dim)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect();
+        crate::embed::l2_normalize(&mut v);
+        v
+    };
+    // 40 facts; every second wording arrives after all the first ones.
+    let mut arrival = Deduper::new(cfg.clone());
+    let mut added: Vec<(u64, FactIdx, usize)> = Vec::new();
+    for i in 0..40 {
+        let f = arrival.add_fact("evidence", &format!("first wording {i}"));
+        added.push((arrival.add_vector(f, &vector(2 * i)), f, 2 * i));
+    }
+    for i in 0..40 {
+        assert!(arrival.add_variant(i, &format!("second wording {i}")));
+        added.push((arrival.add_vector(i, &vector(2 * i + 1)), i, 2 * i + 1));
+    }
+    let rebuild = |order: &[(u64, FactIdx, usize)]| {
+        let mut d = Deduper::new(cfg.clone());
+        for i in 0..40 {
+            d.add_fact("evidence", &format!("first wording {i}"));
+            d.add_variant(i, &format!("second wording {i}"));
+        }
+        for &(_, f, k) in order {
+            d.add_vector(f, &vector(k));
+        }
+        d
+    };
+    let links = |d: &Deduper| {
+        d.vectors[0]
+            .graph
+            .as_ref()
+            .expect("a graph")
+            .links()
+            .to_vec()
+    };
+    let mut by_fact = added.clone();
+    by_fact.sort_by_key(|x| (x.1, x.2));
+    let mut by_number = by_fact.clone();
+    by_number.sort_by_key(|x| x.0);
+    let (same, other) = (rebuild(&by_number), rebuild(&by_fact));
+    assert_eq!(links(&same), links(&arrival));
+    assert_ne!(links(&other), links(&arrival));
+    // And the same answers.
+    let ts = crate::event::ts::Ts(0);
+    for k in [3, 17, 55] {
+        let q = vector(k);
+        assert_eq!(
+            same.classify_semantic("evidence", "a query", &q, ts, None),
+            arrival.classify_semantic("evidence", "a query", &q, ts, None)
+        );
+    }
+}
