@@ -156,7 +156,13 @@ fn fetch(a: FetchArgs, data_dir: &Path) -> anyhow::Result<ExitCode> {
 fn info(a: InfoArgs, data_dir: &Path) -> anyhow::Result<ExitCode> {
     let located = embed::locate(a.embed_model.as_deref(), data_dir);
     let t0 = Instant::now();
-    let loaded: Result<Option<Arc<dyn Embedder>>, _> = embed::load(&located);
+    // An empty call loads the weights (they load lazily): `info` says whether they do.
+    let loaded: Result<Option<Arc<dyn Embedder>>, _> = embed::load(&located).and_then(|m| {
+        if let Some(m) = &m {
+            m.embed(&[])?;
+        }
+        Ok(m)
+    });
     let load_ms = t0.elapsed().as_millis() as u64;
     let mut out = serde_json::json!({
         "path": located.path,

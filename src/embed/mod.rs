@@ -136,16 +136,18 @@ pub fn locate(explicit: Option<&Path>, data_dir: &Path) -> Located {
     }
 }
 
-/// Loads the model [`locate`] found: `None` when there is none (the caller falls back to
+/// Opens the model [`locate`] found: `None` when there is none (the caller falls back to
 /// lexical matching and says so, with [`Located::reason`]) or when the library was built
-/// without the `semantic` feature; an error when the files are there but do not load.
+/// without the `semantic` feature; an error when its files are there but do not open.
+/// The weights load on the first embedding call ([`model::Lazy`]): a run that finds
+/// every text in its vector cache never holds them.
 pub fn load(located: &Located) -> Result<Option<Arc<dyn Embedder>>> {
     if !located.found() {
         return Ok(None);
     }
     #[cfg(feature = "semantic")]
     {
-        let m = model::Model::load(&located.path)?;
+        let m = model::Lazy::open(&located.path)?;
         Ok(Some(Arc::new(m)))
     }
     #[cfg(not(feature = "semantic"))]

@@ -143,6 +143,99 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A model's id: its directory's name and the start of its weights' SHA-256.
+fn model_id(dir: &Path, hash: &str) -> String {
+    let name = dir
+        .canonicalize()
+        .unwrap_or_else(|_| dir.to_path_buf())
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    format!("{name}@sha256:{}", &hash[..16])
+}
+
+/// A model whose weights are loaded on the first call that embeds (an empty call
+/// included): its id and dimension are known at once (the weights are hashed as a
+/// stream, not held), so a run whose texts are all in the vector cache (a warm synth, a
+/// search of known facts, an idle server) never holds the ~90 MiB of weights. The
+/// small files (config, tokenizer, pooling) are checked at once; the weights, on first
+/// use: an error there is returned by that call and every later one.
+pub struct Lazy {
+    dir: PathBuf,
+    id: String,
+    dim: usize,
+    model: std::sync::OnceLock<std::result::Result<Model, String>>,
+}
+
+impl Lazy {
+    /// Opens the sentence-transformers directory `dir` without loading its weights.
+    pub fn open(dir: &Path) -> Result<Lazy> {
+        let config: Config = read_json(dir, "config.json")?;
+        read_pooling(dir)?;
+        Tokenizer::from_file(dir.join("tokenizer.json"))
+            .map_err(|e| model_err(dir, format!("tokenizer.json: {e}")))?;
+        let w_path = dir.join("model.safetensors");
+        let mut f = fs::File::open(&w_path).ctx("open model file", &w_path)?;
+        let len = f.metadata().ctx("stat model file", &w_path)?.len();
+        if len > WEIGHTS_BYTES_MAX {
+            return Err(model_err(
+                dir,
+                format!(
+                    "model.safetensors is {len} bytes, over the {WEIGHTS_BYTES_MAX}-byte limit"
+                ),
+            ));
+        }
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = std::io::Read::read(&mut f, &mut buf).ctx("read model file", &w_path)?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+        let hash: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        Ok(Lazy {
+            dir: dir.to_path_buf(),
+            id: model_id(dir, &hash),
+            dim: config.hidden_size,
+            model: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// The loaded model (loading it the first time).
+    fn model(&self) -> Result<&Model> {
+        let m = self.model.get_or_init(|| {
+            let m = Model::load(&self.dir).map_err(|e| e.to_string())?;
+            if m.id != self.id {
+                return Err(format!(
+                    "{}: the weights changed since the model was opened ({} then, {} now)",
+                    self.dir.display(),
+                    self.id,
+                    m.id
+                ));
+            }
+            Ok(m)
+        });
+        m.as_ref()
+            .map_err(|e| Error::invalid("embed model", e.clone()))
+    }
+}
+
+impl Embedder for Lazy {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn dim(&self) -> usize {
+        self.dim
+    }
+
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
+        self.model()?.embed(texts)
+    }
+}
+
 impl Model {
     /// Loads the sentence-transformers directory `dir` (see the module doc for the files).
     pub fn load(dir: &Path) -> Result<Model> {
@@ -184,19 +277,14 @@ impl Model {
         }
         let weights = fs::read(&w_path).ctx("read model file", &w_path)?;
         let hash = sha256_hex(&weights);
+        let id = model_id(dir, &hash);
         let device = Device::Cpu;
         let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
             .map_err(|e| model_err(dir, format!("model.safetensors: {e}")))?;
         let bert = BertModel::load(vb, &config)
             .map_err(|e| model_err(dir, format!("model.safetensors: {e}")))?;
-        let name = dir
-            .canonicalize()
-            .unwrap_or_else(|_| dir.to_path_buf())
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into());
         Ok(Model {
-            id: format!("{name}@sha256:{}", &hash[..16]),
+            id,
             dim: config.hidden_size,
             seq_tokens_max,
             pooling,
@@ -326,6 +414,19 @@ mod tests {
         "ok",
         "The weather is lovely today.",
     ];
+
+    /// The lazy model has the eager one's id and dimension before loading anything, and
+    /// gives the same bits once it loads.
+    #[test]
+    fn lazy_model_loads_on_first_use_with_the_same_id_and_bits() {
+        let Some(m) = model() else { return };
+        let dir = std::env::var_os("SWARM_EMBED_MODEL").unwrap();
+        let lazy = Lazy::open(Path::new(&dir)).unwrap();
+        assert_eq!((lazy.id(), lazy.dim()), (m.id(), m.dim()));
+        assert!(lazy.model.get().is_none(), "weights loaded before use");
+        assert_eq!(lazy.embed(&TEXTS).unwrap(), m.embed(&TEXTS).unwrap());
+        assert!(lazy.model.get().is_some());
+    }
 
     #[test]
     fn batch_does_not_change_bits() {
