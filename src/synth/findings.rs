@@ -47,7 +47,10 @@ pub(super) fn restore(
     cfg: &DedupConfig,
     embedder: Option<&dyn Embedder>,
 ) -> Result<Deduper> {
-    let mut d = Deduper::new(cfg.clone());
+    let mut d = match embedder {
+        Some(_) => Deduper::new_semantic(cfg.clone()),
+        None => Deduper::new(cfg.clone()),
+    };
     // (insertion number if known, fact, wording)
     let mut kept: Vec<(Option<u64>, FactIdx, &str)> = Vec::new();
     for f in &fold.facts {

@@ -190,6 +190,10 @@ pub struct Deduper {
     slots: Vec<Vec<slots::Slots>>,
     /// Semantic mode: vectors added so far (the next one's insertion number).
     vectors_added: u64,
+    /// Made by [`Deduper::new_semantic`]: wordings keep no lexical signature and no
+    /// postings (only [`Deduper::classify_semantic`] is asked, which compares typed
+    /// slots and vectors).
+    semantic: bool,
 }
 
 /// How two signatures compare.
@@ -483,7 +487,29 @@ impl Deduper {
             last_ts: Vec::new(),
             slots: Vec::new(),
             vectors_added: 0,
+            semantic: false,
         }
+    }
+
+    /// An empty deduper for semantic mode only: it keeps neither the lexical signature of
+    /// each wording nor the inverted index of them (memory and time that
+    /// [`Deduper::classify_semantic`] never uses), so [`Deduper::classify`] on it finds
+    /// exact repeats only.
+    pub fn new_semantic(cfg: DedupConfig) -> Deduper {
+        Deduper {
+            semantic: true,
+            ..Deduper::new(cfg)
+        }
+    }
+
+    /// A wording's lexical signature, indexed under fact `f` (lexical mode only).
+    fn lexical(&mut self, f: FactIdx, text: &str) -> Signature {
+        if self.semantic {
+            return Signature::default();
+        }
+        let sig = text::signature(text);
+        self.index_variant(f, &sig);
+        sig
     }
 
     /// The configuration.
@@ -654,8 +680,7 @@ impl Deduper {
             variants: Vec::new(),
         });
         self.last_ts.push(None);
-        let sig = text::signature(text);
-        self.index_variant(f, &sig);
+        let sig = self.lexical(f, text);
         self.facts[f].variants.push(Variant {
             text: text.to_string(),
             sig,
@@ -673,8 +698,7 @@ impl Deduper {
             return false;
         }
         self.exact.insert(key, f);
-        let sig = text::signature(text);
-        self.index_variant(f, &sig);
+        let sig = self.lexical(f, text);
         self.facts[f].variants.push(Variant {
             text: text.to_string(),
             sig,
