@@ -29,6 +29,14 @@
 //! processes may share one cache file. New vectors are durable after [`Cached::flush`]
 //! (write + `fdatasync`); dropping a `Cached` flushes too, best effort.
 //!
+//! **Memory:** only the index (key -> record number, about 50 bytes a vector) is held;
+//! a vector found in the file is read from it when asked for (`pread`, one record, its
+//! key and CRC checked again: a record another process cut or that was damaged since is
+//! computed again). Vectors computed by this process stay in memory until
+//! [`Cached::flush`] writes them, which an embedding call does itself once
+//! [`PENDING_VECTORS_MAX`] are waiting. So a long-lived process (`swarm serve`) or a synth over
+//! a large cache does not hold the cache's vectors (up to the 2 GiB cap) in memory.
+//!
 //! **Limit:** the file never grows past [`Cached::with_limit`] bytes (default
 //! [`CACHE_BYTES_MAX_DEFAULT`], 2 GiB). Past it, new vectors are still computed and kept
 //! for this process, but no longer written, and one warning says so: a full cache slows
@@ -50,6 +58,10 @@ pub const EMBED_BATCH_TEXTS: usize = 64;
 
 /// Default cap on one cache file.
 pub const CACHE_BYTES_MAX_DEFAULT: u64 = 2 << 30;
+
+/// Computed vectors held before an embedding call writes them out itself (one flush,
+/// one `fdatasync`): bounds the memory of a long cold run (6 MiB at 384 dimensions).
+pub const PENDING_VECTORS_MAX: usize = 4096;
 
 const MAGIC: &[u8; 8] = b"SWVECS01";
 const KEY_BYTES: usize = 32;
@@ -73,10 +85,23 @@ pub struct CacheStats {
     pub written: u64,
 }
 
+/// Where a cached vector is.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Loc {
+    /// Record `n` of the file (0: the first after the header), read when asked for.
+    File(u64),
+    /// `Inner::mem[n * dim..]`: computed by this process, not (yet) in the file.
+    Mem(usize),
+}
+
 struct Inner {
-    /// Key -> index of the vector in `data` (`dim` values each).
-    index: HashMap<Key, usize>,
-    data: Vec<f32>,
+    /// Key -> where its vector is. Only the index stays in memory (about 50 bytes a
+    /// vector): the vectors of the file are read from it when asked for, so a process's
+    /// memory does not grow with the cache file (up to 2 GiB).
+    index: HashMap<Key, Loc>,
+    /// The vectors computed since the last flush (or since the file filled up), end to
+    /// end.
+    mem: Vec<f32>,
     /// Keys computed since the last flush, in order.
     pending: Vec<Key>,
     /// Set once the size cap was reached: nothing more is written.
@@ -96,6 +121,8 @@ pub struct Cached {
     embedded: AtomicU64,
     loaded: u64,
     written: AtomicU64,
+    /// A record read back from the file failed its check (said once).
+    warned: std::sync::atomic::AtomicBool,
 }
 
 /// The folder under the data dir that holds the vector caches (a dot name: no user id
@@ -183,7 +210,7 @@ impl Cached {
         let head = header(&id, dim);
         let loaded = Self::read_all(&mut file, &path, &head, dim);
         let unlocked = file.unlock().ctx("unlock vector cache", &path);
-        let (index, data) = loaded?;
+        let index = loaded?;
         unlocked?;
         let loaded = index.len() as u64;
         Ok(Cached {
@@ -194,7 +221,7 @@ impl Cached {
             bytes_max: CACHE_BYTES_MAX_DEFAULT,
             state: Mutex::new(Inner {
                 index,
-                data,
+                mem: Vec::new(),
                 pending: Vec::new(),
                 full: false,
             }),
@@ -203,6 +230,7 @@ impl Cached {
             embedded: AtomicU64::new(0),
             loaded,
             written: AtomicU64::new(0),
+            warned: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -228,21 +256,21 @@ impl Cached {
         }
     }
 
-    /// Reads the header and every whole record (the file is locked); rewrites the header
-    /// of an empty or mismatched file and cuts what follows the last good record.
+    /// Reads the header and checks every whole record (the file is locked), keeping the
+    /// index of their keys; rewrites the header of an empty or mismatched file and cuts
+    /// what follows the last good record.
     fn read_all(
         file: &mut File,
         path: &Path,
         head: &[u8],
         dim: usize,
-    ) -> Result<(HashMap<Key, usize>, Vec<f32>)> {
+    ) -> Result<HashMap<Key, Loc>> {
         let len = file.metadata().ctx("stat vector cache", path)?.len();
         let mut found = vec![0u8; head.len()];
         let mut r = BufReader::with_capacity(1 << 20, &mut *file);
         let header_ok =
             len >= head.len() as u64 && r.read_exact(&mut found).is_ok() && found == head;
         let mut index = HashMap::new();
-        let mut data = Vec::new();
         if !header_ok {
             drop(r);
             if len > 0 {
@@ -256,7 +284,7 @@ impl Cached {
                 .ctx("seek vector cache", path)?;
             file.write_all(head).ctx("write vector cache", path)?;
             file.sync_data().ctx("sync vector cache", path)?;
-            return Ok((index, data));
+            return Ok(index);
         }
         let rec = KEY_BYTES + 4 * dim + 4;
         let body = len - head.len() as u64;
@@ -271,13 +299,7 @@ impl Cached {
             }
             let mut k = [0u8; KEY_BYTES];
             k.copy_from_slice(&buf[..KEY_BYTES]);
-            let at = data.len() / dim;
-            data.extend(
-                buf[KEY_BYTES..rec - 4]
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-            );
-            index.insert(k, at);
+            index.insert(k, Loc::File(good));
             good += 1;
         }
         drop(r);
@@ -295,7 +317,36 @@ impl Cached {
             }
             file.set_len(keep).ctx("truncate vector cache", path)?;
         }
-        Ok((index, data))
+        Ok(index)
+    }
+
+    /// The vector of record `n` of the file, if it is still there, whole, and `key`'s;
+    /// `None` (said once) when another process cut the file or it was damaged since it
+    /// was opened: the vector is then computed again.
+    fn read_record(&self, n: u64, key: &Key, dim: usize) -> Option<Vec<f32>> {
+        use std::os::unix::fs::FileExt;
+        let rec = KEY_BYTES + 4 * dim + 4;
+        let mut buf = vec![0u8; rec];
+        let at = self.header_bytes + n * rec as u64;
+        let ok = self.file.read_exact_at(&mut buf, at).is_ok()
+            && buf[..KEY_BYTES] == key[..]
+            && crc32fast::hash(&buf[..rec - 4]).to_le_bytes() == buf[rec - 4..];
+        if !ok {
+            if !self.warned.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    path = %self.path.display(),
+                    offset = at,
+                    "a vector cache record changed since the file was opened: computed again"
+                );
+            }
+            return None;
+        }
+        Some(
+            buf[KEY_BYTES..rec - 4]
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        )
     }
 
     fn state(&self) -> MutexGuard<'_, Inner> {
@@ -315,21 +366,23 @@ impl Cached {
         let dim = self.inner_model.dim();
         let rec = (KEY_BYTES + 4 * dim + 4) as u64;
         let mut bytes = Vec::with_capacity(st.pending.len() * rec as usize);
+        let mut keys: Vec<Key> = Vec::with_capacity(st.pending.len());
         for k in &st.pending {
-            if let Some(&at) = st.index.get(k) {
-                bytes.extend_from_slice(&record(k, &st.data[at * dim..(at + 1) * dim]));
+            if let Some(&Loc::Mem(at)) = st.index.get(k) {
+                bytes.extend_from_slice(&record(k, &st.mem[at * dim..(at + 1) * dim]));
+                keys.push(*k);
             }
         }
         let n = bytes.len() as u64 / rec;
         let path = &self.path;
         let mut file = &self.file;
         file.lock().ctx("lock vector cache", path)?;
-        let res = (|| -> Result<bool> {
+        let res = (|| -> Result<Option<u64>> {
             let len = file.metadata().ctx("stat vector cache", path)?.len();
             // Cut a torn tail another process left (no writer is active: we hold the lock).
             let whole = self.header_bytes + (len.saturating_sub(self.header_bytes) / rec) * rec;
             if whole + bytes.len() as u64 > self.bytes_max {
-                return Ok(false);
+                return Ok(None);
             }
             if whole != len {
                 file.set_len(whole).ctx("truncate vector cache", path)?;
@@ -338,13 +391,22 @@ impl Cached {
                 .ctx("seek vector cache", path)?;
             file.write_all(&bytes).ctx("write vector cache", path)?;
             file.sync_data().ctx("sync vector cache", path)?;
-            Ok(true)
+            Ok(Some((whole - self.header_bytes) / rec))
         })();
         let unlocked = file.unlock().ctx("unlock vector cache", path);
         let wrote = res?;
         unlocked?;
         st.pending.clear();
-        if !wrote {
+        if let Some(first) = wrote {
+            // Written and synced: from now on read from the file, and out of memory (every
+            // vector in memory was pending: nothing is kept in memory alone until the file
+            // is full).
+            for (j, k) in keys.iter().enumerate() {
+                st.index.insert(*k, Loc::File(first + j as u64));
+            }
+            st.mem = Vec::new();
+        }
+        if wrote.is_none() {
             st.full = true;
             tracing::warn!(
                 path = %path.display(),
@@ -367,27 +429,43 @@ impl Embedder for Cached {
         self.inner_model.dim()
     }
 
-    /// Vectors from the cache; the rest from the wrapped model in batches of
-    /// [`EMBED_BATCH_TEXTS`] (each distinct text once), then kept.
+    /// Vectors from the cache (memory, or read from the file); the rest from the
+    /// wrapped model in batches of [`EMBED_BATCH_TEXTS`] (each distinct text once), then
+    /// kept.
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
         let dim = self.dim();
         let keys: Vec<Key> = texts.iter().map(|t| key(t)).collect();
-        let mut todo: Vec<(Key, &str)> = Vec::new();
+        let mut out: Vec<Option<Vec<f32>>> = vec![None; keys.len()];
+        // In-memory vectors are copied under the lock (a flush moves them to the file);
+        // file records are read after it.
+        let mut in_file: Vec<(usize, u64)> = Vec::new();
         {
             let st = self.state();
-            let mut seen = std::collections::HashSet::new();
-            for (k, t) in keys.iter().zip(texts) {
-                if st.index.contains_key(k) {
-                    self.hits.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    self.misses.fetch_add(1, Ordering::Relaxed);
-                    if seen.insert(*k) {
-                        todo.push((*k, *t));
-                    }
+            for (i, k) in keys.iter().enumerate() {
+                match st.index.get(k) {
+                    Some(Loc::Mem(at)) => out[i] = Some(st.mem[at * dim..(at + 1) * dim].to_vec()),
+                    Some(Loc::File(n)) => in_file.push((i, *n)),
+                    None => {}
+                }
+            }
+        }
+        for (i, n) in in_file {
+            out[i] = self.read_record(n, &keys[i], dim);
+        }
+        let mut todo: Vec<(Key, &str)> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for ((k, t), v) in keys.iter().zip(texts).zip(&out) {
+            if v.is_some() {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                if seen.insert(*k) {
+                    todo.push((*k, *t));
                 }
             }
         }
         // The model runs without the lock, so other threads' hits are not held up.
+        let mut fresh: HashMap<Key, Vec<f32>> = HashMap::with_capacity(todo.len());
         for chunk in todo.chunks(EMBED_BATCH_TEXTS) {
             let batch: Vec<&str> = chunk.iter().map(|(_, t)| *t).collect();
             let vs = self.inner_model.embed(&batch)?;
@@ -401,21 +479,30 @@ impl Embedder for Cached {
                 .fetch_add(batch.len() as u64, Ordering::Relaxed);
             let mut st = self.state();
             for ((k, _), v) in chunk.iter().zip(vs) {
-                if !st.index.contains_key(k) {
-                    let at = st.data.len() / dim;
-                    st.data.extend_from_slice(&v);
-                    st.index.insert(*k, at);
+                if !matches!(st.index.get(k), Some(Loc::Mem(_))) {
+                    let at = st.mem.len() / dim;
+                    st.mem.extend_from_slice(&v);
+                    st.index.insert(*k, Loc::Mem(at));
                     st.pending.push(*k);
                 }
+                fresh.insert(*k, v);
             }
         }
-        let st = self.state();
+        if self.state().pending.len() >= PENDING_VECTORS_MAX {
+            // A cache: a failed write costs time later, never this call's answer (the
+            // vectors stay pending and the next flush tries again).
+            if let Err(e) = self.flush() {
+                tracing::warn!(path = %self.path.display(), "vector cache not flushed: {e}");
+            }
+        }
         keys.iter()
-            .map(|k| {
-                st.index
+            .zip(out)
+            .map(|(k, v)| match v {
+                Some(v) => Ok(v),
+                None => fresh
                     .get(k)
-                    .map(|&at| st.data[at * dim..(at + 1) * dim].to_vec())
-                    .ok_or_else(|| Error::invalid("embed model", "vector missing after embedding"))
+                    .cloned()
+                    .ok_or_else(|| Error::invalid("embed model", "vector missing after embedding")),
             })
             .collect()
     }
@@ -502,6 +589,58 @@ mod tests {
         let c2 = Cached::open(counting("m@2", 3), dir.path()).unwrap();
         c2.embed(&["text 1", "text 1", "text 2"]).unwrap();
         assert_eq!(c2.stats().embedded, 2);
+    }
+
+    /// Vectors in the file are read from it when asked for, not held: a flush leaves
+    /// nothing in memory, and a record damaged after the cache opened is computed again
+    /// (right), the others still read.
+    #[test]
+    fn file_vectors_are_read_when_asked_and_a_changed_record_is_computed_again() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let model = counting("m@1", 10);
+        let owned = texts(10);
+        let all: Vec<&str> = owned.iter().map(String::as_str).collect();
+        let c = Cached::open(model.clone(), dir.path()).unwrap();
+        let first = c.embed(&all).unwrap();
+        assert_eq!(c.state().mem.len(), 30);
+        assert_eq!(c.flush().unwrap(), 10);
+        assert!(
+            c.state().mem.is_empty(),
+            "flushed vectors are read from the file"
+        );
+        assert_eq!(c.embed(&all).unwrap(), first);
+        assert_eq!(model.texts.load(Ordering::Relaxed), 10);
+        // Damage the floats of record 4 ("text 4") behind the cache's back.
+        let rec = (KEY_BYTES + 4 * 3 + 4) as u64;
+        let f = OpenOptions::new().write(true).open(c.path()).unwrap();
+        f.write_all_at(&[0xff; 4], c.header_bytes + 4 * rec + 40)
+            .unwrap();
+        assert_eq!(c.embed(&all).unwrap(), first);
+        assert_eq!(
+            model.texts.load(Ordering::Relaxed),
+            11,
+            "only the damaged record is computed again"
+        );
+    }
+
+    /// A long cold run does not pile vectors up in memory: a call that leaves
+    /// `PENDING_VECTORS_MAX` of them waiting writes them out itself.
+    #[test]
+    fn many_new_vectors_are_written_out_by_the_call_that_computed_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = PENDING_VECTORS_MAX + 10;
+        let model = counting("m@1", n);
+        let owned = texts(n);
+        let all: Vec<&str> = owned.iter().map(String::as_str).collect();
+        let c = Cached::open(model.clone(), dir.path()).unwrap();
+        assert_eq!(c.embed(&all[..10]).unwrap().len(), 10);
+        assert_eq!(c.stats().written, 0);
+        let v = c.embed(&all).unwrap();
+        assert_eq!(v, model.table.embed(&all).unwrap());
+        assert_eq!(c.stats().written, n as u64);
+        assert!(c.state().mem.is_empty());
+        assert_eq!(c.embed(&all).unwrap(), v);
     }
 
     #[test]
