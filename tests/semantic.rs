@@ -71,6 +71,16 @@ fn records(s: &Store) -> Vec<Value> {
         .collect()
 }
 
+/// Every fact, superseded ones included.
+fn all_facts(s: &Store) -> Vec<swarm_memory::synth::FactView> {
+    s.facts(&FactsQuery {
+        include_superseded: true,
+        ..FactsQuery::default()
+    })
+    .expect("facts")
+    .facts
+}
+
 fn ops<'a>(recs: &'a [Value], op: &str) -> Vec<&'a Value> {
     recs.iter().filter(|r| r["op"] == op).collect()
 }
@@ -197,13 +207,7 @@ fn a_later_reading_supersedes_and_a_simultaneous_one_contradicts() {
         contra.iter().any(|c| c["a"] == "F2" && c["b"] == "F3"),
         "two readings a minute apart contradict: {contra:?}"
     );
-    let all = s
-        .facts(&FactsQuery {
-            include_superseded: true,
-            ..FactsQuery::default()
-        })
-        .expect("facts")
-        .facts;
+    let all = all_facts(&s);
     let f1 = all.iter().find(|f| f.id == "F1").expect("F1");
     assert_eq!(f1.status, "superseded");
     let sup = f1.superseded.as_ref().expect("superseded");
@@ -420,13 +424,7 @@ fn incremental_semantic_synth_agrees_with_one_synth() {
                 }
             }
         }
-        let facts = s
-            .facts(&FactsQuery {
-                include_superseded: true,
-                ..FactsQuery::default()
-            })
-            .expect("facts")
-            .facts
+        let facts = all_facts(s)
             .into_iter()
             .map(|f| (f.id, f.evidence, f.status, f.superseded.map(|x| x.by)))
             .collect::<Vec<_>>();
@@ -496,24 +494,11 @@ fn incremental_synth_past_the_exact_limit_agrees_with_one_synth() {
         );
     };
     let shape = |s: &Store| {
-        let mut recs = records(s);
-        for r in &mut recs {
-            if let Some(o) = r.as_object_mut() {
-                o.remove("evidence");
-                o.remove("at");
-            }
-        }
-        let facts = s
-            .facts(&FactsQuery {
-                include_superseded: true,
-                ..FactsQuery::default()
-            })
-            .expect("facts")
-            .facts
+        let facts = all_facts(s)
             .into_iter()
             .map(|f| (f.id, f.evidence, f.text, f.wordings))
             .collect::<Vec<_>>();
-        (recs, facts)
+        (records(s), facts)
     };
     let one = Env::new();
     let s1 = store(&one);
