@@ -139,8 +139,22 @@ fn read_pooling(dir: &Path) -> Result<Pooling> {
 
 /// The hex SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    let d = Sha256::digest(bytes);
-    d.iter().map(|b| format!("{b:02x}")).collect()
+    hex(&Sha256::digest(bytes))
+}
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Refuses a weights file over [`WEIGHTS_BYTES_MAX`].
+fn check_weights_len(dir: &Path, len: u64) -> Result<()> {
+    if len > WEIGHTS_BYTES_MAX {
+        return Err(model_err(
+            dir,
+            format!("model.safetensors is {len} bytes, over the {WEIGHTS_BYTES_MAX}-byte limit"),
+        ));
+    }
+    Ok(())
 }
 
 /// A model's id: its directory's name and the start of its weights' SHA-256.
@@ -176,25 +190,10 @@ impl Lazy {
             .map_err(|e| model_err(dir, format!("tokenizer.json: {e}")))?;
         let w_path = dir.join("model.safetensors");
         let mut f = fs::File::open(&w_path).ctx("open model file", &w_path)?;
-        let len = f.metadata().ctx("stat model file", &w_path)?.len();
-        if len > WEIGHTS_BYTES_MAX {
-            return Err(model_err(
-                dir,
-                format!(
-                    "model.safetensors is {len} bytes, over the {WEIGHTS_BYTES_MAX}-byte limit"
-                ),
-            ));
-        }
+        check_weights_len(dir, f.metadata().ctx("stat model file", &w_path)?.len())?;
         let mut h = Sha256::new();
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = std::io::Read::read(&mut f, &mut buf).ctx("read model file", &w_path)?;
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-        }
-        let hash: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        std::io::copy(&mut f, &mut h).ctx("read model file", &w_path)?;
+        let hash = hex(&h.finalize());
         Ok(Lazy {
             dir: dir.to_path_buf(),
             id: model_id(dir, &hash),
@@ -266,15 +265,10 @@ impl Model {
             .unwrap_or(config.pad_token_id as u32);
 
         let w_path = dir.join("model.safetensors");
-        let len = fs::metadata(&w_path).ctx("stat model file", &w_path)?.len();
-        if len > WEIGHTS_BYTES_MAX {
-            return Err(model_err(
-                dir,
-                format!(
-                    "model.safetensors is {len} bytes, over the {WEIGHTS_BYTES_MAX}-byte limit"
-                ),
-            ));
-        }
+        check_weights_len(
+            dir,
+            fs::metadata(&w_path).ctx("stat model file", &w_path)?.len(),
+        )?;
         let weights = fs::read(&w_path).ctx("read model file", &w_path)?;
         let hash = sha256_hex(&weights);
         let id = model_id(dir, &hash);

@@ -60,10 +60,12 @@ pub(super) fn restore(
             f.scope()
         };
         let i = d.add_fact(scope, &f.text);
-        kept.push((f.ords.first().copied(), i, &f.text));
+        // One number per wording, or none at all (a fact from before they were recorded).
+        let ord = |j: usize| (f.ords.len() == 1 + f.variants.len()).then(|| f.ords[j]);
+        kept.push((ord(0), i, &f.text));
         for (j, v) in f.variants.iter().enumerate() {
             if d.add_variant(i, v) {
-                kept.push((f.ords.get(j + 1).copied(), i, v));
+                kept.push((ord(j + 1), i, v));
             }
         }
         if let Some(t) = f.last_observed.or(f.last_seen) {
