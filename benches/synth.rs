@@ -33,6 +33,12 @@
 //! `SYNTH_BENCH_ONLY=semantic` runs this cell alone; `SYNTH_BENCH_KEEP=1` keeps its two
 //! data dirs and prints where.
 
+/// The allocator of the `swarm` binary (bins/swarm.rs), so the cells measure what a user
+/// runs (glibc's malloc returned the model's per-batch buffers to the kernel and faulted
+/// them back in: a fifth of the embedding cell's time).
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use std::process::Command;
 use std::time::Instant;
 

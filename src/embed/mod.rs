@@ -18,6 +18,8 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 
+#[cfg(feature = "semantic")]
+pub(crate) mod bert;
 pub mod cache;
 #[cfg(feature = "semantic")]
 pub mod install;

@@ -1,41 +1,44 @@
 //! The local sentence-embedding model (feature `semantic`): a sentence-transformers
-//! directory (all-MiniLM-L6-v2 and any other BERT model saved the same way) run with
-//! candle's BERT on the CPU.
+//! directory (all-MiniLM-L6-v2 and any other BERT model saved the same way) run on the
+//! CPU by the encoder in `bert.rs` (candle's matrix product, this crate's loops).
 //!
 //! What it reads from the directory, as sentence-transformers does:
 //! - `config.json` (the BERT shape), `tokenizer.json` (the Hugging Face tokenizer),
-//!   `model.safetensors` (the weights);
+//!   `model.safetensors` (the weights, f32, f16 or bf16);
 //! - `sentence_bert_config.json`: `max_seq_length`, the number of tokens kept (longer
 //!   texts are truncated, like sentence-transformers does; 256 for MiniLM);
 //! - `1_Pooling/config.json` (found through `modules.json` when present): mean pooling
-//!   over the attention mask or the CLS token. Other poolings are refused.
+//!   over the tokens or the CLS token. Other poolings are refused.
 //!
 //! The vectors are L2-normalised whatever `modules.json` says (the [`Embedder`] contract).
 //!
 //! **Invariant:** a text's vector does not depend on the texts it is embedded with: its
 //! bits are the same alone or in any call, on one core or two. Padding would break that
-//! (measured: a 15-token text padded to 32 tokens changes 369 of its 384 values in the
-//! last bits, cosine 0.99999994), while the number of rows in a batch does not. So texts
-//! are batched only with texts of exactly their token count (sorted by length, up to
-//! [`BATCH_TEXTS_MAX`] per batch) and are never padded: no compute is spent on padding
-//! either. Tests: `batch_does_not_change_bits` here, `one_or_two_threads_give_the_same_bits`
-//! in tests/embed.rs.
+//! (measured with candle's BERT: a 15-token text padded to 32 tokens changed 369 of its
+//! 384 values in the last bits), so nothing is padded: a batch stacks its texts' rows
+//! for the products and runs attention on each text's own rows (`bert.rs`). Texts are
+//! sorted by length and cut into batches of up to [`BATCH_TEXTS_MAX`], run on every core
+//! at once. Tests: `batch_does_not_change_bits` and `threads_do_not_change_bits` here,
+//! `one_or_two_threads_give_the_same_bits` in tests/embed.rs.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config};
+use rayon::prelude::*;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
+use crate::embed::bert::{Bert, Config};
 use crate::embed::{l2_normalize, Embedder};
 use crate::error::{Error, IoContext, Result};
 
-/// Texts sent to the network at once (all of one token count: one matrix per batch).
+/// Texts sent to the network at once (of any lengths: their rows are stacked).
 pub const BATCH_TEXTS_MAX: usize = 32;
+
+/// The version of the arithmetic (`bert.rs`), part of the model id: vectors computed by
+/// another version differ in their last bits, so a vector cache made by it is not reused.
+const FORWARD_VERSION: u32 = 2;
 
 /// `max_seq_length` when `sentence_bert_config.json` is missing (BERT's position limit
 /// caps it too).
@@ -61,10 +64,8 @@ pub struct Model {
     dim: usize,
     seq_tokens_max: usize,
     pooling: Pooling,
-    pad_id: u32,
     tokenizer: Tokenizer,
-    bert: BertModel,
-    device: Device,
+    bert: Bert,
 }
 
 #[derive(Deserialize)]
@@ -165,7 +166,7 @@ fn model_id(dir: &Path, hash: &str) -> String {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    format!("{name}@sha256:{}", &hash[..16])
+    format!("{name}@sha256:{}.f{FORWARD_VERSION}", &hash[..16])
 }
 
 /// A model whose weights are loaded on the first call that embeds (an empty call
@@ -260,9 +261,6 @@ impl Model {
                 stride: 0,
             }))
             .map_err(|e| model_err(dir, format!("tokenizer truncation: {e}")))?;
-        let pad_id = tokenizer
-            .token_to_id("[PAD]")
-            .unwrap_or(config.pad_token_id as u32);
 
         let w_path = dir.join("model.safetensors");
         check_weights_len(
@@ -272,20 +270,15 @@ impl Model {
         let weights = fs::read(&w_path).ctx("read model file", &w_path)?;
         let hash = sha256_hex(&weights);
         let id = model_id(dir, &hash);
-        let device = Device::Cpu;
-        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
-            .map_err(|e| model_err(dir, format!("model.safetensors: {e}")))?;
-        let bert = BertModel::load(vb, &config)
-            .map_err(|e| model_err(dir, format!("model.safetensors: {e}")))?;
+        let bert = Bert::load(&config, &weights).map_err(|e| model_err(dir, e))?;
+        drop(weights);
         Ok(Model {
             id,
-            dim: config.hidden_size,
+            dim: bert.hidden(),
             seq_tokens_max,
             pooling,
-            pad_id,
             tokenizer,
             bert,
-            device,
         })
     }
 
@@ -308,40 +301,31 @@ impl Model {
         Ok(enc.get_ids().to_vec())
     }
 
-    /// Runs one batch through the network: one unit vector per id list, in order. Lists
-    /// of other lengths are padded (with the attention mask); [`Embedder::embed`] sends
-    /// lists of one length only.
+    /// Runs one batch through the network: one unit vector per id list, in order.
     fn embed_ids(&self, ids: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
-        let rows = ids.len();
-        let cols = ids.iter().map(Vec::len).max().unwrap_or(0).max(1);
-        let mut flat = Vec::with_capacity(rows * cols);
-        let mut mask = Vec::with_capacity(rows * cols);
+        let h = self.bert.hidden();
+        let out = self.bert.forward(ids)?;
+        let mut start = 0;
+        let mut vectors = Vec::with_capacity(ids.len());
         for row in ids {
-            flat.extend_from_slice(row);
-            flat.extend(std::iter::repeat_n(self.pad_id, cols - row.len()));
-            mask.extend(std::iter::repeat_n(1u32, row.len()));
-            mask.extend(std::iter::repeat_n(0u32, cols - row.len()));
-        }
-        let run = || -> candle_core::Result<Vec<Vec<f32>>> {
-            let input = Tensor::from_vec(flat, (rows, cols), &self.device)?;
-            let mask = Tensor::from_vec(mask, (rows, cols), &self.device)?;
-            let types = input.zeros_like()?;
-            let out = self.bert.forward(&input, &types, Some(&mask))?; // (rows, cols, dim)
-            let pooled = match self.pooling {
-                Pooling::Cls => out.narrow(1, 0, 1)?.squeeze(1)?,
+            let n = row.len();
+            let tokens = &out[start * h..(start + n) * h];
+            let mut v = match self.pooling {
+                Pooling::Cls => tokens[..h].to_vec(),
                 Pooling::Mean => {
-                    let m = mask.to_dtype(DType::F32)?.unsqueeze(2)?; // (rows, cols, 1)
-                    let sum = out.broadcast_mul(&m)?.sum(1)?; // (rows, dim)
-                    let count = m.sum(1)?.clamp(1e-9f32, f32::MAX)?; // (rows, 1)
-                    sum.broadcast_div(&count)?
+                    let mut sum = vec![0f32; h];
+                    for t in tokens.chunks_exact(h) {
+                        for (s, x) in sum.iter_mut().zip(t) {
+                            *s += x;
+                        }
+                    }
+                    sum.iter_mut().for_each(|s| *s /= n as f32);
+                    sum
                 }
             };
-            pooled.to_vec2::<f32>()
-        };
-        let mut vectors =
-            run().map_err(|e| Error::invalid("embed model", format!("inference: {e}")))?;
-        for v in &mut vectors {
-            l2_normalize(v);
+            l2_normalize(&mut v);
+            vectors.push(v);
+            start += n;
         }
         Ok(vectors)
     }
@@ -356,9 +340,9 @@ impl Embedder for Model {
         self.dim
     }
 
-    /// Tokenises every text, groups the texts by token count and runs each group in
-    /// batches of up to [`BATCH_TEXTS_MAX`] (no padding: see the module doc); the vectors
-    /// come back in the callers' order.
+    /// Tokenises every text, sorts them by token count (so a batch's texts cost about
+    /// the same) and runs batches of up to [`BATCH_TEXTS_MAX`] on every core at once;
+    /// the vectors come back in the callers' order.
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
         let ids = texts
             .iter()
@@ -366,13 +350,20 @@ impl Embedder for Model {
             .collect::<Result<Vec<_>>>()?;
         let mut order: Vec<usize> = (0..ids.len()).collect();
         order.sort_by_key(|&i| (ids[i].len(), i));
-        let mut out = vec![Vec::new(); ids.len()];
-        for group in order.chunk_by(|&a, &b| ids[a].len() == ids[b].len()) {
-            for chunk in group.chunks(BATCH_TEXTS_MAX) {
+        let chunks: Vec<&[usize]> = order.chunks(BATCH_TEXTS_MAX).collect();
+        // A text's vector does not depend on its batch (module doc), so the split and
+        // the threads do not change the bits.
+        let done = chunks
+            .par_iter()
+            .map(|chunk| {
                 let batch: Vec<Vec<u32>> = chunk.iter().map(|&i| ids[i].clone()).collect();
-                for (&i, v) in chunk.iter().zip(self.embed_ids(&batch)?) {
-                    out[i] = v;
-                }
+                self.embed_ids(&batch)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut out = vec![Vec::new(); ids.len()];
+        for (chunk, vectors) in chunks.iter().zip(done) {
+            for (&i, v) in chunk.iter().zip(vectors) {
+                out[i] = v;
             }
         }
         Ok(out)
@@ -426,11 +417,29 @@ mod tests {
     fn batch_does_not_change_bits() {
         let Some(m) = model() else { return };
         let together = m.embed(&TEXTS).unwrap();
-        // Texts of one token count share a batch, others do not: both cases are here.
+        // Texts of one token count and of others share a batch (stacked rows).
         assert_eq!(
             m.tokens(TEXTS[0]).unwrap().len(),
             m.tokens(TEXTS[1]).unwrap().len()
         );
+        // Many texts (several batches, hundreds of stacked rows): each text's vector is
+        // the one it has alone.
+        let many: Vec<String> = (0..70)
+            .map(|i| format!("{} (note {i})", TEXTS[i % TEXTS.len()]))
+            .collect();
+        let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+        let all = m.embed(&refs).unwrap();
+        for i in [0, 5, 33, 69] {
+            let alone = m.embed(&refs[i..=i]).unwrap();
+            assert!(
+                alone[0]
+                    .iter()
+                    .zip(&all[i])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "vector of {:?} differs alone and among 70",
+                refs[i]
+            );
+        }
         for (i, t) in TEXTS.iter().enumerate() {
             let alone = m.embed(&[t]).unwrap();
             assert_eq!(alone[0].len(), m.dim());
