@@ -11,11 +11,14 @@
 //! lengths with no padding: the products work on the rows of every text stacked
 //! together, and attention runs on each text's own rows.
 //!
-//! **Invariant:** a text's vector depends only on the text. The products compute each
-//! output row from its own input row with an order of operations fixed by the sizes of
-//! the weights (gemm splits the work across rows and columns, never along the summed
-//! dimension), and every other step reads one row or one text. So the bits are the same
-//! whatever the batch, alone or with others, on one core or two (tests:
+//! **Invariant:** a text's vector depends only on the text (on a given CPU). The products
+//! compute each output row from its own input row, summing in blocks fixed by the
+//! summed dimension, the CPU's cache sizes and its kernel (AVX-512 or AVX2), never by
+//! the number of rows (its threads split rows and columns). Two gemm paths would break
+//! that, and are kept out: a one-row product (run as two rows, see [`product`]) and
+//! products of at most 64 columns (hidden sizes under 65 are refused). Every other step
+//! reads one row or one text. So the bits are the same whatever the batch, alone or
+//! with others, on one core or two (tests:
 //! `batch_does_not_change_bits` and `threads_do_not_change_bits` in `model.rs`,
 //! `one_or_two_threads_give_the_same_bits` in tests/embed.rs).
 //!
@@ -24,7 +27,8 @@
 //! softmax, no mask: nothing is padded), output projection + residual + layer norm,
 //! intermediate projection + activation, output projection + residual + layer norm.
 //! The exact GELU uses the same `erf` approximation as PyTorch's vectorised CPU kernel
-//! (Abramowitz and Stegun 7.1.26, absolute error under 1.5e-7).
+//! (Abramowitz and Stegun 7.1.26: absolute error 1.5e-7 in exact arithmetic, about
+//! 5e-7 evaluated in f32).
 
 use candle_core::safetensors::Load;
 use candle_core::{DType, Device, Tensor};
@@ -65,6 +69,9 @@ fn default_eps() -> f64 {
 
 /// Limits that keep a wrong `config.json` from asking for absurd buffers.
 const HIDDEN_MAX: usize = 8192;
+/// Hidden sizes up to this are refused: gemm multiplies matrices of at most 64 columns
+/// by another path, whose sums would depend on the number of rows (module doc).
+const HIDDEN_MIN: usize = 64;
 const LAYERS_MAX: usize = 128;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -196,7 +203,7 @@ impl Bert {
     pub fn load(config: &Config, bytes: &[u8]) -> Result<Bert> {
         let c = config;
         let h = c.hidden_size;
-        if h == 0
+        if h <= HIDDEN_MIN
             || h > HIDDEN_MAX
             || c.num_attention_heads == 0
             || !h.is_multiple_of(c.num_attention_heads)
@@ -328,26 +335,20 @@ impl Bert {
         let mut ctx = vec![0f32; rows * h];
         for layer in &self.layers {
             // Products are read in place from candle's storage (no copy out).
-            let qkv = product(Tensor::from_slice(&x, (rows, h), &Device::Cpu), &layer.qkv)?;
+            let qkv = product(x.clone(), rows, &layer.qkv)?;
             with_slice(&qkv, |qkv| {
                 self.attention(texts, qkv, &layer.qkv.bias, &mut ctx)
             })?;
-            let a = product(
-                Tensor::from_slice(&ctx, (rows, h), &Device::Cpu),
-                &layer.attn_out,
-            )?;
+            let a = product(ctx.clone(), rows, &layer.attn_out)?;
             with_slice(&a, |a| {
                 residual_norm(&mut x, a, &layer.attn_out.bias, &layer.attn_norm, self.eps)
             })?;
-            let up = product(Tensor::from_slice(&x, (rows, h), &Device::Cpu), &layer.up)?;
+            let up = product(x.clone(), rows, &layer.up)?;
             let mut up = with_slice(&up, <[f32]>::to_vec)?;
             for row in up.chunks_exact_mut(layer.up.out) {
                 activate(self.act, row, &layer.up.bias);
             }
-            let down = product(
-                Tensor::from_vec(up, (rows, layer.up.out), &Device::Cpu),
-                &layer.down,
-            )?;
+            let down = product(up, rows, &layer.down)?;
             with_slice(&down, |d| {
                 residual_norm(&mut x, d, &layer.down.bias, &layer.out_norm, self.eps)
             })?;
@@ -406,9 +407,23 @@ impl Bert {
     }
 }
 
-/// `x` (rows × in) times the layer's weight: rows × out, without the bias.
-fn product(x: candle_core::Result<Tensor>, l: &Linear) -> Result<Tensor> {
-    x.and_then(|x| x.matmul(&l.w)).map_err(cerr)
+/// `x` (rows × in, row-major) times the layer's weight: rows × out, without the bias.
+/// One row is multiplied as two (a zero row added, its output dropped): gemm sends a
+/// one-row product to its matrix-vector path, which sums in another order than the
+/// blocked kernel every larger product uses, so a one-token text would get other bits
+/// alone than in a batch.
+fn product(mut x: Vec<f32>, rows: usize, l: &Linear) -> Result<Tensor> {
+    let input = x.len() / rows.max(1);
+    if rows == 1 {
+        x.resize(2 * input, 0.0);
+        return Tensor::from_vec(x, (2, input), &Device::Cpu)
+            .and_then(|t| t.matmul(&l.w))
+            .and_then(|t| t.narrow(0, 0, 1))
+            .map_err(cerr);
+    }
+    Tensor::from_vec(x, (rows, input), &Device::Cpu)
+        .and_then(|t| t.matmul(&l.w))
+        .map_err(cerr)
 }
 
 /// Calls `f` with the f32 contents of a contiguous CPU tensor, read in place.
@@ -480,7 +495,8 @@ fn activate(act: Act, row: &mut [f32], bias: &[f32]) {
     }
 }
 
-/// The error function, Abramowitz and Stegun 7.1.26 (absolute error under 1.5e-7), as
+/// The error function, Abramowitz and Stegun 7.1.26 (absolute error 1.5e-7 in exact
+/// arithmetic, about 5e-7 in f32), as
 /// PyTorch's vectorised CPU `erf` computes it.
 #[inline(always)]
 fn erf(x: f32) -> f32 {
@@ -494,8 +510,8 @@ fn erf(x: f32) -> f32 {
 
 /// e^x in f32 without a call into libm, so loops over rows vectorise: x = n·ln 2 + r,
 /// e^r by its degree-6 polynomial on |r| <= ln 2 / 2 (relative error about 2e-7), 2^n
-/// put in the exponent bits. Inputs below -87 give 0 (the softmax and the GELU only
-/// need e^x for x <= 0).
+/// put in the exponent bits. x is clamped to [-87, 88], so the result is always a
+/// finite normal number (the softmax and the GELU only need e^x for x <= 0).
 #[inline(always)]
 fn exp(x: f32) -> f32 {
     let x = x.clamp(-87.0, 88.0);

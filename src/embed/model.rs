@@ -453,6 +453,24 @@ mod tests {
         assert!((n - 1.0).abs() < 1e-5);
     }
 
+    /// A one-token input (possible with a tokenizer that adds no `[CLS]`/`[SEP]`) gets
+    /// the same bits alone as stacked with other texts: gemm's one-row path is avoided.
+    #[test]
+    fn a_one_row_batch_has_the_bits_it_has_in_a_batch() {
+        let Some(m) = model() else { return };
+        let h = m.dim();
+        let alone = m.bert.forward(&[vec![2054]]).unwrap();
+        let stacked = m
+            .bert
+            .forward(&[vec![2054], vec![101, 2054, 2003, 102]])
+            .unwrap();
+        assert_eq!(alone.len(), h);
+        assert!(alone
+            .iter()
+            .zip(&stacked[..h])
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+
     #[test]
     fn threads_do_not_change_bits() {
         let Some(m) = model() else { return };
