@@ -303,6 +303,9 @@ impl Bert {
     /// within the vocabulary and the position table.
     pub fn forward(&self, texts: &[Vec<u32>]) -> Result<Vec<f32>> {
         let h = self.hidden;
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
         for ids in texts {
             if ids.is_empty() || ids.len() > self.positions {
                 return Err(Error::invalid(
