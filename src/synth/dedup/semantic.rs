@@ -254,7 +254,7 @@ impl Deduper {
             // A large scope: its nearest wordings by the graph (approximate).
             Some(g) => {
                 let ef = cfg.ann_ef.max(cfg.candidates);
-                for n in g.search(v, ef, &sv.data, sv.dim) {
+                for n in g.search(v, ef, cfg.floor, &sv.data, sv.dim) {
                     keep(sv.facts[n.node as usize], n.sim);
                 }
             }
