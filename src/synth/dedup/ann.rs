@@ -3,31 +3,32 @@
 //! graph, Malkov and Yashunin 2016).
 //!
 //! CONTRACT:
-//! - Nodes are the scope's vectors, numbered `0..n` in the order they were added; the
-//!   graph holds links only, the vectors stay in the scope's one array
-//!   (`ScopeVectors::data`), which every call borrows.
+//! - Nodes are the scope's vectors, numbered `0..n` in the order they were added. The
+//!   graph holds its links and an 8-bit copy of each vector ([`Codes`]); the floats stay
+//!   in the scope's one array (`ScopeVectors::data`), which `insert` and `search` borrow.
 //! - Deterministic: the graph is a function of the vectors and the order they were
 //!   inserted in, nothing else. A node's level comes from a hash of its number, not from
-//!   a random generator; every similarity is [`embed::dot`] (fixed summation order); ties
-//!   between equal similarities go to the lower node. Insertion is sequential. So the
-//!   same vectors inserted in the same order give the same graph and the same answers on
+//!   a random generator; the walk's similarities are integer sums of the codes (exact,
+//!   whatever the order), the answers' are [`embed::dot`] (fixed summation order); ties
+//!   between equal similarities go to the lower node. Insertion is sequential, and
+//!   linking a node that was just searched for reuses that walk, which is the walk
+//!   linking would make (`a_search_before_linking_gives_the_same_graph`). So the same
+//!   vectors inserted in the same order give the same graph and the same answers on
 //!   every machine, run and thread count (the deduper keeps the insertion order across
 //!   restarts: see `Deduper::add_vector` and `findings::restore`).
 //! - Approximate: [`Graph::search`] may miss a true neighbour; `tests` measure its
-//!   recall against brute force. The graph walks on a copy of each vector in 8-bit
-//!   integers (one scale per vector: a quarter of the memory, so a 100,000-wording scope
-//!   stays in the CPU's cache, where the floats did not: the walk was 60 % of a warm
-//!   synth, stalled on memory). Integer dot products are exact, so the walk is as
-//!   deterministic as before. The `ef` nodes a search finds are then scored again with
-//!   the floats ([`embed::dot`]): the similarities it returns are exact. The deduper uses brute force (exact) while a scope holds
-//!   at most `SemanticConfig::exact_max` wordings, so small memories never meet the
-//!   approximation.
+//!   recall against brute force. The walk runs on the codes (one scale per vector: a
+//!   quarter of the bytes of the floats; the walk was 58 % of a warm 100,000-event
+//!   synth, stalled on loading vectors), and the nodes it finds are scored again with
+//!   the floats: the similarities `search` returns are exact. The deduper uses brute
+//!   force (exact) while a scope holds at most `SemanticConfig::exact_max` wordings, so
+//!   small memories never meet the approximation.
 //!
 //! Why not a crate: the Rust HNSW crates draw levels from a thread-local random generator
 //! and some insert in parallel, so the same input can give another graph; the deduper's
 //! answers must be the same bits on every run and after a restore (the synthesizer's
 //! crash-safety rests on it). This is the textbook algorithm with the neighbour-selection
-//! heuristic, in about 200 lines.
+//! heuristic, in about 300 lines.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
