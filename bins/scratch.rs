@@ -182,6 +182,10 @@ pub struct BoardArgs {
     /// Read as this agent.
     #[arg(long)]
     pub(crate) agent: Option<String>,
+    /// List every seq of each subject's history (default: the 16 most recent; `writes`
+    /// counts them all).
+    #[arg(long)]
+    pub(crate) history: bool,
 }
 
 /// Arguments of `swarm pick`.
@@ -340,7 +344,7 @@ pub fn channel(store: &Store, cmd: ChannelCmd) -> anyhow::Result<ExitCode> {
 }
 
 pub fn board(store: &Store, a: BoardArgs) -> anyhow::Result<ExitCode> {
-    let b = store.board(&a.run, a.agent.as_deref(), a.subject.as_deref())?;
+    let b = store.board_with(&a.run, a.agent.as_deref(), a.subject.as_deref(), a.history)?;
     let out = io::stdout();
     let mut out = out.lock();
     for e in b {

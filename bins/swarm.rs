@@ -216,7 +216,8 @@ enum Cmd {
     /// Declare, write, read and inspect channels (append / replace / merge).
     #[command(subcommand)]
     Channel(scratch::ChannelCmd),
-    /// The board: each subject's authoritative (latest) entry, version, evidence, history.
+    /// The board: each subject's authoritative (latest) entry, version, evidence, number
+    /// of writes and its 16 latest seqs (--history: all of them).
     ///
     /// Use a subject's version as --expect-subject-seq to append only if nobody else
     /// wrote on it since you read it.

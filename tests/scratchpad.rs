@@ -433,6 +433,61 @@ fn users_never_see_each_others_runs() {
         .code(5);
 }
 
+/// The board stays small however long the run: a subject lists its 16 latest seqs and
+/// counts every write; `--history` lists them all.
+#[test]
+fn board_lists_recent_history_and_counts_every_write() {
+    let env = Env::new();
+    let lines: Vec<Value> = (0..40)
+        .map(|i| {
+            let subject = if i == 1 { "quiet" } else { "busy" };
+            entry("a", "evidence", subject, &format!("reading {i}"), 0.5)
+        })
+        .collect();
+    let stored = env.append_lines("r", &lines);
+    let seqs = |subject: &str| -> Vec<u64> {
+        stored
+            .iter()
+            .filter(|e| e.subject.as_deref() == Some(subject))
+            .map(|e| e.seq)
+            .collect()
+    };
+    let (busy, quiet) = (seqs("busy"), seqs("quiet"));
+    assert_eq!((busy.len(), quiet.len()), (39, 1));
+    let board = |extra: &[&str]| -> Vec<Value> {
+        let mut args = vec!["board", "--run", "r"];
+        args.extend_from_slice(extra);
+        env.swarm(&args)
+            .ok()
+            .stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let history = |e: &Value| -> Vec<u64> {
+        e["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect()
+    };
+    let short = board(&[]);
+    assert_eq!(short.len(), 2);
+    assert_eq!(short[0]["subject"], "busy");
+    assert_eq!(short[0]["writes"], 39);
+    assert_eq!(history(&short[0]), busy[39 - 16..].to_vec(), "the 16 latest, oldest first");
+    assert_eq!(short[0]["version"], *busy.last().unwrap());
+    assert_eq!(short[1]["writes"], 1);
+    assert_eq!(history(&short[1]), quiet);
+    let full = board(&["--history"]);
+    assert_eq!(full[0]["writes"], 39);
+    assert_eq!(history(&full[0]), busy, "every seq with --history");
+    let one = board(&["--subject", "busy"]);
+    assert_eq!(one.len(), 1);
+    assert_eq!(history(&one[0]).len(), 16);
+}
+
 /// Cross-agent influence: a later agent acts on a peer's finding, never on stale state.
 /// B reads the board, A writes a newer finding, B's write based on the old version is
 /// refused (exit 4); B re-reads and its next entry builds on A's finding.

@@ -126,6 +126,7 @@ fn serve_cli_through_swarm_url_prints_what_the_embedded_cli_prints() {
         vec!["read", "--run", "inc", "--as-agent", "db-1"],
         vec!["tail", "--run", "inc", "--from-seq", "3"],
         vec!["board", "--run", "inc"],
+        vec!["board", "--run", "inc", "--history"],
         vec![
             "board",
             "--run",

@@ -516,6 +516,9 @@ fn board(c: &Client, a: BoardArgs) -> anyhow::Result<ExitCode> {
     let mut query: Vec<(&str, String)> = Vec::new();
     query.extend(a.subject.map(|v| ("subject", v)));
     query.extend(a.agent.map(|v| ("as", v)));
+    if a.history {
+        query.push(("history", "true".into()));
+    }
     print_items(&c.get_text(&run_path(&a.run, "/board"), &query)?, "board")
 }
 

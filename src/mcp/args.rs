@@ -95,6 +95,8 @@ args! {
     BoardArgs(agent) {
         run: String => "The run.",
         subject: Option<String> => "Only this subject.",
+        #[serde(default)]
+        history: bool => "Every seq of each subject's history (default: the 16 most recent; `writes` counts them all).",
     }
     /// Arguments of `pick_hypothesis`.
     PickArgs(agent) {

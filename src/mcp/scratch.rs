@@ -125,7 +125,9 @@ pub fn context(s: &Session, a: ContextArgs) -> ToolResult {
 /// `get_board`.
 pub fn board(s: &Session, a: BoardArgs) -> ToolResult {
     let agent = s.agent(a.agent.as_deref())?;
-    let b = s.store.board(&a.run, Some(&agent), a.subject.as_deref())?;
+    let b = s
+        .store
+        .board_with(&a.run, Some(&agent), a.subject.as_deref(), a.history)?;
     Ok(json!({"subjects": b}))
 }
 

@@ -66,8 +66,9 @@ tools! {
     get_context(ContextArgs) => scratch::context;
 
     /// The board of a run: for each subject, its authoritative (latest) entry, its version
-    /// (use it as expect_subject_seq), evidence links, history, competing hypotheses and
-    /// the escalation blocking it, if any. Call it before deciding on a subject. Returns
+    /// (use it as expect_subject_seq), evidence links, its number of writes and the seqs
+    /// of the 16 latest (all of them with history: true), competing hypotheses and the
+    /// escalation blocking it, if any. Call it before deciding on a subject. Returns
     /// {subjects: [...]} (one with `subject`).
     #[tool(annotations(read_only_hint = true))]
     get_board(BoardArgs) => scratch::board;

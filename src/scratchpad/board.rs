@@ -15,6 +15,13 @@ use crate::fold::state::State;
 use crate::log::meta::Durability;
 use crate::store::Store;
 
+/// How many of a subject's seqs a board entry lists by default (`writes` counts them
+/// all): the board stays small and current, as seed 004 wants it, however long the run
+/// (a full history of every subject was a megabyte at 100,000 events); the whole
+/// history is one flag away (`Store::board_with`, `swarm board --history`,
+/// `GET .../board?history=true`).
+pub const BOARD_HISTORY: usize = 16;
+
 /// One subject on the board: its authoritative value and how it got there.
 #[derive(Clone, Debug, Serialize)]
 pub struct BoardEntry {
@@ -26,7 +33,10 @@ pub struct BoardEntry {
     pub value: Event,
     /// Evidence links of the value.
     pub refs: Vec<u64>,
-    /// Seqs of every entry on the subject.
+    /// How many entries the subject has: all of them, however many `history` lists.
+    pub writes: usize,
+    /// Seqs of the subject's most recent entries, oldest first: the last
+    /// [`BOARD_HISTORY`] by default, every one with [`Store::board_with`]`(.., true)`.
     pub history: Vec<u64>,
     /// Hypotheses on the subject.
     pub hypotheses: Vec<u64>,
@@ -157,13 +167,24 @@ impl Store {
     }
 
     /// The board: each subject's authoritative (latest) entry, its version, its evidence
-    /// links and history. With a `reader`, subjects whose latest entry's type the reader
-    /// may not see are left out.
+    /// links, its number of writes and its [`BOARD_HISTORY`] latest seqs. With a
+    /// `reader`, subjects whose latest entry's type the reader may not see are left out.
     pub fn board(
         &self,
         run: &str,
         reader: Option<&str>,
         subject: Option<&str>,
+    ) -> Result<Vec<BoardEntry>> {
+        self.board_with(run, reader, subject, false)
+    }
+
+    /// [`Store::board`], with every seq of each subject's history when `full_history`.
+    pub fn board_with(
+        &self,
+        run: &str,
+        reader: Option<&str>,
+        subject: Option<&str>,
+        full_history: bool,
     ) -> Result<Vec<BoardEntry>> {
         let s = self.head(run)?;
         let mut out = Vec::new();
@@ -179,7 +200,11 @@ impl Store {
                 version: st.latest.seq,
                 value: st.latest.clone(),
                 refs: st.latest.refs.clone(),
-                history: st.seqs.clone(),
+                writes: st.seqs.len(),
+                history: match full_history {
+                    true => st.seqs.clone(),
+                    false => st.seqs[st.seqs.len().saturating_sub(BOARD_HISTORY)..].to_vec(),
+                },
                 hypotheses: st.hypotheses.clone(),
                 blocked_by: s.rules.subjects.get(name).and_then(|r| r.blocked_by),
             });

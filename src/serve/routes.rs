@@ -318,15 +318,20 @@ async fn verify(id: Identity, Path(run): Path<String>) -> Viewed {
 }
 
 /// `?subject=`: only that subject.
+/// `?subject=S&history=true`: one subject; every seq of each subject's history.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct SubjectQuery {
+struct BoardQuery {
     subject: Option<String>,
+    #[serde(default)]
+    history: bool,
 }
 
-async fn board(Path(run): Path<String>, r: Reading, Q(q): Q<SubjectQuery>) -> Viewed {
-    r.view("board", move |s, a| s.board(&run, a, q.subject.as_deref()))
-        .await
+async fn board(Path(run): Path<String>, r: Reading, Q(q): Q<BoardQuery>) -> Viewed {
+    r.view("board", move |s, a| {
+        s.board_with(&run, a, q.subject.as_deref(), q.history)
+    })
+    .await
 }
 
 /// The subject an agent picks a hypothesis on.
