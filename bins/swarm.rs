@@ -46,9 +46,9 @@ Exit codes:
   1  I/O or internal error
   2  invalid input or usage (the message names the field or line)
   3  corruption found (the message names the file, byte offset and seq)
-  4  precondition failed (--expect-seq, --expect-subject-seq, a channel version)
+  4  precondition failed (--expect-seq, --expect-subject-seq, a channel version, an
+     --id reused with a different event: the message names the stored seq)
   5  forbidden (another user's run, the run's policy, a closed run)
-  4  also: an --id reused with a different event (the message names the stored seq)
   6  escalated: actions on the subject wait for a human (swarm resolve)
   7  written, but the acknowledgement could not be written (any command that writes;
      stderr names what was stored): do not retry with new ids
@@ -602,6 +602,11 @@ struct TailArgs {
     /// Do not use inotify: poll only.
     #[arg(long)]
     no_notify: bool,
+    /// Read as this agent: only what the run's policy lets it see (a policy appended
+    /// while following applies from there on). Through SWARM_URL, the agent the read is
+    /// made as (needed when the token acts as several).
+    #[arg(long)]
+    as_agent: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -1135,13 +1140,33 @@ fn tail(store: &Store, a: TailArgs) -> anyhow::Result<ExitCode> {
         notify: !a.no_notify,
         ..TailOptions::default()
     };
+    // Engine logs (`@facts`) are drawn past every run's read policy: no agent reads them.
+    if a.as_agent.is_some() && a.run.starts_with('@') {
+        bail!(swarm_memory::Error::RunNotFound(a.run.clone()));
+    }
+    let mut rules = match &a.as_agent {
+        Some(_) => Some(store.head_state(&a.run)?.state.rules.clone()),
+        None => None,
+    };
     let mut t = store.tail(&a.run, opts)?;
     let out = io::stdout();
     let mut out = out.lock();
     let mut line = Vec::with_capacity(1024);
     while let Some(e) = t.next() {
+        let e = e?;
+        if let (Some(agent), Some(r)) = (&a.as_agent, rules.as_mut()) {
+            if e.kind == EventType::Policy {
+                // The rules as of now: a new policy applies from here on.
+                *r = store.head_state(&a.run)?.state.rules.clone();
+            }
+            if !r.may_read_event(agent, &e) {
+                // Not shown, but passed: a resumed tail does not see it again.
+                t.commit()?;
+                continue;
+            }
+        }
         line.clear();
-        serde_json::to_writer(&mut line, &e?)?;
+        serde_json::to_writer(&mut line, &e)?;
         line.push(b'\n');
         out.write_all(&line)?;
         out.flush()?;
@@ -1279,8 +1304,12 @@ fn replay(store: &Store, a: ReplayArgs) -> anyhow::Result<ExitCode> {
             parse_point("diff FROM", &d[0])?,
             parse_point("diff TO", &d[1])?,
         );
-        let sa = store.state_at(&a.run, from, |_| {})?;
-        let sb = store.state_at(&a.run, to, |_| {})?;
+        let sa = store
+            .state_at(&a.run, from, |_| {})
+            .map_err(|e| e.renamed("at-seq", "diff FROM"))?;
+        let sb = store
+            .state_at(&a.run, to, |_| {})
+            .map_err(|e| e.renamed("at-seq", "diff TO"))?;
         let diff = store.diff(&a.run, &sa.state, &sb.state)?;
         serde_json::to_writer(&mut out, &diff)?;
         out.write_all(b"\n")?;

@@ -83,6 +83,18 @@ pub enum Error {
 }
 
 impl Error {
+    /// The same error, an `Invalid` one about `from` now about `to`: a point checked by
+    /// `state_at` (as `at-seq`) under another argument's name (`diff`'s two points).
+    pub fn renamed(self, from: &str, to: &str) -> Error {
+        match self {
+            Error::Invalid { field, reason } if field == from => Error::Invalid {
+                field: to.to_string(),
+                reason,
+            },
+            e => e,
+        }
+    }
+
     /// The `swarm` CLI exit code for this error (see `swarm --help`).
     pub fn exit_code(&self) -> i32 {
         match self {

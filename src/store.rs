@@ -672,6 +672,7 @@ impl Store {
     /// only the frames that can match; every frame read is still checked, and an index
     /// that disagrees with the log is dropped and the read goes on by scanning.
     pub fn read(&self, run: &str, opts: ReadOptions) -> Result<EventIter> {
+        engine_log_hidden(run, opts.reader.as_deref())?;
         let dir = self.existing_run(run)?;
         if let Some(a) = self.archived_store(run)? {
             return a.read(run, opts);
@@ -1131,4 +1132,14 @@ fn write_checkpoint(p: &RunPaths, progress: impl FnMut(u64)) -> Result<Option<Ch
     }
     checkpoint::write(&p.storage, &p.ck_dir, &r.state, &info)?;
     Ok(Some(info))
+}
+
+/// The engine's own logs (`@facts`, `@patterns`) are drawn past every run's read policy:
+/// a read made as an agent (`reader`) finds no such run, as it finds no run of another
+/// user; only an unfiltered read (the user's own CLI, an admin token) sees them.
+pub(crate) fn engine_log_hidden(run: &str, reader: Option<&str>) -> Result<()> {
+    if reader.is_some() && run.starts_with('@') {
+        return Err(Error::RunNotFound(run.to_string()));
+    }
+    Ok(())
 }

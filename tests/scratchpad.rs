@@ -476,7 +476,11 @@ fn board_lists_recent_history_and_counts_every_write() {
     assert_eq!(short.len(), 2);
     assert_eq!(short[0]["subject"], "busy");
     assert_eq!(short[0]["writes"], 39);
-    assert_eq!(history(&short[0]), busy[39 - 16..].to_vec(), "the 16 latest, oldest first");
+    assert_eq!(
+        history(&short[0]),
+        busy[39 - 16..].to_vec(),
+        "the 16 latest, oldest first"
+    );
     assert_eq!(short[0]["version"], *busy.last().unwrap());
     assert_eq!(short[1]["writes"], 1);
     assert_eq!(history(&short[1]), quiet);

@@ -1026,6 +1026,76 @@ fn serve_ndjson_appends_are_acknowledged_line_by_line() {
 
 /// `GET /v1/search`: the token's user only, findings read as the token's agent (the run's
 /// policy hides what it hides from reads), facts for admin tokens only.
+/// The facts log (`@facts`) is drawn past every run's read policy: to an agent token it
+/// does not exist on any route (404, as another user's run, `%40` spelling included) and
+/// `/v1/runs` does not list it; an admin token reads it, but not as one of its agents.
+/// (A hypothesis the policy hides from `db` came back to `db` through `@facts` before.)
+#[test]
+fn serve_hides_the_facts_log_from_agent_tokens() {
+    let env = Env::fast();
+    let srv = Server::start(&env, &[]);
+    let lead = token(&env, "alice", &["lead"], "agent");
+    let db = token(&env, "alice", &["db"], "agent");
+    let admin = token(&env, "alice", &["*"], "admin");
+    let r = "/v1/runs/inc";
+    srv.post(
+        &format!("{r}/events"),
+        Some(&lead),
+        &json!({"agent_id": "lead", "type": "hypothesis", "content": "SECRET zebra hypothesis about the resolver"}),
+    );
+    srv.post(
+        &format!("{r}/events"),
+        Some(&db),
+        &ev("db", "resolver p99 at 2 s"),
+    );
+    put_db_evidence_only_policy(&srv, &lead, "inc");
+    assert_eq!(srv.post("/v1/synth", Some(&admin), &json!({})).status, 201);
+    // The admin token sees the facts log, unfiltered.
+    let all = srv.get("/v1/runs/@facts/events", Some(&admin));
+    assert_eq!(all.status, 200);
+    assert!(all.body.contains("zebra"), "{}", all.body);
+    let listed = |t: &str| -> Vec<String> {
+        srv.get("/v1/runs", Some(t)).json()["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["run_id"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    assert!(
+        listed(&admin).iter().any(|r| r == "@facts"),
+        "{:?}",
+        listed(&admin)
+    );
+    for t in [&db, &lead] {
+        for path in [
+            "/v1/runs/@facts/events",
+            "/v1/runs/%40facts/events",
+            "/v1/runs/%40FACTS/events",
+            "/v1/runs/@facts",
+            "/v1/runs/@facts/board",
+            "/v1/runs/@facts/context?budget_bytes=4000",
+            "/v1/runs/@facts/replay?at_seq=1",
+            "/v1/runs/@facts/events?follow=1",
+        ] {
+            let got = srv.get(path, Some(t));
+            assert_eq!(got.status, 404, "{path}: {}", got.body);
+            assert!(!got.body.contains("zebra"), "{path}: {}", got.body);
+        }
+        assert!(
+            !listed(t).iter().any(|r| r.starts_with('@')),
+            "{:?}",
+            listed(t)
+        );
+    }
+    // An admin token reading *as* an agent gets the agent's view: no facts log there.
+    srv.get("/v1/runs/@facts/events?as=db", Some(&admin))
+        .problem(404);
+    // The run itself still hides the hypothesis from db.
+    let own = srv.get(&format!("{r}/events"), Some(&db));
+    assert!(!own.body.contains("zebra"), "{}", own.body);
+}
+
 #[test]
 fn serve_search_answers_as_the_tokens_user_and_agent() {
     let env = Env::fast();

@@ -255,6 +255,81 @@ fn serve_cli_through_swarm_url_prints_what_the_embedded_cli_prints() {
     let _ = child.wait();
 }
 
+/// `swarm tail --as-agent` reads as one agent in both modes: the run's read policy
+/// applies on the files as through the server, and through `SWARM_URL` a token that acts
+/// as several agents names the one (without it the server asks which, exit 2).
+#[test]
+fn tail_as_agent_applies_the_runs_policy_in_both_modes() {
+    let env = Env::fast();
+    let srv = Server::start(&env, &[]);
+    let t = token(&env, "alice", &["db*", "lead"], "agent");
+    let append = |agent: &str, kind: &str, content: &str| {
+        let args = [
+            "append",
+            "--run",
+            "inc",
+            "--agent",
+            agent,
+            "--type",
+            kind,
+            "--content",
+            content,
+        ];
+        remote(&env, &srv, &t, &args, "").ok();
+    };
+    append("lead", "hypothesis", "pool exhausted on db-1");
+    append("db-1", "evidence", "db-1 pool at 100/100");
+    let policy = env.path().join("policy.json");
+    std::fs::write(
+        &policy,
+        r#"{"permissions": {"db-1": {"read_types": ["evidence"], "write_types": ["evidence"]},
+          "lead": {"read_types": ["*"], "write_types": ["*"], "admin": true}}}"#,
+    )
+    .unwrap();
+    let set = [
+        "policy",
+        "set",
+        "--run",
+        "inc",
+        "--agent",
+        "lead",
+        "--file",
+        policy.to_str().unwrap(),
+    ];
+    remote(&env, &srv, &t, &set, "").ok();
+    append("lead", "hypothesis", "SECRET zebra");
+    append("db-1", "evidence", "db-1 pool back to 40/100");
+    let args = ["tail", "--run", "inc", "--as-agent", "db-1"];
+    let (over, files) = (
+        remote(&env, &srv, &t, &args, "").ok(),
+        local(&env, &args, "").ok(),
+    );
+    assert_eq!(over.stdout, files.stdout);
+    let kinds: Vec<String> = files
+        .events()
+        .iter()
+        .map(|e| e.kind.as_str().to_string())
+        .collect();
+    assert!(
+        !files.stdout.contains("zebra") && !files.stdout.contains("pool exhausted"),
+        "{}",
+        files.stdout
+    );
+    assert!(
+        kinds.iter().filter(|k| *k == "evidence").count() == 2,
+        "{kinds:?}"
+    );
+    // The lead reads everything; without --as-agent the token cannot say who reads.
+    let lead = ["tail", "--run", "inc", "--as-agent", "lead"];
+    assert!(remote(&env, &srv, &t, &lead, "")
+        .ok()
+        .stdout
+        .contains("zebra"));
+    remote(&env, &srv, &t, &["tail", "--run", "inc"], "").code(2);
+    // No agent reads an engine log.
+    local(&env, &["tail", "--run", "@facts", "--as-agent", "db-1"], "").code(2);
+}
+
 #[test]
 fn serve_operator_routes_health_metrics_and_openapi() {
     let env = Env::fast();
@@ -710,9 +785,34 @@ fn serve_cli_every_served_command_prints_what_the_embedded_cli_prints() {
         same(&args, true);
     }
     same(&["replay", "--run", "inc", "--diff", "x", "2"], false);
+    // A point past the head is named as the diff's, not as `at-seq`.
+    let past = ["replay", "--run", "inc", "--diff", "2", "9999"];
+    let (over, files) = (r(&past).code(2), l(&past).code(2));
+    assert!(
+        files.stderr.contains("diff TO") && !files.stderr.contains("at-seq"),
+        "{}",
+        files.stderr
+    );
+    assert!(
+        over.stderr.contains("to_seq") && !over.stderr.contains("at-seq"),
+        "{}",
+        over.stderr
+    );
 
     // The synthesizer (admin tokens only), then the memory it made.
     let agent_token = token(&env, "alice", &["a1"], "agent");
+    // A one-agent token's replay answers the agent's view, whose point is `at_seq`: the
+    // timeline lists the events up to it (it listed none, "up to seq 0", before).
+    let args = ["replay", "--run", "inc", "--at-seq", "4", "--timeline"];
+    let timeline = remote(&env, &srv, &agent_token, &args, "").ok();
+    assert!(
+        timeline
+            .stdout
+            .starts_with("timeline of run inc up to seq 4\n"),
+        "{}",
+        timeline.stdout
+    );
+    assert_eq!(timeline.stdout, l(&args).ok().stdout);
     assert_eq!(remote(&env, &srv, &agent_token, &["synth"], "").code, 5);
     assert_eq!(r(&["synth", "--llm-cmd", "true"]).code, 2);
     assert_eq!(r(&["synth", "--embed-model", "/models/x"]).code, 2);

@@ -386,6 +386,7 @@ fn tail(c: &Client, a: TailArgs) -> anyhow::Result<ExitCode> {
     let mut query: Vec<(&str, String)> = Vec::new();
     query.extend(a.agent.map(|v| ("agent", v)));
     query.extend(a.kind.map(|v| ("type", v)));
+    query.extend(a.as_agent.map(|v| ("as", v)));
     let path = run_path(&a.run, "/events");
     let out = io::stdout();
     let mut out = out.lock();

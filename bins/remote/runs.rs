@@ -21,6 +21,8 @@ pub(super) fn runs(c: &Client, json: bool) -> anyhow::Result<ExitCode> {
     if json {
         return print_items(&c.get_text("/v1/runs", &[])?, "runs");
     }
+    // Asked before anything is printed: a refusal leaves stdout empty.
+    let list = run_list(c)?;
     let out = io::stdout();
     let mut out = out.lock();
     writeln!(
@@ -28,7 +30,7 @@ pub(super) fn runs(c: &Client, json: bool) -> anyhow::Result<ExitCode> {
         "{:<28} {:>9} {:>11} {:<27} {:<27}",
         "RUN", "EVENTS", "BYTES", "FIRST", "LAST"
     )?;
-    for info in run_list(c)? {
+    for info in list {
         let t = |k: &str| info[k].as_str().unwrap_or("-").to_string();
         writeln!(
             out,
@@ -102,15 +104,19 @@ pub(super) fn replay(c: &Client, a: ReplayArgs) -> anyhow::Result<ExitCode> {
     let text = c.get_text(&run_path(&a.run, "/replay"), &q)?;
     if a.timeline {
         let v: Value = serde_json::from_str(&text)?;
+        // The whole state (an admin token naming no agent) or an agent's view, whose
+        // point is `at_seq`.
         let head = v["state"]["head_seq"]
             .as_u64()
-            .or_else(|| v["view"]["head_seq"].as_u64())
+            .or_else(|| v["view"]["at_seq"].as_u64())
             .unwrap_or_default();
         let out = io::stdout();
         let mut out = BufWriter::new(out.lock());
         writeln!(out, "timeline of run {} up to seq {}", a.run, head)?;
         if head > 0 {
-            each_event(c, &a.run, &[("to_seq", head.to_string())], |e| {
+            let mut q = vec![("to_seq", head.to_string())];
+            q.extend(a.agent.clone().map(|g| ("as", g)));
+            each_event(c, &a.run, &q, |e| {
                 writeln!(out, "{}", crate::term::safe(&crate::timeline_line(e)))?;
                 Ok(())
             })?;

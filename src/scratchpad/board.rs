@@ -13,7 +13,7 @@ use crate::fold::rules::{
 };
 use crate::fold::state::State;
 use crate::log::meta::Durability;
-use crate::store::Store;
+use crate::store::{engine_log_hidden, Store};
 
 /// How many of a subject's seqs a board entry lists by default (`writes` counts them
 /// all): the board stays small and current, as seed 004 wants it, however long the run
@@ -139,6 +139,7 @@ impl Store {
 
     /// A channel's state (value, version, history), as `reader` may see it.
     pub fn channel(&self, run: &str, reader: Option<&str>, channel: &str) -> Result<ChannelState> {
+        engine_log_hidden(run, reader)?;
         let s = self.head(run)?;
         if let Some(r) = reader {
             if !s.rules.may_read_channel(r, channel) {
@@ -157,6 +158,7 @@ impl Store {
 
     /// Declared channel names, as `reader` may see them.
     pub fn channels(&self, run: &str, reader: Option<&str>) -> Result<Vec<String>> {
+        engine_log_hidden(run, reader)?;
         let s = self.head(run)?;
         Ok(s.rules
             .channels
@@ -186,6 +188,7 @@ impl Store {
         subject: Option<&str>,
         full_history: bool,
     ) -> Result<Vec<BoardEntry>> {
+        engine_log_hidden(run, reader)?;
         let s = self.head(run)?;
         let mut out = Vec::new();
         for (name, st) in &s.subjects {

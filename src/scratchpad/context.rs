@@ -93,6 +93,7 @@ fn render(e: &Event) -> String {
 impl Store {
     /// Builds `agent`'s context within `budget_bytes`.
     pub fn context(&self, run: &str, agent: &str, budget_bytes: usize) -> Result<Context> {
+        crate::store::engine_log_hidden(run, Some(agent))?;
         let state = self.head_state(run)?.state;
         let rules = &state.rules;
         let mut cands: Vec<(u8, &'static str, Event)> = Vec::new();

@@ -112,9 +112,27 @@ impl FromRequestParts<Arc<App>> for Identity {
             .check(presented)
             .ok_or_else(|| Problem::unauthorized("the token is unknown or revoked"))?;
         app.admit(&token.id)?;
+        // The engine's own logs (`@facts`, `@patterns`) are drawn past every run's read
+        // policy: to any token but an admin's they do not exist (404, as another user's
+        // run), whatever the route. (The library refuses reads of them made as an agent
+        // too: `Store::read` and the views.)
+        if token.role != Role::Admin {
+            if let Some(run) = engine_run_in_path(parts.uri.path()) {
+                return Err(Problem::from(crate::error::Error::RunNotFound(run)));
+            }
+        }
         let store = app.store_for(&token.user)?;
         Ok(Identity { token, store })
     }
+}
+
+/// The run of a `/v1/runs/{run}...` path when it is one of the engine's own logs (its
+/// name, percent-decoded, starts with `@`).
+fn engine_run_in_path(path: &str) -> Option<String> {
+    let rest = path.strip_prefix("/v1/runs/")?;
+    let segment = rest.split('/').next().unwrap_or("");
+    let decoded = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
+    decoded.starts_with('@').then(|| decoded.into_owned())
 }
 
 /// Query parameters as `T` (`T` should deny unknown fields, so that a typo is a 400

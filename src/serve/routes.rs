@@ -171,10 +171,14 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn runs(id: Identity) -> Viewed {
+    // The engine's own logs (`@facts`, `@patterns`) are listed to admin tokens only (the
+    // facts are drawn past every run's read policy).
+    let admin = id.token.role == Role::Admin;
     let infos = id
-        .call(|s| {
+        .call(move |s| {
             let ids = s.run_ids()?;
             ids.iter()
+                .filter(|r| admin || !r.starts_with('@'))
                 .map(|r| s.run_info(r))
                 .collect::<Result<Vec<_>, _>>()
         })
@@ -613,8 +617,12 @@ async fn diff(id: Identity, Path(run): Path<String>, Q(q): Q<DiffQuery>) -> View
     let to = target(q.to_seq, q.to)?;
     let d = id
         .call(move |s| {
-            let a = s.state_at(&run, from, |_| {})?;
-            let b = s.state_at(&run, to, |_| {})?;
+            let a = s
+                .state_at(&run, from, |_| {})
+                .map_err(|e| e.renamed("at-seq", "from_seq"))?;
+            let b = s
+                .state_at(&run, to, |_| {})
+                .map_err(|e| e.renamed("at-seq", "to_seq"))?;
             s.diff(&run, &a.state, &b.state)
         })
         .await?;

@@ -157,6 +157,7 @@ pub(crate) async fn follow(
     let feeds = app.feeds.clone();
     let poll = app.opts.sse_poll;
     let pump = blocking(move || {
+        crate::store::engine_log_hidden(&sub.run, sub.reader.as_deref())?;
         store.run_meta(&sub.run)?;
         let state = match &sub.reader {
             Some(_) => Some(store.head_state(&sub.run)?.state),

@@ -120,6 +120,7 @@ impl Store {
     /// Builds an agent's view of a state: only what the run's policy (as of that state)
     /// lets the agent read.
     pub fn agent_view(&self, run: &str, s: &State, agent: &str) -> Result<AgentView> {
+        crate::store::engine_log_hidden(run, Some(agent))?;
         let own = s.agents.get(agent);
         let last_own = own.map(|a| a.last_seq);
         let unseen: Vec<Event> = self
