@@ -86,7 +86,7 @@ impl Identity {
             return Ok(None);
         }
         Err(Problem::invalid(
-            "as: the token acts as several agents; name the one this read is made as (?as=AGENT)",
+            "as: the token acts as several agents; name the one this read is made as (?as=AGENT; in the CLI, --as-agent, or --agent where the command names its agent)",
         ))
     }
 }
