@@ -1141,9 +1141,7 @@ fn tail(store: &Store, a: TailArgs) -> anyhow::Result<ExitCode> {
         ..TailOptions::default()
     };
     // Engine logs (`@facts`) are drawn past every run's read policy: no agent reads them.
-    if a.as_agent.is_some() && a.run.starts_with('@') {
-        bail!(swarm_memory::Error::RunNotFound(a.run.clone()));
-    }
+    swarm_memory::store::engine_log_hidden(&a.run, a.as_agent.as_deref())?;
     let mut rules = match &a.as_agent {
         Some(_) => Some(store.head_state(&a.run)?.state.rules.clone()),
         None => None,

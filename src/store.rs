@@ -1137,7 +1137,7 @@ fn write_checkpoint(p: &RunPaths, progress: impl FnMut(u64)) -> Result<Option<Ch
 /// The engine's own logs (`@facts`, `@patterns`) are drawn past every run's read policy:
 /// a read made as an agent (`reader`) finds no such run, as it finds no run of another
 /// user; only an unfiltered read (the user's own CLI, an admin token) sees them.
-pub(crate) fn engine_log_hidden(run: &str, reader: Option<&str>) -> Result<()> {
+pub fn engine_log_hidden(run: &str, reader: Option<&str>) -> Result<()> {
     if reader.is_some() && run.starts_with('@') {
         return Err(Error::RunNotFound(run.to_string()));
     }
