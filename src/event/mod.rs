@@ -643,7 +643,7 @@ pub(crate) struct EventRef<'a> {
     #[serde(rename = "type")]
     pub kind: EventType,
     #[serde(borrow)]
-    pub content: &'a RawValue,
+    pub content: RawJson<'a>,
     #[serde(default)]
     pub confidence: Option<f64>,
     #[serde(default)]
@@ -653,7 +653,97 @@ pub(crate) struct EventRef<'a> {
     #[serde(borrow, default)]
     pub session_id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    pub meta: Option<&'a RawValue>,
+    pub meta: Option<RawJson<'a>>,
+}
+
+/// A JSON value's stored text: its syntax checked by the parse, no value built (serde's
+/// `RawValue`, kept as the `str` it is so that a parsed frame can be handed to another
+/// thread as [`EventSpans`] and borrowed again there).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RawJson<'a>(&'a str);
+
+impl<'a> RawJson<'a> {
+    /// The value's JSON text.
+    pub(crate) fn get(&self) -> &'a str {
+        self.0
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for RawJson<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        <&'de RawValue>::deserialize(d).map(|r| RawJson(r.get()))
+    }
+}
+
+/// Where a borrowed string of an [`EventRef`] lies in its frame's text (or, for one that
+/// held escapes and so was built, the string itself).
+#[derive(Clone, Debug)]
+enum Span {
+    At(u32, u32),
+    Owned(Box<str>),
+}
+
+impl Span {
+    /// Where `s` lies in `text`, itself at `base` in the text the span will be read from.
+    fn of(s: &str, text: &str, base: usize) -> Span {
+        let off = (s.as_ptr() as usize).wrapping_sub(text.as_ptr() as usize);
+        match text.get(off..off.wrapping_add(s.len())) {
+            // Same bytes at the same address: a slice of `text`.
+            Some(t) if t.as_ptr() == s.as_ptr() && base + off + s.len() <= u32::MAX as usize => {
+                Span::At((base + off) as u32, s.len() as u32)
+            }
+            _ => Span::Owned(s.into()),
+        }
+    }
+
+    fn get<'b>(&'b self, text: &'b str) -> &'b str {
+        match self {
+            // `Span::of` took it from this text: in bounds, on char boundaries.
+            Span::At(off, len) => &text[*off as usize..(*off + *len) as usize],
+            Span::Owned(s) => s,
+        }
+    }
+}
+
+/// An [`EventRef`] detached from its frame's text: the same fields, strings as places in
+/// the text. A frame parsed on one thread is folded on another (`FrameWalk`) by
+/// borrowing its events again with [`EventSpans::event_ref`], without parsing them again.
+#[derive(Clone, Debug)]
+pub(crate) struct EventSpans {
+    run_id: Span,
+    seq: u64,
+    ts: Ts,
+    id: Span,
+    agent_id: Span,
+    user_id: Span,
+    kind: EventType,
+    content: Span,
+    confidence: Option<f64>,
+    refs: Vec<u64>,
+    subject: Option<Span>,
+    session_id: Option<Span>,
+    meta: Option<Span>,
+}
+
+impl EventSpans {
+    /// The event borrowed again from `text`, the text it was parsed from.
+    pub(crate) fn event_ref<'b>(&'b self, text: &'b str) -> EventRef<'b> {
+        EventRef {
+            run_id: Cow::Borrowed(self.run_id.get(text)),
+            seq: self.seq,
+            ts: self.ts,
+            id: Cow::Borrowed(self.id.get(text)),
+            agent_id: Cow::Borrowed(self.agent_id.get(text)),
+            user_id: Cow::Borrowed(self.user_id.get(text)),
+            kind: self.kind,
+            content: RawJson(self.content.get(text)),
+            confidence: self.confidence,
+            refs: self.refs.clone(),
+            subject: self.subject.as_ref().map(|s| Cow::Borrowed(s.get(text))),
+            session_id: self.session_id.as_ref().map(|s| Cow::Borrowed(s.get(text))),
+            meta: self.meta.as_ref().map(|m| RawJson(m.get(text))),
+        }
+    }
 }
 
 /// An event's content as the fold keeps it: the stored text of a plain string (no value
@@ -677,6 +767,29 @@ impl Content<'_> {
 }
 
 impl<'a> EventRef<'a> {
+    /// The event detached from `text`, the frame text it was parsed from, which will be
+    /// found at `base` in the text given to [`EventSpans::event_ref`].
+    pub(crate) fn spans(&self, text: &str, base: usize) -> EventSpans {
+        // A string that held escapes was built, not borrowed: `Span::of` keeps a copy.
+        let at = |s: &str| Span::of(s, text, base);
+        let at_cow = |s: &Cow<'_, str>| Span::of(s, text, base);
+        EventSpans {
+            run_id: at_cow(&self.run_id),
+            seq: self.seq,
+            ts: self.ts,
+            id: at_cow(&self.id),
+            agent_id: at_cow(&self.agent_id),
+            user_id: at_cow(&self.user_id),
+            kind: self.kind,
+            content: at(self.content.get()),
+            confidence: self.confidence,
+            refs: self.refs.clone(),
+            subject: self.subject.as_ref().map(at_cow),
+            session_id: self.session_id.as_ref().map(at_cow),
+            meta: self.meta.map(|m| at(m.get())),
+        }
+    }
+
     /// The content, parsed unless it is a plain string. (A JSON string without a
     /// backslash holds no quote and no control byte, so its stored bytes are its value.)
     pub(crate) fn content(&self) -> serde_json::Result<Content<'a>> {

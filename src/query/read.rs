@@ -9,13 +9,14 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 
 use serde::{Deserializer as _, Serialize};
 
 use crate::error::{Error, IoContext, Result};
 use crate::event::ts::Ts;
-use crate::event::{Event, EventRef, LogDamaged, BATCH_EVENTS_MAX};
+use crate::event::{Event, EventRef, EventSpans, LogDamaged, BATCH_EVENTS_MAX};
 use crate::log::frame::{self, Decoded};
 use crate::log::segment::{self, FrameReader, Step};
 use crate::log::storage::{file_len, OpenMode, Storage};
@@ -127,7 +128,7 @@ pub(crate) fn check_frame_refs<'a>(
     expect: Option<u64>,
     last_ts: Ts,
     run_id: &str,
-) -> std::result::Result<Vec<EventRef<'a>>, (Option<u64>, String)> {
+) -> std::result::Result<FrameRefs<'a>, (Option<u64>, String)> {
     let text = std::str::from_utf8(payload).map_err(|e| (None, format!("bad event JSON: {e}")))?;
     let mut de = serde_json::Deserializer::from_str(text);
     let events = de
@@ -145,11 +146,17 @@ pub(crate) fn check_frame_refs<'a>(
             e.seq,
             e.ts,
             &e.run_id,
-            LogDamaged::declared(e.kind, e.content),
+            LogDamaged::declared(
+                e.kind,
+                &mut serde_json::Deserializer::from_str(e.content.get()),
+            ),
         )
     })?;
-    Ok(events)
+    Ok((text, events))
 }
+
+/// A frame's text and its events borrowed from it.
+pub(crate) type FrameRefs<'a> = (&'a str, Vec<EventRef<'a>>);
 
 /// Parses a frame's array of events into a vector sized once from the payload's length
 /// (no stored event is shorter than ~100 bytes; a frame holds at most 1,024), instead of
@@ -227,6 +234,74 @@ pub(crate) struct FrameBounds {
 /// false to stop the walk.
 pub(crate) type FrameSink<'s> = dyn FnMut(&[EventRef<'_>], FrameBounds) -> bool + 's;
 
+/// A [`FrameSink`] that also gets the text of the frame the events are borrowed from.
+type TextSink<'s> = dyn FnMut(&str, &[EventRef<'_>], FrameBounds) -> bool + 's;
+
+/// What one frame-walk hands its sink at once: the text of its frames (each frame's
+/// events of `frames`), the walk's frames detached from the read buffer as
+/// [`EventSpans`], so that the reading thread can go on to the next frames.
+struct Chunk {
+    text: String,
+    events: Vec<EventSpans>,
+    /// Each frame: its bounds and the end of its events in `events`.
+    frames: Vec<(FrameBounds, usize)>,
+}
+
+impl Chunk {
+    /// Events and bytes a chunk gathers before it is handed over: few enough that the
+    /// two threads overlap from the first megabyte, many enough that one hand-over (a
+    /// channel send and perhaps a wake-up) is paid per thousands of events, not per
+    /// frame (a log appended one event at a time has one event per frame).
+    const EVENTS: usize = 4096;
+    const BYTES: usize = 1 << 20;
+
+    fn new() -> Chunk {
+        Chunk {
+            text: String::new(),
+            events: Vec::new(),
+            frames: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, text: &str, events: &[EventRef<'_>], bounds: FrameBounds) {
+        let base = self.text.len();
+        self.text.push_str(text);
+        let text = &self.text[base..];
+        self.events
+            .extend(events.iter().map(|e| e.spans(text, base)));
+        self.frames.push((bounds, self.events.len()));
+    }
+
+    fn clear(&mut self) {
+        self.text.clear();
+        self.events.clear();
+        self.frames.clear();
+    }
+
+    fn full(&self) -> bool {
+        self.events.len() >= Chunk::EVENTS || self.text.len() >= Chunk::BYTES
+    }
+
+    /// Hands each frame to `sink` in order; false when it said stop.
+    fn drain(&self, sink: &mut FrameSink<'_>) -> bool {
+        let mut from = 0;
+        let mut events = Vec::new();
+        for &(bounds, to) in &self.frames {
+            events.clear();
+            events.extend(
+                self.events[from..to]
+                    .iter()
+                    .map(|e| e.event_ref(&self.text)),
+            );
+            from = to;
+            if !sink(&events, bounds) {
+                return false;
+            }
+        }
+        true
+    }
+}
+
 /// A read of every event of a run, frame by frame, for a fold: the events of each frame
 /// are handed over borrowed from the read buffer, with their content unparsed, instead
 /// of being built one by one as owned [`Event`]s. Everything else is the plain read's
@@ -255,9 +330,115 @@ impl FrameWalk {
 
     /// Hands every following frame to `sink`, in log order, until it returns false or the
     /// log ends. An error stops the walk.
+    ///
+    /// A long walk (past [`FrameWalk::PIPELINE_BYTES`]) runs on two threads: this one
+    /// calls `sink`, a second one reads, checks and parses the frames ahead of it, in
+    /// chunks of [`Chunk::EVENTS`] events (parsing the events' JSON is about half of a
+    /// replay's time, the fold the other half). The sink sees the same frames in the same
+    /// order either way, and the walk stops at the same point: at the sink's first false,
+    /// or at the first error of the log (after every frame before it was handed over).
     pub(crate) fn run(&mut self, sink: &mut FrameSink<'_>) -> Result<()> {
-        while self.it.fill(Some(&mut *sink))? {}
+        if self.long() {
+            if let Some(walked) = self.run_on_two_threads(sink) {
+                return walked;
+            }
+        }
+        while self
+            .it
+            .fill(Some(&mut |_: &str, events: &[EventRef<'_>], b| {
+                sink(events, b)
+            }))?
+        {}
         Ok(())
+    }
+
+    /// [`FrameWalk::run`] with a reading thread; `None` when that thread could not be
+    /// started (nothing was read then).
+    fn run_on_two_threads(&mut self, sink: &mut FrameSink<'_>) -> Option<Result<()>> {
+        let stop = AtomicBool::new(false);
+        let (tx, rx) = mpsc::sync_channel::<Chunk>(2);
+        // Drained chunks go back to the reader and are filled again: no allocation per
+        // chunk, and no memory freed by the thread that did not allocate it.
+        let (back_tx, back_rx) = mpsc::channel::<Chunk>();
+        let it = &mut self.it;
+        std::thread::scope(|s| {
+            let stop = &stop;
+            let reader = std::thread::Builder::new().name("swarm-walk".into());
+            let reader = reader.spawn_scoped(s, move || -> Result<()> {
+                let mut chunk = Chunk::new();
+                let mut forward = |text: &str, events: &[EventRef<'_>], bounds| {
+                    chunk.push(text, events, bounds);
+                    if chunk.full() {
+                        let mut next = back_rx.try_recv().unwrap_or_else(|_| Chunk::new());
+                        next.clear();
+                        let full = std::mem::replace(&mut chunk, next);
+                        return !stop.load(Ordering::Relaxed) && tx.send(full).is_ok();
+                    }
+                    true
+                };
+                let ended = loop {
+                    match it.fill(Some(&mut forward)) {
+                        Ok(true) => {}
+                        Ok(false) => break Ok(()),
+                        Err(e) => break Err(e),
+                    }
+                };
+                // What was read before the end (or the error) is handed over first.
+                if !chunk.frames.is_empty() {
+                    let _ = tx.send(chunk);
+                }
+                ended
+            });
+            let reader = match reader {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::debug!(error = %e, "no thread for the walk; reading on this one");
+                    return None;
+                }
+            };
+            let mut stopped = false;
+            for chunk in rx.iter() {
+                if !chunk.drain(sink) {
+                    stopped = true;
+                    stop.store(true, Ordering::Relaxed);
+                    break;
+                }
+                let _ = back_tx.send(chunk);
+            }
+            // The reader's next hand-over fails, and it stops.
+            drop(rx);
+            let read = match reader.join() {
+                Ok(r) => r,
+                Err(panic) => std::panic::resume_unwind(panic),
+            };
+            // A sink that stopped was given everything it asked for; what the reader met
+            // past that point is none of the walk's business.
+            Some(match stopped {
+                true => Ok(()),
+                false => read,
+            })
+        })
+    }
+
+    /// Bytes of log from which a walk runs on two threads: below it (a cached head state
+    /// brought up to date, a short run) a thread would cost more than it saves.
+    const PIPELINE_BYTES: u64 = 4 << 20;
+
+    /// Whether this walk covers more than [`FrameWalk::PIPELINE_BYTES`] of the log, or
+    /// more than one segment.
+    fn long(&self) -> bool {
+        let it = &self.it;
+        let Some(limit) = it.limit else {
+            return true;
+        };
+        let start = match it.start {
+            Some((pos, _)) => pos,
+            None => Pos {
+                seg: it.bases.get(it.idx).copied().unwrap_or(0),
+                off: 0,
+            },
+        };
+        limit.seg != start.seg || limit.off.saturating_sub(start.off) >= FrameWalk::PIPELINE_BYTES
     }
 }
 
@@ -572,7 +753,7 @@ impl EventIter {
 
     /// Reads the next frame into `pending`, or with `sink` (a [`FrameWalk`]) hands its
     /// events to it. Returns false at the end of the log (or when `sink` says stop).
-    fn fill(&mut self, mut sink: Option<&mut FrameSink<'_>>) -> Result<bool> {
+    fn fill(&mut self, mut sink: Option<&mut TextSink<'_>>) -> Result<bool> {
         loop {
             // A walk is built without an index, so it never has a plan.
             if self.plan.is_some() && sink.is_none() {
@@ -609,7 +790,7 @@ impl EventIter {
                             })
                         }
                         Some(sink) => check_frame_refs(r.payload(), expect, last_ts, &self.run_id)
-                            .map(|events| {
+                            .map(|(text, events)| {
                                 let last = events.last().map(|e| (e.seq, e.ts));
                                 let bounds = FrameBounds {
                                     seg: self.pos.seg,
@@ -621,7 +802,7 @@ impl EventIter {
                                 let skip =
                                     events.iter().take_while(|e| e.seq < self.min_seq).count();
                                 let rest = &events[skip..];
-                                (last, rest.is_empty() || sink(rest, bounds))
+                                (last, rest.is_empty() || sink(text, rest, bounds))
                             }),
                     };
                     match checked {
