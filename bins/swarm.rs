@@ -177,6 +177,10 @@ enum Cmd {
     Index(IndexCmd),
     /// List the runs of the data directory.
     ///
+    /// Every run is listed. A run with damaged records met while reading its first and
+    /// last events is listed with where the damage is (JSON: "damaged"), and the exit
+    /// code is 3; `swarm verify --run R` checks every record.
+    ///
     /// Example:
     ///   swarm runs --json | jq -r 'select(.events > 100) | .run_id'
     #[command(verbatim_doc_comment)]
@@ -276,7 +280,9 @@ enum Cmd {
     /// Incremental from per-run watermarks; streaming (memory bounded by one pass);
     /// idempotent (nothing new: nothing written, "nothing_new": true); crash-safe (each
     /// pass is committed with its watermarks as a whole, or not at all); one synth per
-    /// user at a time (exit 4 if another holds the lock). Prints a JSON report.
+    /// user at a time (exit 4 if another holds the lock). Prints a JSON report. Damaged
+    /// records are skipped and named in the report (runs[].damaged); every intact record
+    /// is synthesized, and the exit code is then 3.
     ///
     /// Examples:
     ///   swarm synth --all
@@ -1207,8 +1213,10 @@ fn runs(store: &Store, json: bool) -> anyhow::Result<ExitCode> {
             "RUN", "EVENTS", "BYTES", "FIRST", "LAST"
         )?;
     }
+    let mut damaged = false;
     for id in ids {
         let info = store.run_info(&id)?;
+        damaged |= info.damaged.is_some();
         if json {
             serde_json::to_writer(&mut out, &info)?;
             out.write_all(b"\n")?;
@@ -1223,10 +1231,17 @@ fn runs(store: &Store, json: bool) -> anyhow::Result<ExitCode> {
                 t(info.first_ts),
                 t(info.last_ts)
             )?;
+            if let Some(d) = &info.damaged {
+                writeln!(out, "  {}", crate::term::safe(d))?;
+            }
         }
     }
     out.flush()?;
-    Ok(ExitCode::SUCCESS)
+    // Every run is listed; a damaged one makes the exit code say so (3), as `verify`.
+    Ok(match damaged {
+        true => ExitCode::from(3),
+        false => ExitCode::SUCCESS,
+    })
 }
 
 /// A progress callback: an indicatif bar on a terminal, nothing when stderr is piped.

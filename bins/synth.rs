@@ -117,7 +117,12 @@ pub fn synth(store: &Store, data_dir: &std::path::Path, a: SynthArgs) -> anyhow:
     if let (Some(o), Some(rss)) = (v.as_object_mut(), peak_rss_bytes()) {
         o.insert("peak_rss_bytes".into(), rss.into());
     }
-    print_json(&v)
+    let code = print_json(&v)?;
+    // Every run was synthesized; damaged records skipped in one make the exit code 3.
+    Ok(match report.runs.iter().any(|r| !r.damaged.is_empty()) {
+        true => ExitCode::from(3),
+        false => code,
+    })
 }
 
 #[derive(Args)]
@@ -125,8 +130,8 @@ pub struct FactsArgs {
     /// Only facts about this subject.
     #[arg(long)]
     pub(crate) subject: Option<String>,
-    /// The full evidence chain of one fact (e.g. F12), back to the raw events.
-    #[arg(long)]
+    /// The full evidence chain of one fact (e.g. F12), back to the raw events (JSON).
+    #[arg(long, conflicts_with_all = ["subject", "as_of", "all", "table"])]
     pub(crate) explain: Option<String>,
     /// With --explain: at most this many raw events (the total is always given).
     #[arg(long, default_value_t = 50)]
@@ -161,6 +166,7 @@ pub fn facts(store: &Store, a: FactsArgs) -> anyhow::Result<ExitCode> {
         subject: a.subject,
         as_of,
         include_superseded: a.all,
+        reader: None,
     })?;
     if !a.table {
         return print_json(&ans);

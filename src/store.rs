@@ -91,6 +91,10 @@ pub struct RunInfo {
     pub last_ts: Option<Ts>,
     /// Creation time.
     pub created: Ts,
+    /// Damaged records met while reading the first and the last events (skipped: the
+    /// other figures are what could be read), named with where they are. Absent when none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub damaged: Option<String>,
 }
 
 impl Store {
@@ -998,6 +1002,22 @@ impl Store {
         }
         let log = self.writer(run, &self.user)?;
         let repaired = log.repair()?;
+        if repaired.is_none() {
+            // Nothing to cut at the tail. Damage followed by valid records is not cut
+            // (that would drop them): said, never answered with "nothing to repair".
+            let report = self.verify(run, |_| {})?;
+            if let Some(d) = report.corrupt.first() {
+                return Err(Error::corrupt(
+                    &d.segment,
+                    d.offset,
+                    d.seq,
+                    format!(
+                        "{}; valid records follow the damage (bytes {}..{}), so repair does not cut it, which would drop them: `swarm read --skip-corrupt` reads every intact record, `swarm verify` lists the damage",
+                        d.reason, d.offset, d.resumed_at
+                    ),
+                ));
+            }
+        }
         if let Some(ev) = &repaired {
             // Caches and checkpoints built on the lost bytes are dropped: a checkpoint
             // at or after the first lost seq names a frame that is gone.
@@ -1080,29 +1100,47 @@ impl Store {
                 false => len,
             };
         }
-        let first = self
-            .read(
-                run,
-                ReadOptions {
-                    limit: Some(1),
-                    ..ReadOptions::default()
-                },
-            )?
-            .next()
-            .transpose()?;
+        // Damaged records are skipped and reported, not fatal: a listing of the user's
+        // runs must show every run, a damaged one too (`swarm verify` tells the rest).
+        let mut damaged = None;
+        let mut note = |it: &EventIter| {
+            if let Some(s) = it.skipped().first() {
+                damaged.get_or_insert_with(|| {
+                    format!(
+                        "damaged bytes at {} byte {} (seq {}): {}; see swarm verify",
+                        s.segment.display(),
+                        s.offset,
+                        s.seq,
+                        s.reason
+                    )
+                });
+            }
+        };
+        let mut it = self.read(
+            run,
+            ReadOptions {
+                limit: Some(1),
+                skip_corrupt: true,
+                ..ReadOptions::default()
+            },
+        )?;
+        let first = it.next().transpose()?;
+        note(&it);
         // The last visible event: read from the last segment that has one.
         let mut last: Option<Event> = None;
         for &b in bases.iter().rev() {
-            let it = self.read(
+            let mut it = self.read(
                 run,
                 ReadOptions {
                     from_seq: Some(b),
+                    skip_corrupt: true,
                     ..ReadOptions::default()
                 },
             )?;
-            for e in it {
+            for e in it.by_ref() {
                 last = Some(e?);
             }
+            note(&it);
             if last.is_some() {
                 break;
             }
@@ -1118,6 +1156,7 @@ impl Store {
             first_ts: first.map(|e| e.ts),
             last_ts: last.map(|e| e.ts),
             created: meta.created,
+            damaged,
         })
     }
 }

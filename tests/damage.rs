@@ -600,3 +600,70 @@ fn seqs_readers_saw_that_a_power_loss_took_are_never_reused() {
     assert_eq!(lib_append(&store, run, "later").seq, 8);
     env.check_run(run);
 }
+
+/// One damaged run does not stop the commands that cover every run of the user: `runs`
+/// lists every run (the damaged one with where its damage is) and exits 3; `synth --all`
+/// synthesizes every intact record, names the damaged ones in its report and exits 3;
+/// `search` answers from the other runs and the intact records.
+#[test]
+fn a_damaged_run_does_not_stop_user_wide_commands() {
+    let env = Env::new();
+    let (seg, b) = five_frames(&env, "broken");
+    let store = env.store();
+    lib_append(&store, "healthy", "connection pool exhausted on orders-db");
+    drop(store);
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[b[2] + 100] ^= 0x04;
+    std::fs::write(&seg, &bytes).unwrap();
+
+    let out = env.swarm(&["runs"]).code(3);
+    assert!(out.stdout.contains("healthy"), "{}", out.stdout);
+    assert!(out.stdout.contains("broken"), "{}", out.stdout);
+    assert!(out.stdout.contains("damaged bytes at"), "{}", out.stdout);
+    let out = env.swarm(&["runs", "--json"]).code(3);
+    let rows: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2);
+    let broken = rows.iter().find(|r| r["run_id"] == "broken").unwrap();
+    assert!(
+        broken["damaged"].as_str().unwrap().contains("seq 3"),
+        "{broken}"
+    );
+    assert_eq!(broken["head_seq"], 5, "{broken}");
+    let healthy = rows.iter().find(|r| r["run_id"] == "healthy").unwrap();
+    assert!(healthy.get("damaged").is_none(), "{healthy}");
+
+    let out = env.swarm(&["synth", "--all"]).code(3);
+    let rep: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let runs = rep["runs"].as_array().unwrap();
+    let of = |name: &str| runs.iter().find(|r| r["run"] == name).cloned().unwrap();
+    assert_eq!(of("healthy")["events"], 1, "{rep}");
+    assert!(of("healthy").get("damaged").is_none(), "{rep}");
+    assert_eq!(of("broken")["events"], 4, "every intact record: {rep}");
+    assert!(
+        of("broken")["damaged"][0]
+            .as_str()
+            .unwrap()
+            .contains("seq 3"),
+        "{rep}"
+    );
+
+    let out = env
+        .swarm(&["search", "connection pool exhausted", "--json"])
+        .ok();
+    assert!(out.stdout.contains("orders-db"), "{}", out.stdout);
+
+    // Repair does not cut damage that valid records follow, and says so (never "null").
+    let out = env.swarm(&["repair", "--run", "broken"]).code(3);
+    assert!(out.stdout.trim().is_empty(), "{}", out.stdout);
+    assert!(
+        out.stderr.contains("valid records follow"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("seq 3"), "{}", out.stderr);
+    assert_eq!(std::fs::read(&seg).unwrap(), bytes, "nothing cut");
+}

@@ -115,6 +115,8 @@ fn mcp_over_http_lists_calls_and_refuses_with_the_tokens_identity() {
     // An agent the token does not name is forbidden.
     assert_eq!(v["forbidden"], "forbidden", "{v}");
     assert_eq!(v["no_token"], 401, "{v}");
+    // A session's DELETE is answered as the SDKs take it (200 or 204).
+    assert_eq!(v["delete_status"], 204, "{v}");
     assert_eq!(v["wrong_token"], 401, "{v}");
     assert_eq!(v["sdk_wrong_token"], "refused", "{v}");
 }

@@ -695,3 +695,152 @@ fn concurrent_pruners_never_fail_a_caller() {
         .ok();
     assert!(ctx.stdout.contains("start"), "{}", ctx.stdout);
 }
+
+/// A run's read policy holds for what quotes entries, not only for the entries: an agent
+/// shown evidence alone gets no escalation (it quotes two decisions), no prune summary
+/// (it quotes hypotheses), and only facts whose every source it may read, from the
+/// facts list, `explain`, and search (library calls, which the CLI, HTTP and MCP use).
+#[test]
+fn quoting_events_and_facts_follow_the_read_policy() {
+    use swarm_memory::fold::rules::Policy;
+    use swarm_memory::synth::search::{search, Ranker, SearchQuery};
+    use swarm_memory::synth::{FactsQuery, SynthOptions};
+    use swarm_memory::{Durability, EventType, NewEvent, ReadOptions, Store};
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("data"))
+        .unwrap()
+        .with_user("alice", false)
+        .unwrap()
+        .with_checkpoints(dir.path().join("ck"), 0);
+    let add = |agent: &str, kind: EventType, subject: &str, text: &str| {
+        let mut e = NewEvent::new(agent, kind, text.to_string());
+        e.subject = Some(subject.to_string());
+        e.confidence = Some(0.8);
+        store.append("r", e, Durability::None)
+    };
+    let policy: Policy = serde_json::from_value(json!({
+        "permissions": {
+            "lead": {"read_types": ["*"], "write_types": ["*"], "admin": true},
+            "ops": {"read_types": ["*"], "write_types": ["*"]},
+            "db": {"read_types": ["evidence"], "write_types": ["evidence", "hypothesis"]}
+        },
+        "prune_max_entries": 1000
+    }))
+    .unwrap();
+    store.set_policy("r", "lead", &policy).unwrap();
+    add(
+        "lead",
+        EventType::Hypothesis,
+        "root",
+        "SECRETHYPO vendor breach",
+    )
+    .unwrap();
+    add(
+        "db",
+        EventType::Evidence,
+        "pool",
+        "connection pool exhausted at 40",
+    )
+    .unwrap();
+    add(
+        "lead",
+        EventType::Decision,
+        "payments",
+        "SECRETA fail over payments",
+    )
+    .unwrap();
+    // A second agent's contradicting decision is escalated.
+    let _ = add(
+        "ops",
+        EventType::Decision,
+        "payments",
+        "SECRETB keep payments",
+    );
+    let esc = store.escalations("r", true).unwrap();
+    assert_eq!(esc.len(), 1, "the contradicting decision is escalated");
+    assert_eq!(
+        store.escalations_as("r", true, Some("lead")).unwrap().len(),
+        1
+    );
+    assert!(store
+        .escalations_as("r", true, Some("db"))
+        .unwrap()
+        .is_empty());
+    store
+        .prune("r", "lead", &swarm_memory::fold::summary::Builtin, true)
+        .unwrap()
+        .expect("a summary");
+
+    let as_db: Vec<_> = store
+        .read(
+            "r",
+            ReadOptions {
+                reader: Some("db".into()),
+                ..ReadOptions::default()
+            },
+        )
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let text = serde_json::to_string(&as_db).unwrap();
+    assert!(text.contains("connection pool exhausted"), "{text}");
+    for secret in ["SECRETHYPO", "secreta", "SECRETA", "secretb", "SECRETB"] {
+        assert!(!text.contains(secret), "{secret} reached db: {text}");
+    }
+    for kind in ["escalation", "summary"] {
+        assert!(as_db.iter().all(|e| e.kind.as_str() != kind), "{kind}");
+    }
+    // The lead is shown everything, the summary and the escalation included.
+    let as_lead: Vec<_> = store
+        .read(
+            "r",
+            ReadOptions {
+                reader: Some("lead".into()),
+                ..ReadOptions::default()
+            },
+        )
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    for kind in ["escalation", "summary", "hypothesis"] {
+        assert!(as_lead.iter().any(|e| e.kind.as_str() == kind), "{kind}");
+    }
+    let ctx = serde_json::to_string(&store.context("r", "db", 8000).unwrap()).unwrap();
+    assert!(!ctx.contains("SECRET") && !ctx.contains("secret"), "{ctx}");
+    let ctx = serde_json::to_string(&store.context("r", "lead", 8000).unwrap()).unwrap();
+    assert!(ctx.contains("summary"), "{ctx}");
+
+    store.synth(&SynthOptions::default(), |_| {}).unwrap();
+    let all = store.facts(&FactsQuery::default()).unwrap();
+    let kinds = |a: &swarm_memory::synth::FactsAnswer| {
+        a.facts
+            .iter()
+            .map(|f| f.kind.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    assert!(kinds(&all).contains("hypothesis"), "{:?}", kinds(&all));
+    let for_db = store
+        .facts(&FactsQuery {
+            reader: Some("db".into()),
+            ..FactsQuery::default()
+        })
+        .unwrap();
+    assert_eq!(kinds(&for_db).into_iter().collect::<Vec<_>>(), ["evidence"]);
+    let hypo = all.facts.iter().find(|f| f.kind == "hypothesis").unwrap();
+    assert!(store.explain_fact_as(&hypo.id, 10, Some("db")).is_err());
+    assert!(store.explain_fact_as(&hypo.id, 10, Some("lead")).is_ok());
+    let q = |reader: &str| SearchQuery {
+        filters: ReadOptions {
+            reader: Some(reader.into()),
+            ..ReadOptions::default()
+        },
+        ..SearchQuery::new("SECRETHYPO vendor breach")
+    };
+    let hits = |reader: &str| {
+        let a = search(&store, &q(reader), Ranker::Lexical("test")).unwrap();
+        serde_json::to_string(&a.hits).unwrap()
+    };
+    assert!(hits("lead").contains("SECRETHYPO"));
+    assert!(!hits("db").contains("SECRETHYPO"), "{}", hits("db"));
+}

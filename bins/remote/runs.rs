@@ -18,11 +18,21 @@ fn run_list(c: &Client) -> anyhow::Result<Vec<Value>> {
 }
 
 pub(super) fn runs(c: &Client, json: bool) -> anyhow::Result<ExitCode> {
-    if json {
-        return print_items(&c.get_text("/v1/runs", &[])?, "runs");
-    }
     // Asked before anything is printed: a refusal leaves stdout empty.
-    let list = run_list(c)?;
+    let text = c.get_text("/v1/runs", &[])?;
+    // A damaged run is listed, and the exit code says so, as in the embedded mode.
+    let list: Vec<Value> = serde_json::from_str(member(&text, "runs")?.get())?;
+    let code = match list
+        .iter()
+        .any(|i| i.get("damaged").is_some_and(|d| !d.is_null()))
+    {
+        true => ExitCode::from(3),
+        false => ExitCode::SUCCESS,
+    };
+    if json {
+        print_items(&text, "runs")?;
+        return Ok(code);
+    }
     let out = io::stdout();
     let mut out = out.lock();
     writeln!(
@@ -41,9 +51,12 @@ pub(super) fn runs(c: &Client, json: bool) -> anyhow::Result<ExitCode> {
             t("first_ts"),
             t("last_ts")
         )?;
+        if let Some(d) = info["damaged"].as_str() {
+            writeln!(out, "  {}", crate::term::safe(d))?;
+        }
     }
     out.flush()?;
-    Ok(ExitCode::SUCCESS)
+    Ok(code)
 }
 
 pub(super) fn verify(c: &Client, run: Option<String>) -> anyhow::Result<ExitCode> {

@@ -123,6 +123,9 @@ pub fn default_dir(data_dir: &Path) -> PathBuf {
 pub fn locate(explicit: Option<&Path>, data_dir: &Path) -> Located {
     let env = std::env::var_os(MODEL_ENV).filter(|v| !v.is_empty());
     let (path, origin) = match (explicit, env) {
+        // The CLI's `--embed-model` takes its value from the variable when not given:
+        // the same path is named by where it most likely came from.
+        (Some(p), Some(e)) if p.as_os_str() == e => (p.to_path_buf(), Origin::Env),
         (Some(p), _) => (p.to_path_buf(), Origin::Explicit),
         (None, Some(e)) => (PathBuf::from(e), Origin::Env),
         (None, None) => (default_dir(data_dir), Origin::DataDir),

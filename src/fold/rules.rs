@@ -153,6 +153,15 @@ impl Policy {
         let p = self.permissions.as_ref()?;
         Some(p.get(agent).or_else(|| p.get("*")))
     }
+
+    /// Whether `agent` is shown entries of type `kind` (by name) under this policy.
+    pub fn may_read_type(&self, agent: &str, kind: &str) -> bool {
+        match self.perms(agent) {
+            None => true,
+            Some(None) => false,
+            Some(Some(p)) => allows(&p.read_types, kind),
+        }
+    }
 }
 
 /// Content of an `escalation` event.
@@ -357,7 +366,7 @@ impl Rules {
     /// Whether `agent` may see the stored event `e`: client types by the policy's
     /// `read_types`, channel events by the channel's readers; engine events otherwise.
     pub fn may_read_event(&self, agent: &str, e: &crate::event::Event) -> bool {
-        if !self.may_read_type(agent, e.kind) && e.kind.is_client() {
+        if !self.may_read_kind(agent, e.kind) {
             return false;
         }
         match e.kind {
@@ -366,6 +375,29 @@ impl Rules {
                 .get("channel")
                 .and_then(|c| c.as_str())
                 .is_some_and(|c| self.may_read_channel(agent, c)),
+            _ => true,
+        }
+    }
+
+    /// Whether `agent` is shown events of this type: a client type by the policy's
+    /// `read_types`; an engine event that quotes entries by the types it quotes. An
+    /// escalation quotes the two decisions or actions it is between (their normalized
+    /// contents) and a resolution names the one that stands, with a human's note about
+    /// them: shown to an agent shown decisions and actions. A summary quotes the
+    /// hypotheses and evidence it replaced: shown to an agent shown both. The other
+    /// engine events quote no entry (channel events go by the channel's readers, see
+    /// [`Rules::may_read_event`]).
+    pub fn may_read_kind(&self, agent: &str, kind: EventType) -> bool {
+        match kind {
+            k if k.is_client() => self.may_read_type(agent, k),
+            EventType::Escalation | EventType::Resolution => {
+                self.may_read_type(agent, EventType::Decision)
+                    && self.may_read_type(agent, EventType::ActionTaken)
+            }
+            EventType::Summary => {
+                self.may_read_type(agent, EventType::Hypothesis)
+                    && self.may_read_type(agent, EventType::Evidence)
+            }
             _ => true,
         }
     }

@@ -57,8 +57,13 @@ pub struct AntiPattern {
     pub suggestion: String,
 }
 
-/// The tool call an entry records, if any.
+/// The tool call an entry records, if any: a call reported as it was made, not one
+/// recorded afterwards (`record_tool_failure_pattern`, which may restate calls already
+/// tracked and is no call of its own).
 pub fn tool_call(e: &Event) -> Option<ToolCall> {
+    if crate::synth::patterns::is_retrospective(e) {
+        return None;
+    }
     let m = e.meta.as_ref()?;
     let tool = m.get("tool")?.as_str()?.to_string();
     let error = m.get("error").and_then(Value::as_str).map(str::to_string);

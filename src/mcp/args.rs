@@ -118,13 +118,13 @@ args! {
         history: bool => "Also the seqs of every write and recorded conflict (default: only the value, version and declaration).",
     }
     /// Arguments of `list_escalations`.
-    EscalationsArgs {
+    EscalationsArgs(agent) {
         run: String => "The run.",
         #[serde(default)]
         include_resolved: bool => "Resolved escalations too.",
     }
     /// Arguments of `list_facts`.
-    FactsArgs {
+    FactsArgs(agent) {
         subject: Option<String> => "Only this subject.",
         #[serde(default)]
         include_superseded: bool => "Superseded facts too (they lost a contradiction).",
@@ -132,7 +132,7 @@ args! {
         limit: Option<usize> => "At most this many facts (default 50, at most 500), most confident first.",
     }
     /// Arguments of `explain_fact`.
-    ExplainArgs {
+    ExplainArgs(agent) {
         fact: String => "The fact id (`F12`).",
         limit: Option<usize> => "Raw events read back, at most (default 10, at most 100).",
     }

@@ -297,6 +297,13 @@ pub fn record_failure(s: &Session, a: FailurePatternArgs) -> ToolResult {
         }
         batch.push(ok);
     }
+    // Recorded after the fact: the synthesizer does not count a failure the run already
+    // tracked twice, and the anti-pattern detector does not take these for calls.
+    for e in &mut batch {
+        if let Some(m) = e.meta.as_mut() {
+            m.insert("retrospective".into(), json!(true));
+        }
+    }
     let stored = s
         .store
         .append_batch(&a.run, batch, None, Durability::Sync)?;

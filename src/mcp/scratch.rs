@@ -174,7 +174,10 @@ pub fn read_channel(s: &Session, a: ReadChannelArgs) -> ToolResult {
 
 /// `list_escalations`.
 pub fn escalations(s: &Session, a: EscalationsArgs) -> ToolResult {
-    let e = s.store.escalations(&a.run, a.include_resolved)?;
+    let agent = s.agent(a.agent.as_deref())?;
+    let e = s
+        .store
+        .escalations_as(&a.run, a.include_resolved, Some(&agent))?;
     Ok(json!({"escalations": to_json(&e)?}))
 }
 
@@ -188,6 +191,9 @@ pub fn facts(s: &Session, a: FactsArgs) -> ToolResult {
             .map(|t| parse_time("as_of", t))
             .transpose()?,
         include_superseded: a.include_superseded,
+        // Facts are drawn from every run, past each run's policy: the agent gets those
+        // whose every source it may read.
+        reader: Some(s.agent(a.agent.as_deref())?),
     };
     let mut ans = match s.store.facts(&q) {
         Ok(a) => a,
@@ -202,6 +208,10 @@ pub fn facts(s: &Session, a: FactsArgs) -> ToolResult {
     let total = ans.facts.len();
     ans.facts
         .truncate(a.limit.unwrap_or(50).clamp(1, FACTS_LIMIT_MAX));
+    // The contradictions of the facts returned, not of those cut.
+    let kept: std::collections::BTreeSet<&str> = ans.facts.iter().map(|f| f.id.as_str()).collect();
+    ans.contradictions
+        .retain(|c| kept.contains(c.a.as_str()) || kept.contains(c.b.as_str()));
     let mut v = to_json(&ans)?;
     v["facts_total"] = json!(total);
     Ok(v)
@@ -209,9 +219,10 @@ pub fn facts(s: &Session, a: FactsArgs) -> ToolResult {
 
 /// `explain_fact`.
 pub fn explain(s: &Session, a: ExplainArgs) -> ToolResult {
+    let agent = s.agent(a.agent.as_deref())?;
     to_json(
         &s.store
-            .explain_fact(&a.fact, a.limit.unwrap_or(10).clamp(1, 100))?,
+            .explain_fact_as(&a.fact, a.limit.unwrap_or(10).clamp(1, 100), Some(&agent))?,
     )
 }
 

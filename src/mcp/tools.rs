@@ -105,7 +105,8 @@ tools! {
     /// each with a confidence that grows with independent evidence, contradictions and
     /// which side stands. Call it to know what is established (optionally for one subject,
     /// or as it stood at a time). Facts are made by the synthesizer (`swarm synth`, and
-    /// complete_investigation), not at each append. Returns {facts, contradictions,
+    /// complete_investigation), not at each append. You get the facts whose every source
+    /// your agent may read under each run's policy. Returns {facts, contradictions,
     /// facts_total}.
     #[tool(annotations(read_only_hint = true))]
     list_facts(FactsArgs) => scratch::facts;
@@ -133,8 +134,9 @@ tools! {
     /// an error or a component. Call it at the start of an investigation and whenever
     /// you meet something unfamiliar. Filters: run, agent, type, subject, time. Returns
     /// ranked hits: facts (deduplicated, with confidence and the agents that found them)
-    /// and findings (entries with their run and seq). Lexical matching for now: use the
-    /// words the finding would contain.
+    /// and findings (entries with their run and seq), only what your agent may read
+    /// under each run's policy. Ranked by words, and by meaning when the server has an
+    /// embedding model (the answer's `mode` says which).
     #[tool(annotations(read_only_hint = true))]
     search_memory(SearchArgs) => memory::search_memory;
 

@@ -356,12 +356,14 @@ impl FrameWalk {
     /// started (nothing was read then).
     fn run_on_two_threads(&mut self, sink: &mut FrameSink<'_>) -> Option<Result<()>> {
         let stop = AtomicBool::new(false);
-        let (tx, rx) = mpsc::sync_channel::<Chunk>(2);
-        // Drained chunks go back to the reader and are filled again: no allocation per
-        // chunk, and no memory freed by the thread that did not allocate it.
-        let (back_tx, back_rx) = mpsc::channel::<Chunk>();
         let it = &mut self.it;
         std::thread::scope(|s| {
+            // Made inside the scope: if the sink panics, unwinding drops `rx` before the
+            // scope waits for the reader, whose next send then fails and ends it.
+            let (tx, rx) = mpsc::sync_channel::<Chunk>(2);
+            // Drained chunks go back to the reader and are filled again: no allocation
+            // per chunk, and no memory freed by the thread that did not allocate it.
+            let (back_tx, back_rx) = mpsc::channel::<Chunk>();
             let stop = &stop;
             let reader = std::thread::Builder::new().name("swarm-walk".into());
             let reader = reader.spawn_scoped(s, move || -> Result<()> {

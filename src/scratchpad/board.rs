@@ -341,7 +341,23 @@ impl Store {
 
     /// Escalations of the run (open ones only unless `all`).
     pub fn escalations(&self, run: &str, all: bool) -> Result<Vec<EscalationView>> {
+        self.escalations_as(run, all, None)
+    }
+
+    /// [`Store::escalations`] for a read made as `reader`: none for an agent the run's
+    /// policy does not show escalations ([`crate::fold::rules::Rules::may_read_kind`]:
+    /// they quote decisions and actions).
+    pub fn escalations_as(
+        &self,
+        run: &str,
+        all: bool,
+        reader: Option<&str>,
+    ) -> Result<Vec<EscalationView>> {
+        crate::store::engine_log_hidden(run, reader)?;
         let s = self.head(run)?;
+        if reader.is_some_and(|r| !s.rules.may_read_kind(r, EventType::Escalation)) {
+            return Ok(Vec::new());
+        }
         Ok(s.rules
             .escalations
             .iter()

@@ -12,7 +12,7 @@
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::event::Event;
+use crate::event::{Event, EventType};
 use crate::query::options::ReadOptions;
 use crate::store::Store;
 
@@ -104,8 +104,11 @@ impl Store {
                 cands.push((0, "pinned", e.clone()));
             }
         }
-        for s in state.summaries.iter().rev() {
-            cands.push((1, "summary", s.clone()));
+        // A summary quotes the entries it replaced: only for an agent shown them.
+        if rules.may_read_kind(agent, EventType::Summary) {
+            for s in state.summaries.iter().rev() {
+                cands.push((1, "summary", s.clone()));
+            }
         }
         let from =
             (rules.pruned_upto + 1).max(state.head_seq.saturating_sub(RECENT_EVENTS_MAX) + 1);

@@ -117,7 +117,15 @@ async fn admit(State(g): State<Gate>, req: Request, next: Next) -> Response {
         Err(e) => return Problem::from(e).into_response(),
     };
     parts.extensions.insert(session);
-    next.run(Request::from_parts(parts, body)).await
+    let closes_session = parts.method == axum::http::Method::DELETE;
+    let mut res = next.run(Request::from_parts(parts, body)).await;
+    // rmcp answers a session's DELETE with 202; the MCP SDKs take 200 or 204 for "ended"
+    // (the Python SDK logs "Session termination failed: 202" otherwise).
+    if closes_session && res.status() == axum::http::StatusCode::ACCEPTED {
+        *res.status_mut() = axum::http::StatusCode::NO_CONTENT;
+        *res.body_mut() = axum::body::Body::empty();
+    }
+    res
 }
 
 /// The session of an MCP request: the one [`admit`] put in its HTTP request's

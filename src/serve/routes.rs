@@ -365,9 +365,9 @@ struct AllQuery {
     all: bool,
 }
 
-async fn escalations(id: Identity, Path(run): Path<String>, Q(q): Q<AllQuery>) -> Viewed {
-    let e = id.call(move |s| s.escalations(&run, q.all)).await?;
-    answer(Keyed("escalations", e))
+async fn escalations(Path(run): Path<String>, r: Reading, Q(q): Q<AllQuery>) -> Viewed {
+    r.view("escalations", move |s, a| s.escalations_as(&run, q.all, a))
+        .await
 }
 
 /// How an escalation is resolved: a note, and the winning hypothesis's seq if any.
@@ -669,6 +669,7 @@ async fn facts(id: Identity, Q(q): Q<FactsParams>) -> Viewed {
         subject: q.subject,
         as_of: parse_ts("as_of", q.as_of)?,
         include_superseded: q.all,
+        reader: None,
     };
     answer(id.call(move |s| s.facts(&query)).await?)
 }

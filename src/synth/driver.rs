@@ -112,6 +112,11 @@ pub struct RunSynth {
     pub events: u64,
     /// Findings (evidence, hypotheses) among them.
     pub findings: u64,
+    /// Damaged records skipped (where, which seq, why): the run's intact records are
+    /// synthesized, these are not (`swarm verify --run R` and `swarm repair` tell the
+    /// rest). Absent when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub damaged: Vec<String>,
 }
 
 /// The report of [`Store::synth`].
@@ -928,10 +933,13 @@ impl Store {
                 prog.run = run.clone();
                 // From the start: a plain scan (a filtered read would first build the
                 // run's index); from a watermark: the index seeks to it.
+                // Damaged records are skipped and reported: one damaged run must not
+                // stop the nightly synthesis of every run of the user.
                 let mut it = self.read(
                     run,
                     ReadOptions {
                         from_seq: (from > 1).then_some(from),
+                        skip_corrupt: true,
                         ..ReadOptions::default()
                     },
                 )?;
@@ -992,9 +1000,28 @@ impl Store {
                 }
                 // Read to its visible end: where the next synth's fast path looks. Only
                 // for a run that had new events (its watermark moves in this pass).
+                rs.damaged = it
+                    .skipped()
+                    .iter()
+                    .map(|d| {
+                        format!(
+                            "{} bytes {}..{} (seq {}): {}",
+                            d.segment.display(),
+                            d.offset,
+                            d.resumed_at,
+                            d.seq,
+                            d.reason
+                        )
+                    })
+                    .collect();
+                if !rs.damaged.is_empty() {
+                    tracing::warn!(run = %run, damaged = ?rs.damaged, "synth: damaged records skipped");
+                }
                 if rs.events > 0 {
                     let end = it.position();
                     pass.ends.insert(run.clone(), (end.seg, end.off));
+                    report.runs.push(rs);
+                } else if !rs.damaged.is_empty() {
                     report.runs.push(rs);
                 }
             }

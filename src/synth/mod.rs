@@ -55,4 +55,4 @@ pub use facts::FACTS_RUN;
 pub use judge::LlmOptions;
 pub use settings::{SharePatterns, UserSettings};
 pub use share::Scoped;
-pub use views::{Explanation, FactView, FactsAnswer, FactsQuery};
+pub use views::{Explanation, FactGate, FactView, FactsAnswer, FactsQuery};

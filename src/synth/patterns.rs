@@ -453,6 +453,19 @@ pub struct Learner {
     mistakes: BTreeMap<String, ToolMistake>,
     // Per tool: fingerprints and arguments of its recent failures, oldest first.
     pending: BTreeMap<String, VecDeque<(String, Option<Value>)>>,
+    // Failures of calls made (not recorded afterwards): fingerprint and arguments, so a
+    // later record of the same failure (`meta.retrospective`) is not counted twice.
+    called: std::collections::BTreeSet<(String, String)>,
+}
+
+/// Whether an entry records a call after the fact (`record_tool_failure_pattern`) rather
+/// than reporting one as it is made: it may restate a call already tracked.
+pub fn is_retrospective(e: &Event) -> bool {
+    e.meta
+        .as_ref()
+        .and_then(|m| m.get("retrospective"))
+        .and_then(Value::as_bool)
+        == Some(true)
 }
 
 impl Learner {
@@ -515,6 +528,13 @@ impl Learner {
         } else {
             let norm = normalize_error(error.unwrap_or("error"));
             let fp = fingerprint(&[tool, &norm]);
+            let key = (fp.clone(), args.map_or_else(String::new, Value::to_string));
+            let restated = if is_retrospective(e) {
+                self.called.contains(&key)
+            } else {
+                self.called.insert(key);
+                false
+            };
             let m = self
                 .mistakes
                 .entry(fp.clone())
@@ -529,7 +549,9 @@ impl Learner {
                     corrected_at: None,
                     provenance: Provenance::default(),
                 });
-            m.occurrence_count += 1;
+            if !restated {
+                m.occurrence_count += 1;
+            }
             let buf = self.pending.entry(tool.to_string()).or_default();
             if buf.len() == FAILURE_BUFFER_MAX {
                 buf.pop_front();
@@ -962,6 +984,50 @@ mod tests {
         assert_eq!(
             describe_args_diff(Some(&json!({"a": 1})), Some(&json!({"a": 1}))),
             None
+        );
+    }
+
+    /// A failure tracked as it happened and recorded again afterwards
+    /// (`record_tool_failure_pattern`: `meta.retrospective`) is one occurrence; a
+    /// recorded failure the run never tracked counts, and so do repeated real calls.
+    #[test]
+    fn a_recorded_failure_restating_a_tracked_one_counts_once() {
+        let retro = |mut e: Event| {
+            if let Some(m) = e.meta.as_mut() {
+                m.insert("retrospective".into(), json!(true));
+            }
+            e
+        };
+        let args = json!({"filter": "x"});
+        let v = vec![
+            fail(1, "query_metrics", "unknown field filter", args.clone()),
+            call(2, "query_metrics", json!({"resource.type": "x"})),
+            retro(fail(
+                3,
+                "query_metrics",
+                "unknown field filter",
+                args.clone(),
+            )),
+            retro(call(4, "query_metrics", json!({"resource.type": "x"}))),
+            retro(fail(5, "other_tool", "permission denied", json!({}))),
+            fail(6, "third", "timeout", json!({})),
+            fail(7, "third", "timeout", json!({})),
+        ];
+        let l = learn_from_run(&v);
+        let count = |tool: &str| {
+            l.mistakes
+                .iter()
+                .find(|m| m.tool == tool)
+                .map(|m| m.occurrence_count)
+        };
+        assert_eq!(count("query_metrics"), Some(1));
+        assert_eq!(count("other_tool"), Some(1));
+        assert_eq!(count("third"), Some(2));
+        // The detector of anti-patterns sees the calls made, not the records.
+        let calls: Vec<_> = v.iter().filter_map(crate::mcp::anti::tool_call).collect();
+        assert_eq!(
+            calls.iter().map(|c| c.seq).collect::<Vec<_>>(),
+            [1, 2, 6, 7]
         );
     }
 

@@ -388,8 +388,10 @@ pub fn is_bookkeeping(e: &Event) -> bool {
 }
 
 fn facts(store: &Store, run: Option<&str>, f: &ReadOptions) -> Result<Vec<Hit>> {
+    // A search made as an agent gets the facts it may see (see `FactsQuery::reader`).
     let fq = FactsQuery {
         subject: f.subject.clone(),
+        reader: f.reader.clone(),
         ..FactsQuery::default()
     };
     let ans = match store.facts(&fq) {
@@ -430,15 +432,22 @@ fn findings(store: &Store, run: Option<&str>, f: &ReadOptions) -> Result<Vec<Hit
     };
     let mut out = Vec::new();
     for run in runs {
+        // Damaged records are skipped (and logged): one damaged run must not fail the
+        // search of all the others (`swarm runs` and `swarm verify` report it).
         let opts = ReadOptions {
             last: Some(FINDINGS_PER_RUN_MAX),
+            skip_corrupt: true,
             ..f.clone()
         };
-        for e in store.read(&run, opts)? {
+        let mut it = store.read(&run, opts)?;
+        for e in it.by_ref() {
             let entry = e?;
             if entry.kind.is_client() && !is_bookkeeping(&entry) {
                 out.push(Hit::new(Found::Finding { entry }));
             }
+        }
+        if let Some(d) = it.skipped().first() {
+            tracing::warn!(run = %run, segment = %d.segment.display(), offset = d.offset, seq = d.seq, "search: damaged records skipped");
         }
     }
     Ok(out)
@@ -621,9 +630,8 @@ pub struct SearchQuery<'a> {
     /// Hits wanted (1..[`HITS_MAX`]).
     pub limit: usize,
     /// Whether to search the user's facts too. Facts are drawn from every run of the
-    /// user, past any run's read policy: a caller that must honour the policies for an
-    /// agent that may not read everything (the HTTP API's non-admin tokens) leaves them
-    /// out.
+    /// user, past any run's read policy: with `filters.reader` only those whose every
+    /// source the agent may read are searched ([`crate::synth::FactGate`]).
     pub facts: bool,
 }
 

@@ -102,6 +102,48 @@ pub struct FactsQuery {
     pub as_of: Option<Ts>,
     /// Superseded facts too.
     pub include_superseded: bool,
+    /// Only what this agent may read ([`Store::fact_gate`]): a fact is drawn from every
+    /// run of the user, past each run's read policy, so a read made as an agent gets
+    /// the facts whose every source it could read itself. `None`: the user's own read.
+    pub reader: Option<String>,
+}
+
+/// Which facts a read made as an agent may see: those of a kind the agent is shown in
+/// every run the fact was found in, under each run's current policy. A fact's wordings
+/// come from those runs' entries of its kind (facts are formed within one entry type),
+/// so this is exactly what the agent could have read there. A run that cannot be read
+/// (gone, damaged) shows nothing: the gate fails closed.
+pub struct FactGate<'s> {
+    store: &'s Store,
+    reader: Option<String>,
+    policies: std::collections::BTreeMap<String, Option<crate::fold::rules::Policy>>,
+}
+
+impl FactGate<'_> {
+    /// Whether the fact with these runs and kind may be shown.
+    pub fn admits(&mut self, runs: &[String], kind: &str) -> bool {
+        let Some(agent) = self.reader.as_deref() else {
+            return true;
+        };
+        runs.iter().all(|run| {
+            let store = self.store;
+            let policy =
+                self.policies
+                    .entry(run.clone())
+                    .or_insert_with(|| match store.policy(run) {
+                        Ok(p) => Some(p.unwrap_or_default()),
+                        Err(_) => None,
+                    });
+            policy
+                .as_ref()
+                .is_some_and(|p| p.may_read_type(agent, kind))
+        })
+    }
+
+    /// [`FactGate::admits`] for a view.
+    pub fn admits_view(&mut self, f: &FactView) -> bool {
+        self.admits(&f.runs, &f.kind)
+    }
 }
 
 /// The answer of [`Store::facts`].
@@ -269,7 +311,9 @@ impl Store {
     /// optionally of one subject, optionally as they stood at a time.
     pub fn facts(&self, q: &FactsQuery) -> Result<FactsAnswer> {
         let fold = self.facts_fold(q.as_of)?;
+        let mut gate = self.fact_gate(q.reader.as_deref());
         let mut facts = Vec::new();
+        let mut listed = std::collections::BTreeSet::new();
         for (i, f) in fold.facts.iter().enumerate() {
             if f.evidence == 0 {
                 continue; // not yet found at the cutoff
@@ -281,11 +325,25 @@ impl Store {
             if v.status == "superseded" && !q.include_superseded {
                 continue;
             }
+            if !gate.admits_view(&v) {
+                continue;
+            }
+            listed.insert(v.id.clone());
             facts.push(v);
         }
+        // A contradiction is listed with a fact it is about (not between two superseded
+        // facts left off the list), and only when the reader may see both sides: it
+        // quotes them.
+        let mut side_admitted = |id: &str| {
+            parse_id('F', id)
+                .filter(|&i| i < fold.facts.len())
+                .is_some_and(|i| gate.admits_view(&view(&fold, i)))
+        };
         let contradictions = (0..fold.contradictions.len())
             .filter_map(|n| contradiction_view(&fold, n))
             .filter(|c| q.subject.as_ref().is_none_or(|s| *s == c.subject))
+            .filter(|c| listed.contains(&c.a) || listed.contains(&c.b))
+            .filter(|c| side_admitted(&c.a) && side_admitted(&c.b))
             .collect();
         Ok(FactsAnswer {
             as_of: q.as_of,
@@ -296,13 +354,35 @@ impl Store {
         })
     }
 
+    /// The gate of the facts a read made as `reader` may see (all of them for `None`).
+    pub fn fact_gate(&self, reader: Option<&str>) -> FactGate<'_> {
+        FactGate {
+            store: self,
+            reader: reader.map(str::to_string),
+            policies: Default::default(),
+        }
+    }
+
     /// The full evidence chain of one fact: its links (from the facts log, committed
     /// passes only) and, for the first `limit` of them, the raw event read back from its
     /// run, checked to carry the linked id.
     pub fn explain_fact(&self, id: &str, limit: usize) -> Result<Explanation> {
+        self.explain_fact_as(id, limit, None)
+    }
+
+    /// [`Store::explain_fact`] for a read made as `reader` (see [`FactsQuery::reader`]):
+    /// a fact the agent may not see is "no such fact", as one that does not exist.
+    pub fn explain_fact_as(
+        &self,
+        id: &str,
+        limit: usize,
+        reader: Option<&str>,
+    ) -> Result<Explanation> {
         let fold = self.facts_fold(None)?;
+        let mut gate = self.fact_gate(reader);
         let i = parse_id('F', id)
             .filter(|&i| i < fold.facts.len())
+            .filter(|&i| gate.admits_view(&view(&fold, i)))
             .ok_or_else(|| Error::invalid("fact", format!("no fact {id:?} (ids look like F12)")))?;
         let f = &fold.facts[i];
         let committed = self.committed_passes()?;
@@ -329,7 +409,16 @@ impl Store {
                 }
             }
         }
-        Ok(self.explanation(&fold, i, links, total))
+        let mut x = self.explanation(&fold, i, links, total);
+        // The contradictions quote their other side: only those the reader may see.
+        x.contradictions.retain(|c| {
+            [&c.a, &c.b].into_iter().all(|id| {
+                parse_id('F', id)
+                    .filter(|&j| j < fold.facts.len())
+                    .is_some_and(|j| gate.admits_view(&view(&fold, j)))
+            })
+        });
+        Ok(x)
     }
 
     fn explanation(

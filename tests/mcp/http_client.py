@@ -55,6 +55,18 @@ async def raw_status(token, body):
         return r.status_code
 
 
+async def delete_status(token):
+    """The HTTP status of ending a fresh session with DELETE, as the SDK does on exit
+    (it takes 200 or 204; anything else it logs as "Session termination failed")."""
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
+               "Authorization": f"Bearer {token}"}
+    async with create_mcp_http_client() as c:
+        r = await c.post(URL + "/mcp", headers=headers, content=json.dumps(INIT))
+        sid = r.headers["mcp-session-id"]
+        d = await c.delete(URL + "/mcp", headers={"Authorization": f"Bearer {token}", "mcp-session-id": sid})
+        return d.status_code
+
+
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {},
                    "clientInfo": {"name": "t", "version": "1"}}}
@@ -88,6 +100,7 @@ async def basic():
         err = await refused(s, "append_entry", {"run": run, "type": "decision", "subject": "orders-db", "content": "scale orders-db"})
         assert err["error"] == "escalated" and err["escalation_seq"] == esc_seq, err
         out["escalated"] = err["error"]
+    out["delete_status"] = await delete_status(ALICE)
     out["no_token"] = await raw_status(None, INIT)
     out["wrong_token"] = await raw_status("swm_nope_0000", INIT)
     try:
