@@ -58,10 +58,16 @@ pub async fn serve_stdio(session: Session) -> Result<()> {
     let running = server
         .serve(rmcp::transport::stdio())
         .await
-        .map_err(|e| Error::External(format!("mcp handshake: {e}")))?;
-    running
-        .waiting()
-        .await
-        .map_err(|e| Error::External(format!("mcp server: {e}")))?;
+        .map_err(|e| {
+            Error::invalid(
+                "stdin",
+                format!("no MCP client on stdin: the initialize handshake failed ({e}); `swarm mcp` is started by an MCP client (JSON-RPC over stdio), not run by hand"),
+            )
+        })?;
+    running.waiting().await.map_err(|e| Error::Io {
+        op: "serve MCP over",
+        path: "stdio".into(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
     Ok(())
 }
