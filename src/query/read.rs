@@ -39,6 +39,20 @@ pub struct Skipped {
     pub reason: String,
 }
 
+impl std::fmt::Display for Skipped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} bytes {}..{} (seq {}): {}",
+            self.segment.display(),
+            self.offset,
+            self.resumed_at,
+            self.seq,
+            self.reason
+        )
+    }
+}
+
 /// Bytes at the end of the last segment that are not (yet) a whole record.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct TornTail {

@@ -38,6 +38,7 @@ pub mod memory_events;
 pub mod metrics;
 pub mod patterns;
 pub mod quality;
+pub mod report;
 pub mod sanitize;
 pub mod search;
 pub mod settings;
@@ -47,12 +48,10 @@ pub mod text;
 pub mod views;
 
 pub use crate::event::SHARED_USER;
-pub use driver::{
-    RunSynth, SynthOptions, SynthProgress, SynthReport, LEARNED_SUBJECT, PASS_EVENTS_MAX_DEFAULT,
-    SHARED_RUN,
-};
+pub use driver::{SynthOptions, LEARNED_SUBJECT, PASS_EVENTS_MAX_DEFAULT, SHARED_RUN};
 pub use facts::FACTS_RUN;
 pub use judge::LlmOptions;
+pub use report::{RunSynth, SynthProgress, SynthReport};
 pub use settings::{SharePatterns, UserSettings};
 pub use share::Scoped;
 pub use views::{Explanation, FactGate, FactView, FactsAnswer, FactsQuery};

@@ -1024,11 +1024,14 @@ mod tests {
         assert_eq!(count("other_tool"), Some(1));
         assert_eq!(count("third"), Some(2));
         // The detector of anti-patterns sees the calls made, not the records.
-        let calls: Vec<_> = v.iter().filter_map(crate::mcp::anti::tool_call).collect();
-        assert_eq!(
-            calls.iter().map(|c| c.seq).collect::<Vec<_>>(),
-            [1, 2, 6, 7]
-        );
+        #[cfg(feature = "mcp")]
+        {
+            let calls: Vec<_> = v.iter().filter_map(crate::mcp::anti::tool_call).collect();
+            assert_eq!(
+                calls.iter().map(|c| c.seq).collect::<Vec<_>>(),
+                [1, 2, 6, 7]
+            );
+        }
     }
 
     #[test]
