@@ -372,10 +372,16 @@ pub fn resolve(store: &Store, a: ResolveArgs) -> anyhow::Result<ExitCode> {
     Ok(print_ack(&r, "resolution stored"))
 }
 
-pub fn escalations(store: &Store, run: &str, all: bool) -> anyhow::Result<ExitCode> {
+pub fn escalations(
+    store: &Store,
+    run: &str,
+    all: bool,
+    as_agent: Option<&str>,
+) -> anyhow::Result<ExitCode> {
+    let list = store.escalations_as(run, all, as_agent)?;
     let out = io::stdout();
     let mut out = out.lock();
-    for e in store.escalations(run, all)? {
+    for e in list {
         serde_json::to_writer(&mut out, &e)?;
         out.write_all(b"\n")?;
     }

@@ -252,6 +252,11 @@ enum Cmd {
         /// Resolved ones too.
         #[arg(long)]
         all: bool,
+        /// Read as this agent: none when the run's policy does not show it decisions and
+        /// actions (an escalation quotes the two it is between). Through SWARM_URL, the
+        /// agent a token of several agents reads as.
+        #[arg(long)]
+        as_agent: Option<String>,
     },
     /// Summarise the oldest half of the working view into one summary event when the
     /// run's policy threshold (prune_max_entries) is crossed. Decisions and actions are
@@ -780,7 +785,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Board(a) => scratch::board(&store, a),
         Cmd::Pick(a) => scratch::pick(&store, a),
         Cmd::Resolve(a) => scratch::resolve(&store, a),
-        Cmd::Escalations { run, all } => scratch::escalations(&store, &run, all),
+        Cmd::Escalations { run, all, as_agent } => {
+            scratch::escalations(&store, &run, all, as_agent.as_deref())
+        }
         Cmd::Append(a) => {
             let r = append(&store, a);
             // A background prune this append started finishes before the process exits.

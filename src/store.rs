@@ -57,6 +57,9 @@ pub struct Store {
     heads: Mutex<HashMap<String, (Arc<State>, CheckpointInfo)>>,
     /// Each run's index as this process has caught it up (see [`crate::query::index`]).
     indexes: Mutex<HashMap<String, Arc<IndexCell>>>,
+    /// The policies of closed runs read so far: final (a closed run refuses every
+    /// append), and reading an archived run unpacks it whole (see [`Store::policy`]).
+    closed_policies: Mutex<HashMap<String, Option<crate::fold::rules::Policy>>>,
 }
 
 /// A run's state at its visible head, shared with the store's cache.
@@ -115,6 +118,7 @@ impl Store {
             user: ANONYMOUS.to_string(),
             archive_root: root.join(".archive"),
             heads: Mutex::new(HashMap::new()),
+            closed_policies: Mutex::new(HashMap::new()),
             indexes: Mutex::new(HashMap::new()),
         })
     }
@@ -623,6 +627,7 @@ impl Store {
             user: user.to_string(),
             archive_root: self.archive_root.clone(),
             heads: Mutex::new(HashMap::new()),
+            closed_policies: Mutex::new(HashMap::new()),
             indexes: Mutex::new(HashMap::new()),
         }
     }
@@ -1002,22 +1007,6 @@ impl Store {
         }
         let log = self.writer(run, &self.user)?;
         let repaired = log.repair()?;
-        if repaired.is_none() {
-            // Nothing to cut at the tail. Damage followed by valid records is not cut
-            // (that would drop them): said, never answered with "nothing to repair".
-            let report = self.verify(run, |_| {})?;
-            if let Some(d) = report.corrupt.first() {
-                return Err(Error::corrupt(
-                    &d.segment,
-                    d.offset,
-                    d.seq,
-                    format!(
-                        "{}; valid records follow the damage (bytes {}..{}), so repair does not cut it, which would drop them: `swarm read --skip-corrupt` reads every intact record, `swarm verify` lists the damage",
-                        d.reason, d.offset, d.resumed_at
-                    ),
-                ));
-            }
-        }
         if let Some(ev) = &repaired {
             // Caches and checkpoints built on the lost bytes are dropped: a checkpoint
             // at or after the first lost seq names a frame that is gone.
@@ -1043,6 +1032,27 @@ impl Store {
                     }
                 }
             }
+        }
+        // Damage followed by valid records is not cut (that would drop them): said,
+        // never answered with "nothing to repair" (nor hidden behind a repaired tail).
+        let report = self.verify(run, |_| {})?;
+        if let Some(d) = report.corrupt.first() {
+            let tail = match &repaired {
+                Some(ev) => format!(
+                    " (the damaged tail was repaired: log_damaged at seq {})",
+                    ev.seq
+                ),
+                None => String::new(),
+            };
+            return Err(Error::corrupt(
+                &d.segment,
+                d.offset,
+                d.seq,
+                format!(
+                    "{}; valid records follow the damage (bytes {}..{}), so repair does not cut it, which would drop them: `swarm read --skip-corrupt` reads every intact record, `swarm verify` lists the damage{tail}",
+                    d.reason, d.offset, d.resumed_at
+                ),
+            ));
         }
         Ok(repaired)
     }
@@ -1079,8 +1089,26 @@ impl Store {
     /// A summary of one run.
     pub fn run_info(&self, run: &str) -> Result<RunInfo> {
         let dir = self.existing_run(run)?;
-        if let Some(a) = self.archived_store(run)? {
-            return a.run_info(run);
+        match self.archived_store(run) {
+            Ok(Some(a)) => return a.run_info(run),
+            Ok(None) => {}
+            // A closed run whose archive does not read back is listed, with why.
+            Err(e @ Error::Corrupt { .. }) => {
+                let meta = meta::read_meta(&*self.storage, &dir)?;
+                return Ok(RunInfo {
+                    run_id: run.to_string(),
+                    user_id: meta.user_id,
+                    events: 0,
+                    head_seq: 0,
+                    bytes: 0,
+                    segments: 0,
+                    first_ts: None,
+                    last_ts: None,
+                    created: meta.created,
+                    damaged: Some(format!("archive not readable: {e}")),
+                });
+            }
+            Err(e) => return Err(e),
         }
         let meta = meta::read_meta(&*self.storage, &dir)?;
         let bases = segment::list_segments(&*self.storage, &dir)?;

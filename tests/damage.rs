@@ -615,6 +615,16 @@ fn a_damaged_run_does_not_stop_user_wide_commands() {
     let mut bytes = std::fs::read(&seg).unwrap();
     bytes[b[2] + 100] ^= 0x04;
     std::fs::write(&seg, &bytes).unwrap();
+    // And a closed run whose archive no longer reads back.
+    let store = env.store();
+    lib_append(&store, "closed", "disk full on ingest-3");
+    drop(store);
+    env.swarm(&["run", "close", "closed", "--by", "lead"]).ok();
+    let archive = env.path().join(".archive/anonymous/closed.swarc");
+    let mut z = std::fs::read(&archive).unwrap();
+    let mid = z.len() / 2;
+    z[mid] ^= 0xff;
+    std::fs::write(&archive, &z).unwrap();
 
     let out = env.swarm(&["runs"]).code(3);
     assert!(out.stdout.contains("healthy"), "{}", out.stdout);
@@ -626,7 +636,12 @@ fn a_damaged_run_does_not_stop_user_wide_commands() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(rows.len(), 2);
+    assert_eq!(rows.len(), 3);
+    let closed = rows.iter().find(|r| r["run_id"] == "closed").unwrap();
+    assert!(
+        closed["damaged"].as_str().unwrap().contains("archive"),
+        "{closed}"
+    );
     let broken = rows.iter().find(|r| r["run_id"] == "broken").unwrap();
     assert!(
         broken["damaged"].as_str().unwrap().contains("seq 3"),
@@ -643,6 +658,7 @@ fn a_damaged_run_does_not_stop_user_wide_commands() {
     assert_eq!(of("healthy")["events"], 1, "{rep}");
     assert!(of("healthy").get("damaged").is_none(), "{rep}");
     assert_eq!(of("broken")["events"], 4, "every intact record: {rep}");
+    assert!(of("closed")["damaged"][0].as_str().is_some(), "{rep}");
     assert!(
         of("broken")["damaged"][0]
             .as_str()

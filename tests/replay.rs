@@ -437,8 +437,15 @@ fn pipelined_replay_matches_a_plain_fold_and_reports_damage() {
     .unwrap()
     .with_checkpoints("/ck", 0);
     let mut n = 0u32;
+    let mut checkpointed = false;
     // Batches of 1 to 37 events: frames of every size, chunks ending mid-segment.
     while n < 12_000 {
+        if n >= 3_000 && !checkpointed {
+            // A checkpoint in the first segments: a replay to the head starts there and
+            // still walks several segments (on two threads).
+            store.checkpoint("r", |_| {}).unwrap();
+            checkpointed = true;
+        }
         let size = 1 + n % 37;
         let evs: Vec<NewEvent> = (0..size)
             .map(|k| {
@@ -451,7 +458,8 @@ fn pipelined_replay_matches_a_plain_fold_and_reports_damage() {
             .unwrap();
     }
     let head = store.state_at("r", Target::Head, |_| {}).unwrap();
-    assert_eq!(head.stats.events_applied, head.state.head_seq);
+    let from = head.stats.from_checkpoint.expect("from the checkpoint");
+    assert_eq!(head.stats.events_applied, head.state.head_seq - from);
     let segments: Vec<_> = {
         let dir = Path::new("/data/anonymous/r");
         let mut v: Vec<_> = mem
@@ -479,8 +487,8 @@ fn pipelined_replay_matches_a_plain_fold_and_reports_damage() {
         );
     }
 
-    // A flipped byte in the middle of the second segment.
-    let seg = &segments[1];
+    // A flipped byte in the middle of the last segment but one (after the checkpoint).
+    let seg = &segments[segments.len() - 2];
     let mut bytes = mem.contents(seg).unwrap();
     let first_seq: u64 = seg.file_stem().unwrap().to_str().unwrap()[4..]
         .parse()

@@ -743,6 +743,16 @@ fn quoting_events_and_facts_follow_the_read_policy() {
         "connection pool exhausted at 40",
     )
     .unwrap();
+    // The same words as a hypothesis of the lead's: formed lexically (by subject), the
+    // fact holds both types, so db, not shown hypotheses, must not get it.
+    add(
+        "lead",
+        EventType::Hypothesis,
+        "pool",
+        "connection pool exhausted at 40",
+    )
+    .unwrap();
+    add("db", EventType::Evidence, "disk", "disk full on ingest-3").unwrap();
     add(
         "lead",
         EventType::Decision,
@@ -827,6 +837,18 @@ fn quoting_events_and_facts_follow_the_read_policy() {
         })
         .unwrap();
     assert_eq!(kinds(&for_db).into_iter().collect::<Vec<_>>(), ["evidence"]);
+    let mixed = all
+        .facts
+        .iter()
+        .find(|f| f.text.contains("connection pool"))
+        .unwrap();
+    assert_eq!(
+        mixed.kinds.as_deref(),
+        Some(&["evidence".to_string(), "hypothesis".to_string()][..])
+    );
+    let texts: Vec<_> = for_db.facts.iter().map(|f| f.text.as_str()).collect();
+    assert_eq!(texts, ["disk full on ingest-3"]);
+    assert!(store.explain_fact_as(&mixed.id, 10, Some("db")).is_err());
     let hypo = all.facts.iter().find(|f| f.kind == "hypothesis").unwrap();
     assert!(store.explain_fact_as(&hypo.id, 10, Some("db")).is_err());
     assert!(store.explain_fact_as(&hypo.id, 10, Some("lead")).is_ok());

@@ -235,7 +235,7 @@ pub fn run(base: String, cmd: Cmd) -> anyhow::Result<ExitCode> {
         Cmd::Tail(a) => tail(&c, a),
         Cmd::Board(a) => board(&c, a),
         Cmd::Context(a) => context(&c, a),
-        Cmd::Escalations { run, all } => scratch::escalations(&c, &run, all),
+        Cmd::Escalations { run, all, as_agent } => scratch::escalations(&c, &run, all, as_agent),
         Cmd::Pick(a) => scratch::pick(&c, a),
         Cmd::Resolve(a) => scratch::resolve(&c, a),
         Cmd::Policy(p) => scratch::policy(&c, p),

@@ -10,10 +10,16 @@ use super::{member, not_remote, print_ack, print_items, print_raw, refusal, run_
 use crate::prune::PruneArgs;
 use crate::scratch::{ChannelCmd, PickArgs, PolicyCmd, ResolveArgs};
 
-pub(super) fn escalations(c: &Client, run: &str, all: bool) -> anyhow::Result<ExitCode> {
+pub(super) fn escalations(
+    c: &Client,
+    run: &str,
+    all: bool,
+    as_agent: Option<String>,
+) -> anyhow::Result<ExitCode> {
     let q: Vec<(&str, String)> = all
         .then(|| ("all", "true".to_string()))
         .into_iter()
+        .chain(as_agent.map(|a| ("as", a)))
         .collect();
     print_items(
         &c.get_text(&run_path(run, "/escalations"), &q)?,

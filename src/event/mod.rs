@@ -648,12 +648,23 @@ pub(crate) struct EventRef<'a> {
     pub confidence: Option<f64>,
     #[serde(default)]
     pub refs: Vec<u64>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "borrowed_opt")]
     pub subject: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "borrowed_opt")]
     pub session_id: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     pub meta: Option<RawJson<'a>>,
+}
+
+/// An optional string borrowed from the input when it holds no escape. (serde borrows a
+/// `Cow<str>` field, but builds an owned string for an `Option<Cow<str>>`: a copy and an
+/// allocation per event for every subject a replay reads.)
+fn borrowed_opt<'de: 'a, 'a, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Cow<'a, str>>, D::Error> {
+    #[derive(Deserialize)]
+    struct Borrowed<'a>(#[serde(borrow)] Cow<'a, str>);
+    Option::<Borrowed<'a>>::deserialize(d).map(|o| o.map(|b| b.0))
 }
 
 /// A JSON value's stored text: its syntax checked by the parse, no value built (serde's
@@ -726,6 +737,24 @@ pub(crate) struct EventSpans {
 }
 
 impl EventSpans {
+    /// Whether every string is a place in the text (none copied).
+    #[cfg(test)]
+    pub(crate) fn borrows_only(&self) -> bool {
+        let at = |s: &Span| matches!(s, Span::At(..));
+        [
+            &self.run_id,
+            &self.id,
+            &self.agent_id,
+            &self.user_id,
+            &self.content,
+        ]
+        .into_iter()
+        .chain(&self.subject)
+        .chain(&self.session_id)
+        .chain(&self.meta)
+        .all(at)
+    }
+
     /// The event borrowed again from `text`, the text it was parsed from.
     pub(crate) fn event_ref<'b>(&'b self, text: &'b str) -> EventRef<'b> {
         EventRef {
@@ -881,6 +910,36 @@ pub(crate) struct EventHead<'a> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A frame's events detached as spans point into its text (no copies but for the
+    /// strings that held escapes) and, borrowed again from the text at another offset,
+    /// are the same events.
+    #[test]
+    fn spans_point_into_the_text_and_give_the_events_back() {
+        let frame = concat!(
+            r#"[{"run_id":"r","seq":1,"ts":"2026-11-22T14:03:00Z","id":"a1","agent_id":"db","#,
+            r#""user_id":"u","type":"evidence","content":"plain","confidence":0.5,"subject":"s1"},"#,
+            r#"{"run_id":"r","seq":2,"ts":"2026-11-22T14:03:01Z","id":"a2","agent_id":"d\\u0062","#,
+            r#""user_id":"u","type":"decision","content":{"k":[1,2]},"refs":[1],"#,
+            r#""session_id":"x","meta":{"tool":"q"}}]"#
+        );
+        let events: Vec<EventRef<'_>> = serde_json::from_str(frame).unwrap();
+        let prefix = "some earlier frame's text ";
+        let spans: Vec<EventSpans> = events
+            .iter()
+            .map(|e| e.spans(frame, prefix.len()))
+            .collect();
+        assert!(matches!(spans[0].agent_id, Span::At(..)));
+        assert!(matches!(spans[0].content, Span::At(..)));
+        assert!(matches!(spans[1].meta, Some(Span::At(..))));
+        // `d\u0062` held an escape: built by the parse, so copied.
+        assert!(matches!(spans[1].agent_id, Span::Owned(_)));
+        let chunk = format!("{prefix}{frame}");
+        for (e, s) in events.iter().zip(&spans) {
+            let back = s.event_ref(&chunk);
+            assert_eq!(format!("{back:?}"), format!("{e:?}"));
+        }
+    }
 
     /// The pre-encoded path writes exactly what serde_json writes for the whole event.
     #[test]

@@ -382,8 +382,9 @@ impl Rules {
     /// Whether `agent` is shown events of this type: a client type by the policy's
     /// `read_types`; an engine event that quotes entries by the types it quotes. An
     /// escalation quotes the two decisions or actions it is between (their normalized
-    /// contents) and a resolution names the one that stands, with a human's note about
-    /// them: shown to an agent shown decisions and actions. A summary quotes the
+    /// contents), or names the two hypotheses a pick could not choose between, and a
+    /// resolution names the one that stands, with a human's note about them: shown to an
+    /// agent shown decisions, actions and hypotheses. A summary quotes the
     /// hypotheses and evidence it replaced: shown to an agent shown both. The other
     /// engine events quote no entry (channel events go by the channel's readers, see
     /// [`Rules::may_read_event`]).
@@ -393,6 +394,7 @@ impl Rules {
             EventType::Escalation | EventType::Resolution => {
                 self.may_read_type(agent, EventType::Decision)
                     && self.may_read_type(agent, EventType::ActionTaken)
+                    && self.may_read_type(agent, EventType::Hypothesis)
             }
             EventType::Summary => {
                 self.may_read_type(agent, EventType::Hypothesis)

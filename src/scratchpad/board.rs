@@ -109,7 +109,17 @@ impl Store {
 
     /// The run's current policy.
     pub fn policy(&self, run: &str) -> Result<Option<Policy>> {
-        Ok(self.head(run)?.rules.policy.clone())
+        if !self.is_closed_archive(run)? {
+            return Ok(self.head(run)?.rules.policy.clone());
+        }
+        // Final once closed, and costly to read again (the archive is unpacked whole):
+        // kept once read.
+        if let Some(p) = self.closed_policy(run) {
+            return Ok(p);
+        }
+        let p = self.head(run)?.rules.policy.clone();
+        self.keep_closed_policy(run, p.clone());
+        Ok(p)
     }
 
     /// Declares a channel.

@@ -149,6 +149,29 @@ impl Store {
             .join(format!("{run}.swarc"))
     }
 
+    /// Whether the run is closed and archived (its files replaced by a tombstone).
+    pub(crate) fn is_closed_archive(&self, run: &str) -> Result<bool> {
+        Ok(self.tombstone(run)?.is_some())
+    }
+
+    /// The policy of a closed run, if read before (see [`Store::policy`]).
+    pub(crate) fn closed_policy(&self, run: &str) -> Option<Option<crate::fold::rules::Policy>> {
+        let m = self
+            .closed_policies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        m.get(run).cloned()
+    }
+
+    /// Keeps the policy of a closed run (final: it refuses every append).
+    pub(crate) fn keep_closed_policy(&self, run: &str, p: Option<crate::fold::rules::Policy>) {
+        let mut m = self
+            .closed_policies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        m.insert(run.to_string(), p);
+    }
+
     fn tombstone(&self, run: &str) -> Result<Option<PathBuf>> {
         let p = self.run_dir(run)?.join(TOMBSTONE);
         if !self.storage().exists(&p) {

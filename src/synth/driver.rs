@@ -147,6 +147,8 @@ struct Delta {
     /// (the new fact's first, then each of `variants`).
     ords: Vec<u64>,
     evidence: Vec<EvidenceLink>,
+    /// The entry types of those findings.
+    kinds: BTreeSet<&'static str>,
     /// The latest observation time of its findings in this pass, when one was not the
     /// finding's own time.
     observed: Option<Ts>,
@@ -252,19 +254,17 @@ impl Pass {
                 (fact, Cow::Owned(format!("{tag} {score:.2}")))
             }
         };
-        self.deltas
-            .entry(idx)
-            .or_default()
-            .evidence
-            .push(EvidenceLink(
-                e.run_id.clone(),
-                e.seq,
-                e.id,
-                e.agent_id,
-                e.ts,
-                e.confidence,
-                how,
-            ));
+        let d = self.deltas.entry(idx).or_default();
+        d.kinds.insert(e.kind.as_str());
+        d.evidence.push(EvidenceLink(
+            e.run_id.clone(),
+            e.seq,
+            e.id,
+            e.agent_id,
+            e.ts,
+            e.confidence,
+            how,
+        ));
         // Bounded: the strongest few per finding (ties: the newest facts, the standing
         // readings a new one replaces), and a cap per fact, so a subject with
         // many look-alike readings (a metric sampled over time) cannot make the
@@ -348,6 +348,10 @@ impl Pass {
             let mut ords = std::mem::take(&mut d.ords);
             let mut evidence = std::mem::take(&mut d.evidence);
             let mut observed = d.observed.take();
+            let kinds: Vec<String> = std::mem::take(&mut d.kinds)
+                .into_iter()
+                .map(str::to_string)
+                .collect();
             loop {
                 let rest = evidence.split_off(evidence.len().min(EVIDENCE_PER_RECORD_MAX));
                 out.push(Record::Fact {
@@ -355,6 +359,10 @@ impl Pass {
                     new: new.take(),
                     variants: std::mem::take(&mut variants),
                     ords: std::mem::take(&mut ords),
+                    kinds: match evidence.is_empty() {
+                        true => Vec::new(),
+                        false => kinds.clone(),
+                    },
                     evidence: Evidence(evidence),
                     observed: observed.take(),
                 });
@@ -751,7 +759,11 @@ impl Store {
         );
         let mut any_new = false;
         for r in &runs {
-            if self.run_has_new(r, marks.get(r).copied())? {
+            // A run that cannot be read (a damaged archive) is reported below.
+            if !matches!(
+                self.run_has_new(r, marks.get(r).copied()),
+                Ok(false) | Err(Error::Corrupt { .. })
+            ) {
                 any_new = true;
                 break;
             }
@@ -851,14 +863,20 @@ impl Store {
                 // run's index); from a watermark: the index seeks to it.
                 // Damaged records are skipped and reported: one damaged run must not
                 // stop the nightly synthesis of every run of the user.
-                let mut it = self.read(
-                    run,
-                    ReadOptions {
-                        from_seq: (from > 1).then_some(from),
-                        skip_corrupt: true,
-                        ..ReadOptions::default()
-                    },
-                )?;
+                let read = ReadOptions {
+                    from_seq: (from > 1).then_some(from),
+                    skip_corrupt: true,
+                    ..ReadOptions::default()
+                };
+                let mut it = match self.read(run, read) {
+                    Ok(it) => it,
+                    Err(e @ Error::Corrupt { .. }) => {
+                        rs.damaged.push(e.to_string());
+                        report.runs.push(rs);
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
                 // In chunks, so the model embeds a chunk's findings in one call.
                 let mut chunk: Vec<Event> = Vec::with_capacity(EMBED_BATCH);
                 let mut vectors: Vec<Option<Vec<f32>>> = Vec::new();
@@ -973,7 +991,20 @@ impl Store {
             let s = Sanitizer::new(self.sanitize_context(&run, opts)?);
             let mut private = patterns::Learner::default();
             let mut shared = patterns::Learner::default();
-            for e in self.read(&run, ReadOptions::default())? {
+            // A damaged record is skipped, and an archive that cannot be read is left
+            // for a later synth: one closed run must not stop every synth of the user.
+            let opts = ReadOptions {
+                skip_corrupt: true,
+                ..ReadOptions::default()
+            };
+            let it = match self.read(&run, opts) {
+                Ok(it) => it,
+                Err(e) => {
+                    tracing::warn!(run = %run, error = %e, "synth: closed run not readable; not learned from");
+                    continue;
+                }
+            };
+            for e in it {
                 let e = e?;
                 private.push(&e);
                 shared.push(&sanitize_event(&s, e));

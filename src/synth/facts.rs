@@ -219,6 +219,12 @@ pub enum Record {
         /// Links to the raw events behind it.
         #[serde(default, skip_serializing_if = "Evidence::is_empty")]
         evidence: Evidence,
+        /// The entry types of the findings this record links (a fact may hold several
+        /// when formed by subject, lexically): what an agent must be shown to see the
+        /// fact ([`crate::synth::FactGate`]). Absent in records written before it was kept:
+        /// then the fact's types are unknown.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        kinds: Vec<String>,
         /// The latest observation time among this record's findings (their
         /// `meta.observed_at`, else their time), when it differs from every link's time:
         /// what tells a change over time from a contradiction in a later pass.
@@ -316,6 +322,11 @@ pub struct Fact {
     pub subject: Option<String>,
     /// Entry type of its first finding.
     pub kind: String,
+    /// The entry types of all its findings; `None` when a record that linked findings
+    /// did not say (written before they were kept): unknown, so a reader must be shown
+    /// every type ([`crate::synth::FactGate`]).
+    #[serde(default)]
+    pub kinds: Option<BTreeSet<String>>,
     /// First wording.
     pub text: String,
     /// Further wordings kept for comparison.
@@ -625,6 +636,7 @@ impl FactsFold {
                 ords,
                 evidence,
                 observed,
+                kinds,
             } => {
                 let Some(i) = parse_id('F', fact) else { return };
                 if let Some(n) = new {
@@ -636,6 +648,7 @@ impl FactsFold {
                         id: fact.clone(),
                         subject: n.subject.clone(),
                         kind: n.kind.clone(),
+                        kinds: Some(BTreeSet::new()),
                         text: n.text.clone(),
                         ..Fact::default()
                     });
@@ -643,6 +656,16 @@ impl FactsFold {
                 let cutoff = self.cutoff;
                 if i >= self.facts.len() {
                     return;
+                }
+                let known = &mut self.facts[i].kinds;
+                match (evidence.is_empty(), kinds.is_empty()) {
+                    (true, _) => {}
+                    (false, true) => *known = None,
+                    (false, false) => {
+                        if let Some(k) = known {
+                            k.extend(kinds.iter().cloned());
+                        }
+                    }
                 }
                 self.facts[i].variants.extend(variants.iter().cloned());
                 self.facts[i].ords.extend_from_slice(ords);

@@ -528,7 +528,11 @@ impl Learner {
         } else {
             let norm = normalize_error(error.unwrap_or("error"));
             let fp = fingerprint(&[tool, &norm]);
-            let key = (fp.clone(), args.map_or_else(String::new, Value::to_string));
+            // No arguments and `{}` are the same call.
+            let args_key = args
+                .filter(|a| !a.is_null() && a.as_object().is_none_or(|o| !o.is_empty()))
+                .map_or_else(String::new, Value::to_string);
+            let key = (fp.clone(), args_key);
             let restated = if is_retrospective(e) {
                 self.called.contains(&key)
             } else {

@@ -768,6 +768,7 @@ mod tests {
                 id: format!("F{n}"),
                 subject: None,
                 kind: "evidence".into(),
+                kinds: Some(vec!["evidence".into()]),
                 text: text.into(),
                 status: "current",
                 confidence: 0.5,

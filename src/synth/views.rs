@@ -22,6 +22,9 @@ pub struct FactView {
     pub subject: Option<String>,
     /// Entry type of its first finding.
     pub kind: String,
+    /// The entry types of all its findings (`null`: not recorded, facts synthesized
+    /// before they were kept).
+    pub kinds: Option<Vec<String>>,
     /// First wording.
     pub text: String,
     /// `current` or `superseded`.
@@ -108,11 +111,13 @@ pub struct FactsQuery {
     pub reader: Option<String>,
 }
 
-/// Which facts a read made as an agent may see: those of a kind the agent is shown in
-/// every run the fact was found in, under each run's current policy. A fact's wordings
-/// come from those runs' entries of its kind (facts are formed within one entry type),
-/// so this is exactly what the agent could have read there. A run that cannot be read
-/// (gone, damaged) shows nothing: the gate fails closed.
+/// Which facts a read made as an agent may see: those whose every entry type the agent
+/// is shown in every run the fact was found in, under each run's current policy (a fact
+/// formed lexically, by subject, may hold several types; one formed by meaning holds
+/// one). A fact's wordings come from those runs' entries of those types, so the agent
+/// could have read them there. Fails closed: a fact whose types were not recorded
+/// (synthesized before they were kept) needs every type, and a run that cannot be read
+/// (gone, damaged) shows nothing.
 pub struct FactGate<'s> {
     store: &'s Store,
     reader: Option<String>,
@@ -120,11 +125,17 @@ pub struct FactGate<'s> {
 }
 
 impl FactGate<'_> {
-    /// Whether the fact with these runs and kind may be shown.
-    pub fn admits(&mut self, runs: &[String], kind: &str) -> bool {
+    /// Whether a fact found in `runs`, of entry types `kinds` (`None`: unknown, so
+    /// every type), may be shown.
+    pub fn admits(&mut self, runs: &[String], kinds: Option<&[String]>) -> bool {
         let Some(agent) = self.reader.as_deref() else {
             return true;
         };
+        let all: Vec<String> = EventType::ALL
+            .iter()
+            .map(|k| k.as_str().to_string())
+            .collect();
+        let kinds = kinds.unwrap_or(&all);
         runs.iter().all(|run| {
             let store = self.store;
             let policy =
@@ -136,13 +147,13 @@ impl FactGate<'_> {
                     });
             policy
                 .as_ref()
-                .is_some_and(|p| p.may_read_type(agent, kind))
+                .is_some_and(|p| kinds.iter().all(|k| p.may_read_type(agent, k)))
         })
     }
 
     /// [`FactGate::admits`] for a view.
     pub fn admits_view(&mut self, f: &FactView) -> bool {
-        self.admits(&f.runs, &f.kind)
+        self.admits(&f.runs, f.kinds.as_deref())
     }
 }
 
@@ -228,6 +239,7 @@ fn view(fold: &FactsFold, i: usize) -> FactView {
         id: f.id.clone(),
         subject: f.subject.clone(),
         kind: f.kind.clone(),
+        kinds: f.kinds.as_ref().map(|k| k.iter().cloned().collect()),
         text: f.text.clone(),
         status: if sup.is_some() {
             "superseded"
