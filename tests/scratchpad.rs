@@ -782,17 +782,15 @@ fn quoting_events_and_facts_follow_the_read_policy() {
         .unwrap()
         .expect("a summary");
 
-    let as_db: Vec<_> = store
-        .read(
-            "r",
-            ReadOptions {
-                reader: Some("db".into()),
-                ..ReadOptions::default()
-            },
-        )
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let read_as = |agent: &str| -> Vec<swarm_memory::Event> {
+        let opts = ReadOptions {
+            reader: Some(agent.into()),
+            ..ReadOptions::default()
+        };
+        let it = store.read("r", opts).unwrap();
+        it.collect::<Result<_, _>>().unwrap()
+    };
+    let as_db = read_as("db");
     let text = serde_json::to_string(&as_db).unwrap();
     assert!(text.contains("connection pool exhausted"), "{text}");
     for secret in ["SECRETHYPO", "secreta", "SECRETA", "secretb", "SECRETB"] {
@@ -802,17 +800,7 @@ fn quoting_events_and_facts_follow_the_read_policy() {
         assert!(as_db.iter().all(|e| e.kind.as_str() != kind), "{kind}");
     }
     // The lead is shown everything, the summary and the escalation included.
-    let as_lead: Vec<_> = store
-        .read(
-            "r",
-            ReadOptions {
-                reader: Some("lead".into()),
-                ..ReadOptions::default()
-            },
-        )
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let as_lead = read_as("lead");
     for kind in ["escalation", "summary", "hypothesis"] {
         assert!(as_lead.iter().any(|e| e.kind.as_str() == kind), "{kind}");
     }

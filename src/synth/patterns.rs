@@ -461,11 +461,7 @@ pub struct Learner {
 /// Whether an entry records a call after the fact (`record_tool_failure_pattern`) rather
 /// than reporting one as it is made: it may restate a call already tracked.
 pub fn is_retrospective(e: &Event) -> bool {
-    e.meta
-        .as_ref()
-        .and_then(|m| m.get("retrospective"))
-        .and_then(Value::as_bool)
-        == Some(true)
+    crate::synth::search::meta_flag(e, "retrospective")
 }
 
 impl Learner {
