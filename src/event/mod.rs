@@ -232,6 +232,18 @@ pub struct Event {
     pub meta: Option<Map<String, Value>>,
 }
 
+impl Event {
+    /// Whether its `meta.KEY` is `true` (the engine's and the memory tools' flags, such
+    /// as `tracked` and `retrospective`).
+    pub fn meta_flag(&self, key: &str) -> bool {
+        self.meta
+            .as_ref()
+            .and_then(|m| m.get(key))
+            .and_then(Value::as_bool)
+            == Some(true)
+    }
+}
+
 /// An event as a client submits it. `seq`, `ts` and `run_id` are assigned by the engine.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]

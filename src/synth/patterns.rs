@@ -461,7 +461,7 @@ pub struct Learner {
 /// Whether an entry records a call after the fact (`record_tool_failure_pattern`) rather
 /// than reporting one as it is made: it may restate a call already tracked.
 pub fn is_retrospective(e: &Event) -> bool {
-    crate::synth::search::meta_flag(e, "retrospective")
+    e.meta_flag("retrospective")
 }
 
 impl Learner {

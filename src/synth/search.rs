@@ -366,16 +366,7 @@ pub fn entry_text(content: &Value) -> String {
 
 /// Whether an entry records a tool call for tracking (not a finding).
 pub fn is_tracked_call(e: &Event) -> bool {
-    meta_flag(e, "tracked")
-}
-
-/// Whether the entry's `meta.KEY` is `true`.
-pub fn meta_flag(e: &Event, key: &str) -> bool {
-    e.meta
-        .as_ref()
-        .and_then(|m| m.get(key))
-        .and_then(Value::as_bool)
-        == Some(true)
+    e.meta_flag("tracked")
 }
 
 /// Whether an entry records a look-up of the memory (`meta.memory_read`: a search, a
