@@ -252,9 +252,9 @@ enum Cmd {
         /// Resolved ones too.
         #[arg(long)]
         all: bool,
-        /// Read as this agent: none when the run's policy does not show it decisions and
-        /// actions (an escalation quotes the two it is between). Through SWARM_URL, the
-        /// agent a token of several agents reads as.
+        /// Read as this agent: none when the run's policy does not show it decisions,
+        /// actions and hypotheses (an escalation quotes the two entries it is between).
+        /// Through SWARM_URL, the agent a token of several agents reads as.
         #[arg(long)]
         as_agent: Option<String>,
     },

@@ -710,9 +710,10 @@ impl Span {
     /// Where `s` lies in `text`, itself at `base` in the text the span will be read from.
     fn of(s: &str, text: &str, base: usize) -> Span {
         let off = (s.as_ptr() as usize).wrapping_sub(text.as_ptr() as usize);
+        // In bounds (and on char boundaries) only when `s` starts inside `text`: then it
+        // is that slice of it, as distinct allocations never overlap.
         match text.get(off..off.wrapping_add(s.len())) {
-            // Same bytes at the same address: a slice of `text`.
-            Some(t) if t.as_ptr() == s.as_ptr() && base + off + s.len() <= u32::MAX as usize => {
+            Some(_) if base + off + s.len() <= u32::MAX as usize => {
                 Span::At((base + off) as u32, s.len() as u32)
             }
             _ => Span::Owned(s.into()),

@@ -109,17 +109,13 @@ impl Store {
 
     /// The run's current policy.
     pub fn policy(&self, run: &str) -> Result<Option<Policy>> {
-        if !self.is_closed_archive(run)? {
-            return Ok(self.head(run)?.rules.policy.clone());
+        let read = || Ok(self.head(run)?.rules.policy.clone());
+        match self.is_closed_archive(run)? {
+            // Final once closed, and costly to read again (the archive is unpacked
+            // whole): kept once read.
+            true => self.closed_policy(run, read),
+            false => read(),
         }
-        // Final once closed, and costly to read again (the archive is unpacked whole):
-        // kept once read.
-        if let Some(p) = self.closed_policy(run) {
-            return Ok(p);
-        }
-        let p = self.head(run)?.rules.policy.clone();
-        self.keep_closed_policy(run, p.clone());
-        Ok(p)
     }
 
     /// Declares a channel.
@@ -356,14 +352,14 @@ impl Store {
 
     /// [`Store::escalations`] for a read made as `reader`: none for an agent the run's
     /// policy does not show escalations ([`crate::fold::rules::Rules::may_read_kind`]:
-    /// they quote decisions and actions).
+    /// they quote decisions, actions or hypotheses).
     pub fn escalations_as(
         &self,
         run: &str,
         all: bool,
         reader: Option<&str>,
     ) -> Result<Vec<EscalationView>> {
-        crate::store::engine_log_hidden(run, reader)?;
+        engine_log_hidden(run, reader)?;
         let s = self.head(run)?;
         if reader.is_some_and(|r| !s.rules.may_read_kind(r, EventType::Escalation)) {
             return Ok(Vec::new());

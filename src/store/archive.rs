@@ -154,22 +154,28 @@ impl Store {
         Ok(self.tombstone(run)?.is_some())
     }
 
-    /// The policy of a closed run, if read before (see [`Store::policy`]).
-    pub(crate) fn closed_policy(&self, run: &str) -> Option<Option<crate::fold::rules::Policy>> {
-        let m = self
+    /// The policy of a closed run: final (it refuses every append), so `read` once and
+    /// kept (see [`Store::policy`]).
+    pub(crate) fn closed_policy(
+        &self,
+        run: &str,
+        read: impl FnOnce() -> Result<Option<crate::fold::rules::Policy>>,
+    ) -> Result<Option<crate::fold::rules::Policy>> {
+        let known = self
             .closed_policies
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        m.get(run).cloned()
-    }
-
-    /// Keeps the policy of a closed run (final: it refuses every append).
-    pub(crate) fn keep_closed_policy(&self, run: &str, p: Option<crate::fold::rules::Policy>) {
-        let mut m = self
+        if let Some(p) = known.get(run) {
+            return Ok(p.clone());
+        }
+        drop(known);
+        let p = read()?;
+        let mut known = self
             .closed_policies
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        m.insert(run.to_string(), p);
+        known.insert(run.to_string(), p.clone());
+        Ok(p)
     }
 
     fn tombstone(&self, run: &str) -> Result<Option<PathBuf>> {

@@ -131,29 +131,32 @@ impl FactGate<'_> {
         let Some(agent) = self.reader.as_deref() else {
             return true;
         };
-        let all: Vec<String> = EventType::ALL
-            .iter()
-            .map(|k| k.as_str().to_string())
-            .collect();
-        let kinds = kinds.unwrap_or(&all);
+        let store = self.store;
         runs.iter().all(|run| {
-            let store = self.store;
-            let policy =
-                self.policies
-                    .entry(run.clone())
-                    .or_insert_with(|| match store.policy(run) {
-                        Ok(p) => Some(p.unwrap_or_default()),
-                        Err(_) => None,
-                    });
-            policy
-                .as_ref()
-                .is_some_and(|p| kinds.iter().all(|k| p.may_read_type(agent, k)))
+            let policy = self
+                .policies
+                .entry(run.clone())
+                .or_insert_with(|| store.policy(run).ok().map(Option::unwrap_or_default));
+            policy.as_ref().is_some_and(|p| match kinds {
+                Some(k) => k.iter().all(|k| p.may_read_type(agent, k)),
+                None => EventType::ALL
+                    .iter()
+                    .all(|k| p.may_read_type(agent, k.as_str())),
+            })
         })
     }
 
     /// [`FactGate::admits`] for a view.
     pub fn admits_view(&mut self, f: &FactView) -> bool {
         self.admits(&f.runs, f.kinds.as_deref())
+    }
+
+    /// [`FactGate::admits`] for the fact `id` (`F12`) of `fold`; false for no such fact.
+    fn admits_id(&mut self, fold: &FactsFold, id: &str) -> bool {
+        let Some(i) = parse_id('F', id).filter(|&i| i < fold.facts.len()) else {
+            return false;
+        };
+        self.reader.is_none() || self.admits_view(&view(fold, i))
     }
 }
 
@@ -346,16 +349,11 @@ impl Store {
         // A contradiction is listed with a fact it is about (not between two superseded
         // facts left off the list), and only when the reader may see both sides: it
         // quotes them.
-        let mut side_admitted = |id: &str| {
-            parse_id('F', id)
-                .filter(|&i| i < fold.facts.len())
-                .is_some_and(|i| gate.admits_view(&view(&fold, i)))
-        };
         let contradictions = (0..fold.contradictions.len())
             .filter_map(|n| contradiction_view(&fold, n))
             .filter(|c| q.subject.as_ref().is_none_or(|s| *s == c.subject))
             .filter(|c| listed.contains(&c.a) || listed.contains(&c.b))
-            .filter(|c| side_admitted(&c.a) && side_admitted(&c.b))
+            .filter(|c| gate.admits_id(&fold, &c.a) && gate.admits_id(&fold, &c.b))
             .collect();
         Ok(FactsAnswer {
             as_of: q.as_of,
@@ -393,8 +391,7 @@ impl Store {
         let fold = self.facts_fold(None)?;
         let mut gate = self.fact_gate(reader);
         let i = parse_id('F', id)
-            .filter(|&i| i < fold.facts.len())
-            .filter(|&i| gate.admits_view(&view(&fold, i)))
+            .filter(|_| gate.admits_id(&fold, id))
             .ok_or_else(|| Error::invalid("fact", format!("no fact {id:?} (ids look like F12)")))?;
         let f = &fold.facts[i];
         let committed = self.committed_passes()?;
@@ -423,13 +420,8 @@ impl Store {
         }
         let mut x = self.explanation(&fold, i, links, total);
         // The contradictions quote their other side: only those the reader may see.
-        x.contradictions.retain(|c| {
-            [&c.a, &c.b].into_iter().all(|id| {
-                parse_id('F', id)
-                    .filter(|&j| j < fold.facts.len())
-                    .is_some_and(|j| gate.admits_view(&view(&fold, j)))
-            })
-        });
+        x.contradictions
+            .retain(|c| gate.admits_id(&fold, &c.a) && gate.admits_id(&fold, &c.b));
         Ok(x)
     }
 
