@@ -339,6 +339,11 @@ enum Cmd {
         /// The symptom type (exact match first, then shared words).
         #[arg(long)]
         symptom: String,
+        /// Read as this agent: the user's own patterns only from runs whose policy shows
+        /// it every entry type (a pattern quotes the run's decisions). Through SWARM_URL,
+        /// the agent a token of several agents reads as.
+        #[arg(long)]
+        as_agent: Option<String>,
     },
     /// Known mistakes of a tool, before calling it (the user's own, then the shared
     /// scope's), as NDJSON, most frequent first, with the correction when one was seen.
@@ -350,6 +355,11 @@ enum Cmd {
         /// The tool name (as in the events' meta.tool).
         #[arg(long)]
         tool: String,
+        /// Read as this agent: the user's own mistakes only from runs whose policy shows
+        /// it every entry type (a mistake quotes the tool's arguments and errors).
+        /// Through SWARM_URL, the agent a token of several agents reads as.
+        #[arg(long)]
+        as_agent: Option<String>,
     },
     /// Swarm metrics of a run: duplication (independent rediscovery), cross-agent
     /// influence, discovery-to-visibility latency, conflicts and escalations.
@@ -810,8 +820,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Facts(a) => synth::facts(&store, a),
         Cmd::Search(a) => search::search(&store, &cli.data_dir, a),
         Cmd::MemoryEvents(a) => memory_events::memory_events(&store, a),
-        Cmd::Patterns { symptom } => synth::patterns(&store, &symptom),
-        Cmd::Advise { tool } => synth::advise(&store, &tool),
+        Cmd::Patterns { symptom, as_agent } => {
+            synth::patterns(&store, &symptom, as_agent.as_deref())
+        }
+        Cmd::Advise { tool, as_agent } => synth::advise(&store, &tool, as_agent.as_deref()),
         Cmd::Metrics { run, json } => synth::metrics(&store, &run, json),
         Cmd::Quality {
             set: Some(set),

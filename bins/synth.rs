@@ -208,10 +208,10 @@ pub fn facts(store: &Store, a: FactsArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn patterns(store: &Store, symptom: &str) -> anyhow::Result<ExitCode> {
+pub fn patterns(store: &Store, symptom: &str, as_agent: Option<&str>) -> anyhow::Result<ExitCode> {
     let out = io::stdout();
     let mut out = out.lock();
-    for p in store.patterns(symptom)? {
+    for p in store.patterns_as(symptom, as_agent)? {
         serde_json::to_writer(&mut out, &p)?;
         out.write_all(b"\n")?;
     }
@@ -219,10 +219,10 @@ pub fn patterns(store: &Store, symptom: &str) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn advise(store: &Store, tool: &str) -> anyhow::Result<ExitCode> {
+pub fn advise(store: &Store, tool: &str, as_agent: Option<&str>) -> anyhow::Result<ExitCode> {
     let out = io::stdout();
     let mut out = out.lock();
-    for m in store.advise(tool)? {
+    for m in store.advise_as(tool, as_agent)? {
         serde_json::to_writer(&mut out, &m)?;
         out.write_all(b"\n")?;
     }

@@ -663,6 +663,65 @@ fn investigation(s: &Store, run: &str, project: &str) {
     s.close_run(run, "lead").expect("close");
 }
 
+/// A pattern quotes its run's decision and resolution, a mistake the tool's arguments
+/// and errors: read as an agent, the user's own come only from runs whose policy shows
+/// that agent every entry type (the library call behind `swarm patterns --as-agent`,
+/// `GET /v1/patterns?as=` and the MCP strategy and advice tools).
+#[test]
+fn learned_patterns_follow_the_runs_read_policy() {
+    let env = Env::new();
+    let alice = user_store(&env, "alice").with_archive_dir(env.path().join(".archive"));
+    let policy: swarm_memory::fold::rules::Policy = serde_json::from_value(json!({
+        "permissions": {
+            "lead": {"read_types": ["*"], "write_types": ["*"], "admin": true},
+            "db": {"read_types": ["evidence"], "write_types": ["evidence"]},
+            "metrics": {"read_types": ["*"], "write_types": ["*"]},
+            "traces": {"read_types": ["*"], "write_types": ["*"]},
+            "logs": {"read_types": ["*"], "write_types": ["*"]}
+        }
+    }))
+    .unwrap();
+    alice.set_policy("inc-1", "lead", &policy).unwrap();
+    investigation(&alice, "inc-1", "acme-prod-7781");
+    let opts = SynthOptions {
+        share_patterns: Some(SharePatterns::Off),
+        ..SynthOptions::default()
+    };
+    alice.synth(&opts, |_| {}).unwrap();
+    let own = |reader: Option<&str>| {
+        let p = alice.patterns_as("high_latency_checkout", reader).unwrap();
+        let m = alice.advise_as("query_metrics", reader).unwrap();
+        let text = serde_json::to_string(&(&p, &m)).unwrap();
+        (p.len(), m.len(), text)
+    };
+    let (p, m, text) = own(None);
+    assert_eq!((p, m), (1, 1), "{text}");
+    assert!(text.contains("Increased pool size"), "{text}");
+    assert_eq!(own(Some("lead")).2, text);
+    let (p, m, text) = own(Some("db"));
+    assert_eq!((p, m), (0, 0), "db is not shown inc-1's decisions: {text}");
+    // Another agent shown every type gets them.
+    assert_eq!(own(Some("traces")).0, 1);
+
+    // A second run with no policy teaches db the same pattern, from that run only.
+    investigation(&alice, "inc-2", "acme-prod-7781");
+    alice.synth(&opts, |_| {}).unwrap();
+    let p = alice
+        .patterns_as("high_latency_checkout", Some("db"))
+        .unwrap();
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(
+        p[0].item.occurrence_count, 1,
+        "inc-1's occurrence is not counted for db"
+    );
+    assert_eq!(
+        alice.patterns("high_latency_checkout").unwrap()[0]
+            .item
+            .occurrence_count,
+        2
+    );
+}
+
 /// Seed 002: closed runs teach patterns (occurrences add, confidence +0.1 each) and tool
 /// mistakes with their self-correction; both are copied to the shared scope sanitized,
 /// so another user benefits without seeing the first one's project, e-mail or address.

@@ -199,11 +199,14 @@ fn print_derived(c: &Client, run: &str, from: Option<u64>) -> anyhow::Result<()>
 pub(super) fn lookup(
     c: &Client,
     path: &str,
-    key: &'static str,
-    value: String,
+    (key, value): (&'static str, String),
+    as_agent: Option<String>,
     list: &str,
 ) -> anyhow::Result<ExitCode> {
-    print_items(&c.get_text(path, &[(key, value)])?, list)
+    let q: Vec<(&str, String)> = std::iter::once((key, value))
+        .chain(as_agent.map(|a| ("as", a)))
+        .collect();
+    print_items(&c.get_text(path, &q)?, list)
 }
 
 pub(super) fn metrics(c: &Client, run: &str, json: bool) -> anyhow::Result<ExitCode> {

@@ -248,8 +248,12 @@ pub fn run(base: String, cmd: Cmd) -> anyhow::Result<ExitCode> {
         Cmd::Facts(a) => memory::facts(&c, a),
         Cmd::Search(a) => memory::search(&c, a),
         Cmd::MemoryEvents(a) => memory::memory_events(&c, a),
-        Cmd::Patterns { symptom } => memory::lookup(&c, "/v1/patterns", "symptom", symptom, "patterns"),
-        Cmd::Advise { tool } => memory::lookup(&c, "/v1/advise", "tool", tool, "mistakes"),
+        Cmd::Patterns { symptom, as_agent } => {
+            memory::lookup(&c, "/v1/patterns", ("symptom", symptom), as_agent, "patterns")
+        }
+        Cmd::Advise { tool, as_agent } => {
+            memory::lookup(&c, "/v1/advise", ("tool", tool), as_agent, "mistakes")
+        }
         Cmd::Metrics { run, json } => memory::metrics(&c, &run, json),
         Cmd::Synth(a) => memory::synth(&c, a),
         _ => bail!(Refused {

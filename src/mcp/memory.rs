@@ -100,7 +100,7 @@ pub fn complete(s: &Session, a: CompleteArgs) -> ToolResult {
         Ok(r) => {
             let pattern = s
                 .store
-                .patterns(&a.symptom)?
+                .patterns_as(&a.symptom, Some(&agent))?
                 .into_iter()
                 .find(|p| p.scope == "private");
             out["learning"] = json!({
@@ -316,7 +316,7 @@ pub fn record_failure(s: &Session, a: FailurePatternArgs) -> ToolResult {
 /// `get_recommended_investigation_strategy`.
 pub fn strategy(s: &Session, a: StrategyArgs) -> ToolResult {
     let agent = s.agent(a.agent.as_deref())?;
-    let mut p = s.store.patterns(&a.symptom)?;
+    let mut p = s.store.patterns_as(&a.symptom, Some(&agent))?;
     p.retain(|x| !a.own_only || x.scope == "private");
     p.truncate(a.limit.unwrap_or(5).clamp(1, 50));
     let mut out = json!({"symptom": a.symptom, "strategies": to_json(&p)?});
@@ -367,7 +367,7 @@ fn try_track(s: &Session, a: TrackArgs) -> Result<Value> {
     let e = s.store.append(&a.run, ev, Durability::Batch)?;
     let mut out = json!({"recorded": true, "seq": e.seq});
     if a.status == CallStatus::Error {
-        if let Ok(advice) = s.store.advise(&a.tool) {
+        if let Ok(advice) = s.store.advise_as(&a.tool, Some(&agent)) {
             if !advice.is_empty() {
                 out["advice"] = serde_json::to_value(advice).unwrap_or(Value::Null);
             }

@@ -229,7 +229,7 @@ pub fn explain(s: &Session, a: ExplainArgs) -> ToolResult {
 /// `get_tool_advice`.
 pub fn advice(s: &Session, a: AdviceArgs) -> ToolResult {
     let agent = s.agent(a.agent.as_deref())?;
-    let advice = s.store.advise(&a.tool)?;
+    let advice = s.store.advise_as(&a.tool, Some(&agent))?;
     let mut out = json!({"advice": to_json(&advice)?});
     if let Some(run) = &a.record_in {
         let found: Vec<String> = advice

@@ -759,23 +759,23 @@ struct LookupQuery {
 }
 
 /// `GET /v1/patterns?symptom=S`: investigation patterns, the user's own and the shared,
-/// sanitized ones.
-async fn patterns(id: Identity, Q(q): Q<LookupQuery>) -> Viewed {
+/// sanitized ones. Read as the token's agent (`?as=`): the user's own come only from
+/// runs whose policy shows that agent every entry type (`Store::own_book_as`).
+async fn patterns(r: Reading, Q(q): Q<LookupQuery>) -> Viewed {
     let Some(symptom) = q.symptom else {
         return Err(Problem::invalid("symptom: required"));
     };
-    answer(Keyed(
-        "patterns",
-        id.call(move |s| s.patterns(&symptom)).await?,
-    ))
+    r.view("patterns", move |s, a| s.patterns_as(&symptom, a))
+        .await
 }
 
-/// `GET /v1/advise?tool=T`: known mistakes with a tool, the user's own and shared ones.
-async fn advise(id: Identity, Q(q): Q<LookupQuery>) -> Viewed {
+/// `GET /v1/advise?tool=T`: known mistakes with a tool, the user's own and shared ones,
+/// read as the token's agent as `/v1/patterns` is.
+async fn advise(r: Reading, Q(q): Q<LookupQuery>) -> Viewed {
     let Some(tool) = q.tool else {
         return Err(Problem::invalid("tool: required"));
     };
-    answer(Keyed("mistakes", id.call(move |s| s.advise(&tool)).await?))
+    r.view("mistakes", move |s, a| s.advise_as(&tool, a)).await
 }
 
 /// `POST /v1/synth`: one synthesizer pass over the user's runs, default options (admin

@@ -290,12 +290,22 @@ impl Store {
     /// The user's own pattern book: the `learned` records of committed passes, found
     /// through the subject index (they carry the subject [`LEARNED_SUBJECT`]).
     pub fn own_book(&self) -> Result<PatternBook> {
+        self.own_book_as(None)
+    }
+
+    /// [`Store::own_book`] for a read made as `reader`: only the learnings of runs whose
+    /// policy shows the agent every entry type (a run's pattern quotes its decisions and
+    /// resolution, its mistakes the tools' arguments and errors), as
+    /// [`crate::synth::FactGate`] decides for facts. The shared scope is not gated: it is
+    /// sanitized and given to every user who shares.
+    pub fn own_book_as(&self, reader: Option<&str>) -> Result<PatternBook> {
         let mut book = PatternBook::default();
         let committed = match self.committed_passes() {
             Ok(c) => c,
             Err(Error::RunNotFound(_)) => return Ok(book),
             Err(e) => return Err(e),
         };
+        let mut gate = self.fact_gate(reader);
         for e in self.read(
             FACTS_RUN,
             ReadOptions {
@@ -308,7 +318,9 @@ impl Store {
                 continue;
             }
             if let Ok(Record::Learned { learnings, .. }) = serde_json::from_value(e.content) {
-                book.merge_run(&learnings);
+                if gate.admits(std::slice::from_ref(&learnings.run_id), None) {
+                    book.merge_run(&learnings);
+                }
             }
         }
         Ok(book)
@@ -317,7 +329,16 @@ impl Store {
     /// Proven investigation patterns for a symptom: the user's own first, then the
     /// shared scope's (seed 002's `get_recommended_investigation_strategy`).
     pub fn patterns(&self, symptom: &str) -> Result<Vec<Scoped<InvestigationPattern>>> {
-        let (own, shared) = (self.own_book()?, self.shared_book()?);
+        self.patterns_as(symptom, None)
+    }
+
+    /// [`Store::patterns`] for a read made as `reader` ([`Store::own_book_as`]).
+    pub fn patterns_as(
+        &self,
+        symptom: &str,
+        reader: Option<&str>,
+    ) -> Result<Vec<Scoped<InvestigationPattern>>> {
+        let (own, shared) = (self.own_book_as(reader)?, self.shared_book()?);
         Ok(scoped(
             own.recommend(symptom),
             shared.recommend(symptom),
@@ -328,7 +349,12 @@ impl Store {
     /// Known mistakes of a tool, before calling it: the user's own, then the shared
     /// scope's (seed 002's `MistakeAdvisor`).
     pub fn advise(&self, tool: &str) -> Result<Vec<Scoped<ToolMistake>>> {
-        let (own, shared) = (self.own_book()?, self.shared_book()?);
+        self.advise_as(tool, None)
+    }
+
+    /// [`Store::advise`] for a read made as `reader` ([`Store::own_book_as`]).
+    pub fn advise_as(&self, tool: &str, reader: Option<&str>) -> Result<Vec<Scoped<ToolMistake>>> {
+        let (own, shared) = (self.own_book_as(reader)?, self.shared_book()?);
         Ok(scoped(own.advise(tool), shared.advise(tool), |m| {
             m.provenance.contributors.len()
         }))
