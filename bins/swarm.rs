@@ -160,9 +160,11 @@ enum Cmd {
     /// copy, a disk that lost blocks), appends are refused and reads end with exit 3.
     /// Repair moves the damaged bytes aside (`<segment>.<offset>.damaged`, beside it),
     /// appends a `log_damaged` event naming the lost seqs, and goes on numbering after
-    /// the highest seq any reader may have seen: no seq is ever reused. Prints the
-    /// `log_damaged` event, or `null` when nothing needed repair. Damage followed by valid
-    /// records is refused (cutting would drop them): exit 3.
+    /// the highest seq any reader may have seen: no seq is ever reused. Damage that valid
+    /// records follow (a flipped bit mid-segment) is not cut: it is quarantined (listed in
+    /// the run's QUARANTINE file, which every read then steps over; a `log_damaged` event
+    /// names its lost seqs), and nothing valid is dropped. Prints the `log_damaged`
+    /// events, one a line, or `null` when nothing needed repair.
     ///
     /// Example:
     ///   swarm verify --run inc-42 || swarm repair --run inc-42
@@ -810,8 +812,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Tail(a) => tail(&store, a),
         Cmd::Verify { run } => verify(&store, run),
         Cmd::Repair { run } => {
-            let repaired = store.repair(&run)?;
-            Ok(scratch::print_ack(&repaired, "repaired"))
+            let repaired = store.repair_all(&run)?;
+            if repaired.is_empty() {
+                return Ok(scratch::print_ack(&None::<swarm_memory::Event>, "repaired"));
+            }
+            let mut code = ExitCode::SUCCESS;
+            for ev in &repaired {
+                code = scratch::print_ack(&Some(ev), "repaired");
+            }
+            Ok(code)
         }
         Cmd::Runs { json } => runs(&store, json),
         Cmd::Index(IndexCmd::Rebuild { run }) => index_rebuild(&store, run),

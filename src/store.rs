@@ -958,12 +958,20 @@ impl Store {
         read_marks(&*self.storage, dir)
     }
 
-    /// Repairs a run whose acknowledged bytes end in damage (`swarm repair`): the damaged
-    /// bytes are moved aside, a `log_damaged` event records the lost seqs, and appends go
-    /// on after the highest seq readers may have seen. Returns that event, or `None` when
-    /// the run needed no repair. Damage followed by valid records is refused (cutting
-    /// would drop them).
+    /// [`Store::repair_all`]'s first `log_damaged` event (the tail's, if it was cut), or
+    /// `None` when the run needed no repair.
     pub fn repair(&self, run: &str) -> Result<Option<Event>> {
+        Ok(self.repair_all(run)?.into_iter().next())
+    }
+
+    /// Repairs a run whose acknowledged bytes are damaged (`swarm repair`). Damage at the
+    /// end of the log is cut: the damaged bytes are moved aside, a `log_damaged` event
+    /// records the lost seqs, and appends go on after the highest seq readers may have
+    /// seen. Damage that valid records follow is quarantined (`log::quarantine`): its
+    /// bytes copied aside, the range listed so that every read steps over it, and one
+    /// `log_damaged` event per range names its lost seqs; nothing valid is dropped.
+    /// Returns the `log_damaged` events (none: nothing needed repair).
+    pub fn repair_all(&self, run: &str) -> Result<Vec<Event>> {
         let meta_lost = match self.existing_run(run) {
             Err(Error::Corrupt { path, .. }) => path.ends_with(meta::META_FILE),
             Ok(dir) => meta::read_meta(&*self.storage, &dir).is_err(),
@@ -978,43 +986,31 @@ impl Store {
                 "run {run:?} is closed and archived; restore it first"
             )));
         }
+        let middle = crate::query::verify::middle_damage(
+            self.storage.clone(),
+            self.existing_run(run)?,
+            run,
+        )?;
+        // Checkpoints that folded events now lost go first: the writer's reload in
+        // `repair` starts its rules from the newest checkpoint left.
+        if let Some(from) = middle.iter().map(|r| r.lost_from).min() {
+            self.drop_derived(run, from)?;
+        }
         let log = self.writer(run, &self.user)?;
-        let repaired = log.repair()?;
-        if let Some(ev) = &repaired {
-            // Caches and checkpoints built on the lost bytes are dropped: a checkpoint
-            // at or after the first lost seq names a frame that is gone.
-            let lost_from = LogDamaged::declared(ev.kind, &ev.content).map_or(ev.seq, |(a, _)| a);
-            self.heads
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(run);
-            if let Some(cell) = self
-                .indexes
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(run)
-            {
-                cell.invalidate("the run was repaired");
-            }
-            let ck_dir = self.checkpoint_dir(run);
-            for seq in checkpoint::list(&*self.storage, &ck_dir)? {
-                if seq >= lost_from {
-                    let p = ck_dir.join(checkpoint::checkpoint_name(seq));
-                    if let Err(e) = self.storage.remove_file(&p) {
-                        tracing::warn!(checkpoint = %p.display(), error = %e, "cannot remove a checkpoint past the damage");
-                    }
-                }
-            }
+        let repaired = log.repair(&middle)?;
+        let lost_from = repaired
+            .iter()
+            .map(|ev| LogDamaged::declared(ev.kind, &ev.content).map_or(ev.seq, |(a, _)| a))
+            .min();
+        if let Some(lost_from) = lost_from {
+            self.drop_derived(run, lost_from)?;
         }
         // Damage followed by valid records is not cut (that would drop them): said,
         // never answered with "nothing to repair" (nor hidden behind a repaired tail).
         let report = self.verify(run, |_| {})?;
         if let Some(d) = report.corrupt.first() {
-            let tail = match &repaired {
-                Some(ev) => format!(
-                    " (the damaged tail was repaired: log_damaged at seq {})",
-                    ev.seq
-                ),
+            let tail = match repaired.first() {
+                Some(ev) => format!(" (log_damaged written at seq {})", ev.seq),
                 None => String::new(),
             };
             return Err(Error::corrupt(
@@ -1022,12 +1018,40 @@ impl Store {
                 d.offset,
                 d.seq,
                 format!(
-                    "{}; valid records follow the damage (bytes {}..{}), so repair does not cut it, which would drop them: `swarm read --skip-corrupt` reads every intact record, `swarm verify` lists the damage{tail}",
+                    "{}; left in place (bytes {}..{}): repair quarantines damage that valid records follow only where the seqs it lost are known (not right after other damage); `swarm read --skip-corrupt` reads every intact record, `swarm verify` lists the damage{tail}",
                     d.reason, d.offset, d.resumed_at
                 ),
             ));
         }
         Ok(repaired)
+    }
+
+    /// Drops what was built on a run's events from `lost_from` on, now lost: the cached
+    /// head state, the in-memory index, and the checkpoints at or past that seq (they
+    /// folded events that are gone).
+    fn drop_derived(&self, run: &str, lost_from: u64) -> Result<()> {
+        self.heads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(run);
+        if let Some(cell) = self
+            .indexes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(run)
+        {
+            cell.invalidate("the run was repaired");
+        }
+        let ck_dir = self.checkpoint_dir(run);
+        for seq in checkpoint::list(&*self.storage, &ck_dir)? {
+            if seq >= lost_from {
+                let p = ck_dir.join(checkpoint::checkpoint_name(seq));
+                if let Err(e) = self.storage.remove_file(&p) {
+                    tracing::warn!(checkpoint = %p.display(), error = %e, "cannot remove a checkpoint past the damage");
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The run's settings.

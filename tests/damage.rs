@@ -187,6 +187,44 @@ fn damage_at_the_end_of_an_older_segment() {
         .append(run, new_ev(None, "after damage"), Durability::Sync)
         .unwrap_err();
     assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    // Repair quarantines it (valid records follow in the later segments): the lost seq
+    // is declared, and readers and a writer in a fresh store go on past it.
+    let lost = rep.corrupt[0].seq;
+    let declared = store.repair_all(run).unwrap();
+    assert_eq!(declared.len(), 1, "{declared:?}");
+    assert_eq!(
+        LogDamagedSeqs::of(&declared[0]),
+        Some((lost, lost)),
+        "{declared:?}"
+    );
+    let store = Store::open_with(
+        Arc::new(mem.clone()),
+        root,
+        LogOptions {
+            segment_bytes: 4096,
+            ..LogOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(store.verify(run, |_| {}).unwrap().ok);
+    let e = store
+        .append(run, new_ev(None, "after the repair"), Durability::Sync)
+        .unwrap();
+    let seqs: Vec<u64> = lib_read(&store, run).iter().map(|e| e.seq).collect();
+    let want: Vec<u64> = (1..=e.seq).filter(|&s| s != lost).collect();
+    assert_eq!(seqs, want);
+}
+
+/// The seqs a `log_damaged` event declares lost.
+struct LogDamagedSeqs;
+
+impl LogDamagedSeqs {
+    fn of(e: &swarm_memory::Event) -> Option<(u64, u64)> {
+        Some((
+            e.content["lost_from"].as_u64()?,
+            e.content["lost_to"].as_u64()?,
+        ))
+    }
 }
 
 /// Tails a power loss can leave past the last frame. Zeros alone are what a
@@ -672,14 +710,146 @@ fn a_damaged_run_does_not_stop_user_wide_commands() {
         .ok();
     assert!(out.stdout.contains("orders-db"), "{}", out.stdout);
 
-    // Repair does not cut damage that valid records follow, and says so (never "null").
-    let out = env.swarm(&["repair", "--run", "broken"]).code(3);
-    assert!(out.stdout.trim().is_empty(), "{}", out.stdout);
-    assert!(
-        out.stderr.contains("valid records follow"),
-        "{}",
-        out.stderr
+    // Repair does not cut damage that valid records follow (that would drop them): it
+    // quarantines it, and the run is whole again for every command.
+    let out = env.swarm(&["repair", "--run", "broken"]).ok();
+    let ev: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(ev["type"], "log_damaged", "{ev}");
+    assert_eq!(
+        (&ev["content"]["lost_from"], &ev["content"]["lost_to"]),
+        (&3.into(), &3.into()),
+        "{ev}"
     );
-    assert!(out.stderr.contains("seq 3"), "{}", out.stderr);
-    assert_eq!(std::fs::read(&seg).unwrap(), bytes, "nothing cut");
+    let after = std::fs::read(&seg).unwrap();
+    assert_eq!(
+        &after[..b[5]],
+        &bytes[..b[5]],
+        "nothing cut, nothing rewritten"
+    );
+    let out = env.swarm(&["runs", "--json"]).code(3);
+    let broken: serde_json::Value = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|r| r["run_id"] == "broken")
+        .unwrap();
+    assert!(broken.get("damaged").is_none(), "{broken}");
+    assert_eq!(broken["head_seq"], 6, "{broken}");
+}
+
+/// `swarm repair` on damage that valid records follow (a flipped bit in the middle of
+/// the last segment, which no writer could open and no repair could cut): the damaged
+/// bytes are copied aside, the range listed in `QUARANTINE`, a `log_damaged` event names
+/// the lost seq; every read, the board, replay, tail and a writer in a new process step
+/// over it, and only over it; a lost list brings the damage back (fails safe).
+#[test]
+fn repair_quarantines_damage_that_valid_records_follow() {
+    let env = Env::new();
+    let run = "q";
+    let (seg, b) = five_frames(&env, run);
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[b[2] + 100] ^= 0x10;
+    std::fs::write(&seg, &bytes).unwrap();
+    let append = |content: &str| {
+        env.swarm(&[
+            "append",
+            "--run",
+            run,
+            "--agent",
+            "a",
+            "--type",
+            "evidence",
+            "--subject",
+            "s",
+            "--content",
+            content,
+        ])
+    };
+    // Before: a new writer refuses the run, and so do the board and replay.
+    append("refused")
+        .code(3)
+        .one_line_error(&["offset", "seq 3"]);
+    env.swarm(&["board", "--run", run]).code(3);
+    env.swarm(&["replay", "--run", run, "--at-seq", "5"])
+        .code(3);
+
+    let out = env.swarm(&["repair", "--run", run]).ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", out.stdout);
+    let ev: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!(ev["seq"], 6, "{ev}");
+    let c = &ev["content"];
+    assert_eq!(
+        (c["lost_from"].as_u64(), c["lost_to"].as_u64()),
+        (Some(3), Some(3)),
+        "{ev}"
+    );
+    assert_eq!(c["offset"].as_u64(), Some(b[2] as u64), "{ev}");
+    let dir = seg.parent().unwrap();
+    let kept = std::fs::read(dir.join(c["kept_in"].as_str().unwrap())).unwrap();
+    assert_eq!(
+        kept,
+        bytes[b[2]..b[3]],
+        "the damaged bytes are kept as they were"
+    );
+    assert!(dir.join("QUARANTINE").exists());
+
+    // After: everything but seq 3, in every mode, exit 0.
+    let seqs =
+        |out: &crate::util::Out| -> Vec<u64> { out.events().iter().map(|e| e.seq).collect() };
+    assert_eq!(
+        seqs(&env.swarm(&["read", "--run", run]).ok()),
+        [1, 2, 4, 5, 6]
+    );
+    assert_eq!(
+        seqs(
+            &env.swarm(&["read", "--run", run, "--from-seq", "2", "--limit", "2"])
+                .ok()
+        ),
+        [2, 4]
+    );
+    assert_eq!(
+        seqs(&env.swarm(&["tail", "--run", run, "--from-seq", "1"]).ok()),
+        [1, 2, 4, 5, 6]
+    );
+    let (code, rep) = env.verify(run);
+    assert_eq!(code, 0, "{rep}");
+    assert_eq!(rep["quarantined"][0]["lost_from"], 3, "{rep}");
+    assert_eq!(rep["corrupt"].as_array().map(Vec::len), Some(0), "{rep}");
+    env.swarm(&["replay", "--run", run, "--at-seq", "5"]).ok();
+    // A writer in a new process opens the run and goes on after the head.
+    let e = append("after the repair").ok();
+    assert_eq!(seqs(&e), [7]);
+    let board = env.swarm(&["board", "--run", run]).ok();
+    assert!(
+        board.stdout.contains("after the repair"),
+        "{}",
+        board.stdout
+    );
+    // Repairing again finds nothing to do.
+    assert_eq!(
+        env.swarm(&["repair", "--run", run]).ok().stdout.trim(),
+        "null"
+    );
+
+    // New damage elsewhere is reported as before: the list covers its range only.
+    let mut again = std::fs::read(&seg).unwrap();
+    again[b[4] + 100] ^= 0x10;
+    std::fs::write(&seg, &again).unwrap();
+    let (code, rep) = env.verify(run);
+    assert_eq!(code, 3, "{rep}");
+    assert_eq!(rep["corrupt"][0]["seq"], 5, "{rep}");
+    again[b[4] + 100] ^= 0x10;
+    std::fs::write(&seg, &again).unwrap();
+    // A lost list brings the damage back (exit 3) until repair lists it again.
+    std::fs::remove_file(dir.join("QUARANTINE")).unwrap();
+    let (code, rep) = env.verify(run);
+    assert_eq!(code, 3, "{rep}");
+    assert_eq!(rep["corrupt"][0]["seq"], 3, "{rep}");
+    env.swarm(&["repair", "--run", run]).ok();
+    assert_eq!(env.verify(run).0, 0);
+    assert_eq!(
+        seqs(&env.swarm(&["read", "--run", run]).ok()),
+        [1, 2, 4, 5, 6, 7, 8]
+    );
 }

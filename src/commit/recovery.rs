@@ -12,6 +12,7 @@ use crate::event::{
 use crate::fold::checkpoint;
 use crate::fold::rules::{needs_content, RuleEvent, Rules};
 use crate::log::meta::{Durability, LOCK_FILE};
+use crate::log::quarantine::{self, Quarantine, Range};
 use crate::log::segment::{self, FrameReader, Step};
 use crate::log::storage::OpenMode;
 use crate::log::watermark::{self, Pos};
@@ -294,7 +295,26 @@ impl RunLog {
                     w.end = offset;
                     break (u64::MAX, "");
                 }
-                Step::Corrupt { offset, reason } => break (offset, reason),
+                Step::Corrupt { offset, reason } => {
+                    // Damage `swarm repair` quarantined (the same start, the next valid
+                    // frame where it was): stepped over, its seqs stay lost.
+                    let next = r.skip_to_next_frame()?;
+                    // (Without a next frame only in an older segment: the damage runs
+                    // to its end.)
+                    let q = quarantine::read(&*self.storage, &self.dir);
+                    let listed = q
+                        .at(w.seg_base, offset)
+                        .filter(|q| q.end == next && (next.is_some() || !last_segment));
+                    match listed {
+                        Some(q) => {
+                            w.head_seq = q.lost_to;
+                            if next.is_none() {
+                                break (u64::MAX, "");
+                            }
+                        }
+                        None => break (offset, reason),
+                    }
+                }
             }
         };
         if bad_at == u64::MAX {
@@ -375,15 +395,128 @@ impl RunLog {
     /// after the highest seq readers may have seen, so no seq is ever reused. Returns the
     /// `log_damaged` event, or `None` when nothing needed repair. Damage followed by valid
     /// records is refused: cutting would drop the valid ones.
-    pub(crate) fn repair(&self) -> Result<Option<Event>> {
+    ///
+    /// `middle`: damage followed by valid records (found by a read of the whole run),
+    /// quarantined first (`log::quarantine`): its bytes copied aside, the range listed,
+    /// and after any tail repair one `log_damaged` event per range with lost seqs.
+    /// Returns the `log_damaged` events written, the tail's first.
+    pub(crate) fn repair(&self, middle: &[Range]) -> Result<Vec<Event>> {
         let mut w = lock(&self.writer);
         let lock_path = self.dir.join(LOCK_FILE);
         w.lock_file.lock().ctx("lock", &lock_path)?;
-        let r = self.repair_locked(&mut w);
+        let r = (|| {
+            let listed = self.quarantine_ranges(middle)?;
+            let mut out: Vec<Event> = self.repair_locked(&mut w)?.into_iter().collect();
+            if !listed.is_empty() {
+                if !w.loaded {
+                    self.load(&mut w)?;
+                }
+                out.extend(self.declare_quarantined(&mut w, &listed)?);
+            }
+            Ok(out)
+        })();
         if let Err(e) = w.lock_file.unlock().ctx("unlock", &lock_path) {
             tracing::error!(error = %e, "cannot release the append lock");
         }
         r
+    }
+
+    /// Lists `ranges` in the run's quarantine, each one's bytes first copied aside
+    /// (`<segment>.<offset>.damaged`, fsynced). Returns the ranges newly listed.
+    fn quarantine_ranges(&self, ranges: &[Range]) -> Result<Vec<Range>> {
+        let mut q: Quarantine = quarantine::read(&*self.storage, &self.dir);
+        let mut listed = Vec::new();
+        for r in ranges {
+            if q.at(r.segment, r.offset).is_some() {
+                continue;
+            }
+            let path = segment::segment_path(&self.dir, r.segment);
+            let f = self
+                .storage
+                .open(&path, OpenMode::Read)
+                .ctx("open", &path)?;
+            let end = match r.end {
+                Some(e) => e,
+                None => {
+                    let len = f.len().ctx("stat", &path)?;
+                    segment::content_end(&*f, r.offset, len).ctx("read", &path)?
+                }
+            };
+            let mut bytes = vec![0u8; end.saturating_sub(r.offset) as usize];
+            f.read_exact_at(&mut bytes, r.offset).ctx("read", &path)?;
+            let aside = self.dir.join(&r.kept_in);
+            let a = self
+                .storage
+                .open(&aside, OpenMode::ReadWriteCreate)
+                .ctx("create", &aside)?;
+            a.set_len(0).ctx("truncate", &aside)?;
+            a.write_all_at(&bytes, 0).ctx("write", &aside)?;
+            a.sync_data().ctx("fsync", &aside)?;
+            q.add(r.clone());
+            listed.push(r.clone());
+        }
+        if !listed.is_empty() {
+            // The copies' names are durable before the list that names them.
+            self.storage
+                .sync_dir(&self.dir)
+                .ctx("fsync dir", &self.dir)?;
+            quarantine::write(&self.storage, &self.dir, &q)?;
+        }
+        Ok(listed)
+    }
+
+    /// One `log_damaged` event per quarantined range that lost seqs, durably, at the end
+    /// of the log (no gap to declare there: the lost seqs lie below the head).
+    fn declare_quarantined(&self, w: &mut Writer, ranges: &[Range]) -> Result<Vec<Event>> {
+        let records: Vec<LogDamaged> = ranges
+            .iter()
+            .filter(|r| r.lost_to >= r.lost_from)
+            .map(|r| LogDamaged {
+                lost_from: r.lost_from,
+                lost_to: r.lost_to,
+                segment: segment::segment_name(r.segment),
+                offset: r.offset,
+                bytes: r.end.map_or(0, |e| e - r.offset),
+                kept_in: r.kept_in.clone(),
+                reason: format!("quarantined: {}", r.reason),
+            })
+            .collect();
+        self.append_damage_records(w, records)
+    }
+
+    /// Appends `records` as `log_damaged` engine events in one durable group. Under
+    /// `LOCK`, the writer loaded.
+    fn append_damage_records(
+        &self,
+        w: &mut Writer,
+        records: Vec<LogDamaged>,
+    ) -> Result<Vec<Event>> {
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut events = Vec::with_capacity(records.len());
+        for record in records {
+            let content = serde_json::to_value(&record)
+                .map_err(|e| Error::invalid("log_damaged", e.to_string()))?;
+            events.push(Checked::engine(
+                ENGINE_AGENT,
+                &self.meta.user_id,
+                EventType::LogDamaged,
+                content,
+                None,
+                Vec::new(),
+            ));
+        }
+        let req = Request::new(events, None, Durability::Sync);
+        let outcome = self
+            .write_group_locked(w, vec![req])?
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::invalid("log_damaged", "no outcome"))??;
+        if let (Some(seg), Some(last)) = (&outcome.seg, outcome.events.last()) {
+            self.wait_durable(outcome.end, last.seq, seg)?;
+        }
+        Ok(outcome.events)
     }
 
     fn repair_locked(&self, w: &mut Writer) -> Result<Option<Event>> {
@@ -448,30 +581,7 @@ impl RunLog {
         w.loaded = true;
         w.ids_upto = Pos::default();
         w.ids.clear();
-        let content = serde_json::to_value(&record)
-            .map_err(|e| Error::invalid("log_damaged", e.to_string()))?;
-        let req = Request::new(
-            vec![Checked::engine(
-                ENGINE_AGENT,
-                &self.meta.user_id,
-                EventType::LogDamaged,
-                content,
-                None,
-                Vec::new(),
-            )],
-            None,
-            Durability::Sync,
-        );
-        let outcome = self
-            .write_group_locked(w, vec![req])?
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::invalid("log_damaged", "no outcome"))??;
-        if let Some(seg) = &outcome.seg {
-            self.wait_durable(outcome.end, base, seg)?;
-        }
-        outcome
-            .events
+        self.append_damage_records(w, vec![record])?
             .into_iter()
             .next()
             .ok_or_else(|| Error::invalid("log_damaged", "no event"))

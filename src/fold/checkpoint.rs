@@ -236,39 +236,7 @@ impl Container {
     }
 }
 
-/// Writes `bytes` as `dir/name` atomically: a temp file, fsynced, renamed into place, the
-/// directory fsynced; a failure removes the temp file and leaves any older file alone.
-pub(crate) fn write_atomic(
-    storage: &Arc<dyn Storage>,
-    dir: &Path,
-    name: &str,
-    bytes: &[u8],
-) -> Result<PathBuf> {
-    storage.create_dir_all(dir).ctx("create", dir)?;
-    let path = dir.join(name);
-    // Unique per process and call: two threads may write the same name at once.
-    static TMP_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let tmp = dir.join(format!(
-        ".{name}.{}.{}.{}.tmp",
-        std::process::id(),
-        Ts::now().0,
-        TMP_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
-    let f = storage
-        .open(&tmp, OpenMode::CreateNew)
-        .ctx("create", &tmp)?;
-    let r = (|| {
-        f.write_all_at(bytes, 0).ctx("write", &tmp)?;
-        f.sync_data().ctx("fsync", &tmp)?;
-        storage.rename(&tmp, &path).ctx("rename", &tmp)?;
-        storage.sync_dir(dir).ctx("fsync dir", dir)
-    })();
-    if r.is_err() {
-        let _ = storage.remove_file(&tmp);
-    }
-    r?;
-    Ok(path)
-}
+pub(crate) use crate::log::storage::write_atomic;
 
 /// Encodes a checkpoint file.
 pub fn encode(state: &State, info: &CheckpointInfo) -> Result<Vec<u8>> {

@@ -18,6 +18,7 @@
 
 pub mod frame;
 pub mod meta;
+pub mod quarantine;
 pub mod segment;
 pub mod storage;
 pub mod watermark;

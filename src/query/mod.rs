@@ -13,6 +13,7 @@
 //! Never imports: `fold`, `commit`, `store` or anything above: permissions reach the
 //! reader as a predicate from the store.
 
+pub(crate) mod check;
 pub mod index;
 pub mod options;
 pub(crate) mod read;

@@ -12,15 +12,17 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
-use serde::{Deserializer as _, Serialize};
+use serde::Serialize;
 
 use crate::error::{Error, IoContext, Result};
 use crate::event::ts::Ts;
-use crate::event::{Event, EventRef, EventSpans, LogDamaged, BATCH_EVENTS_MAX};
+use crate::event::{Event, EventRef, EventSpans};
 use crate::log::frame::{self, Decoded};
+use crate::log::quarantine::{self, Quarantine, Range as QuarantinedRange};
 use crate::log::segment::{self, FrameReader, Step};
 use crate::log::storage::{file_len, OpenMode, Storage};
 use crate::log::watermark::{read_marks, Pos};
+pub(crate) use crate::query::check::{check_frame, check_frame_refs};
 use crate::query::index::{Access, IndexCell, IndexSnapshot, Plan, ReadRun};
 use crate::query::options::{ReadOptions, Visibility};
 
@@ -84,6 +86,10 @@ pub struct EventIter {
     returned: usize,
     done: bool,
     skipped: Vec<Skipped>,
+    // The run's quarantine (`swarm repair`), read when damage is first met.
+    quarantine: Option<Quarantine>,
+    // Quarantined ranges stepped over so far.
+    quarantined: Vec<QuarantinedRange>,
     torn_tail: Option<TornTail>,
     /// The durable mark when the read began (see [`EventIter::with_index`]).
     acked: Pos,
@@ -110,127 +116,6 @@ pub struct EventIter {
     tail: Option<VecDeque<Event>>,
     tail_returned: usize,
     run_buf: Vec<u8>,
-}
-
-/// Parses a frame's events and checks seq continuity, ts order and run id.
-pub(crate) fn check_frame(
-    payload: &[u8],
-    expect: Option<u64>,
-    last_ts: Ts,
-    run_id: &str,
-) -> std::result::Result<Vec<Event>, (Option<u64>, String)> {
-    // One UTF-8 check of the whole payload is cheaper than serde_json's check per string.
-    let text = std::str::from_utf8(payload).map_err(|e| (None, format!("bad event JSON: {e}")))?;
-    let events: Vec<Event> =
-        serde_json::from_str(text).map_err(|e| (None, format!("bad event JSON: {e}")))?;
-    check_order(&events, expect, last_ts, run_id, |e| {
-        (
-            e.seq,
-            e.ts,
-            &e.run_id,
-            LogDamaged::declared(e.kind, &e.content),
-        )
-    })?;
-    Ok(events)
-}
-
-/// [`check_frame`] for a fold: the same checks, the events borrowed from `payload` with
-/// their content unparsed (its JSON syntax checked), and `meta` checked to be an object
-/// as [`Event`] requires.
-pub(crate) fn check_frame_refs<'a>(
-    payload: &'a [u8],
-    expect: Option<u64>,
-    last_ts: Ts,
-    run_id: &str,
-) -> std::result::Result<FrameRefs<'a>, (Option<u64>, String)> {
-    let text = std::str::from_utf8(payload).map_err(|e| (None, format!("bad event JSON: {e}")))?;
-    let mut de = serde_json::Deserializer::from_str(text);
-    let events = de
-        .deserialize_seq(Presized(text.len()))
-        .and_then(|v| de.end().map(|()| v))
-        .map_err(|e| (None, format!("bad event JSON: {e}")))?;
-    if let Some(e) = events
-        .iter()
-        .find(|e| e.meta.is_some_and(|m| !m.get().starts_with('{')))
-    {
-        return Err((Some(e.seq), "bad event JSON: meta is not an object".into()));
-    }
-    check_order(&events, expect, last_ts, run_id, |e| {
-        (
-            e.seq,
-            e.ts,
-            &e.run_id,
-            LogDamaged::declared(
-                e.kind,
-                &mut serde_json::Deserializer::from_str(e.content.get()),
-            ),
-        )
-    })?;
-    Ok((text, events))
-}
-
-/// A frame's text and its events borrowed from it.
-pub(crate) type FrameRefs<'a> = (&'a str, Vec<EventRef<'a>>);
-
-/// Parses a frame's array of events into a vector sized once from the payload's length
-/// (no stored event is shorter than ~100 bytes; a frame holds at most 1,024), instead of
-/// growing it by doubling through a frame of a thousand events.
-struct Presized(usize);
-
-impl<'de> serde::de::Visitor<'de> for Presized {
-    type Value = Vec<EventRef<'de>>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("an array of events")
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(
-        self,
-        mut seq: A,
-    ) -> std::result::Result<Self::Value, A::Error> {
-        let mut v = Vec::with_capacity((self.0 / 96 + 1).min(BATCH_EVENTS_MAX));
-        while let Some(e) = seq.next_element()? {
-            v.push(e);
-        }
-        Ok(v)
-    }
-}
-
-/// The checks of one frame's events, whatever form they were parsed into: not empty, seqs
-/// following `expect` without a gap (but for a declared one), ts not decreasing, all of
-/// `run_id`. `head` gives an event's seq, ts, run and the gap it declares, if any.
-fn check_order<E>(
-    events: &[E],
-    expect: Option<u64>,
-    last_ts: Ts,
-    run_id: &str,
-    head: impl Fn(&E) -> (u64, Ts, &str, Option<(u64, u64)>),
-) -> std::result::Result<(), (Option<u64>, String)> {
-    let Some(e0) = events.first() else {
-        return Err((None, "empty frame".into()));
-    };
-    let (seq0, _, _, declared) = head(e0);
-    let mut first = expect.unwrap_or(seq0);
-    // A gap is legal only where a `log_damaged` event right after it declares exactly
-    // the missing seqs (`swarm repair`): those seqs were lost and are never reused.
-    if seq0 > first && declared == Some((first, seq0 - 1)) {
-        first = seq0;
-    }
-    let mut ts = last_ts;
-    for (want, e) in (first..).zip(events.iter()) {
-        let (seq, e_ts, e_run, _) = head(e);
-        if seq != want {
-            return Err((Some(want), format!("holds seq {seq}, expected {want}")));
-        }
-        if e_ts < ts {
-            return Err((Some(want), format!("ts {e_ts} before the previous {ts}")));
-        }
-        if e_run != run_id {
-            return Err((Some(want), format!("belongs to run {e_run:?}")));
-        }
-        ts = e_ts;
-    }
-    Ok(())
 }
 
 /// Where a frame lies in the log: what a checkpoint taken right after it records.
@@ -514,6 +399,8 @@ impl EventIter {
             returned: 0,
             done: false,
             skipped: Vec::new(),
+            quarantine: None,
+            quarantined: Vec::new(),
             torn_tail: None,
             acked,
             end_checked: false,
@@ -703,6 +590,28 @@ impl EventIter {
         &self.skipped
     }
 
+    /// Quarantined ranges (damage `swarm repair` declared lost) stepped over so far.
+    pub fn quarantined(&self) -> &[QuarantinedRange] {
+        &self.quarantined
+    }
+
+    /// Whether damage found at `offset` of segment `base`, with the next valid frame at
+    /// `next`, is a range `swarm repair` quarantined (same start, same end): then the
+    /// read steps over it and expects the seq after its lost ones. Anything else is
+    /// damage as before. The list is read when damage is first met.
+    fn step_over_quarantined(&mut self, base: u64, offset: u64, next: Option<u64>) -> bool {
+        let (storage, dir) = (&self.storage, &self.dir);
+        let q = self
+            .quarantine
+            .get_or_insert_with(|| quarantine::read(&**storage, dir));
+        let Some(r) = q.at(base, offset).filter(|r| r.end == next).cloned() else {
+            return false;
+        };
+        self.expect_seq = Some(r.lost_to + 1);
+        self.quarantined.push(r);
+        true
+    }
+
     /// The torn or in-progress tail found at the end, if any.
     pub fn torn_tail(&self) -> Option<&TornTail> {
         self.torn_tail.as_ref()
@@ -838,6 +747,12 @@ impl EventIter {
                                 &format!("{} at byte {offset}: {reason}", path.display()),
                             );
                         }
+                        Err(_)
+                            if self.step_over_quarantined(
+                                self.pos.seg,
+                                offset,
+                                Some(offset + len),
+                            ) => {}
                         Err((seq, reason)) => {
                             let seq = seq.or(self.expect_seq).unwrap_or(0);
                             if !self.opts.skip_corrupt {
@@ -894,6 +809,13 @@ impl EventIter {
                     let seq = self.expect_seq.unwrap_or(1);
                     let next = r.skip_to_next_frame()?;
                     let base = self.bases[self.idx];
+                    if self.step_over_quarantined(base, offset, next) {
+                        if next.is_none() {
+                            self.reader = None;
+                            self.idx += 1;
+                        }
+                        continue;
+                    }
                     match next {
                         None if last_segment
                             && self.lost_below_durable(base, offset, seq)?.is_some() =>

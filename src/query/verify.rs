@@ -40,6 +40,10 @@ pub struct VerifyReport {
     pub repaired_tails: Vec<RepairedTail>,
     /// Damaged records (never dropped silently).
     pub corrupt: Vec<Skipped>,
+    /// Damage `swarm repair` quarantined (declared lost, its bytes kept aside): stepped
+    /// over by every read, not counted as corruption.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub quarantined: Vec<crate::log::quarantine::Range>,
     /// Auxiliary files found lost or unreadable: the `SYNCED` marks (rebuilt from the
     /// log before the check), damaged or stale checkpoints and index files (derived:
     /// ignored and rebuilt), and `run.json` (then `ok` is false: `swarm repair`).
@@ -133,6 +137,58 @@ pub(crate) fn verify(
         torn_tail: it.torn_tail().cloned(),
         repaired_tails: repaired,
         corrupt,
+        quarantined: it.quarantined().to_vec(),
         rebuilt: Vec::new(),
     })
+}
+
+/// The damage of a run that valid records follow (found by reading every record): what
+/// `swarm repair` quarantines, as ranges with the seqs each lost (from the seq expected
+/// at the damage to the one before the next intact record). Damage with nothing intact
+/// after it is a tail (cut by repair's other path), and damage right after other damage
+/// is left out (its lost seqs are not known): both stay reported.
+pub(crate) fn middle_damage(
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    run_id: &str,
+) -> Result<Vec<crate::log::quarantine::Range>> {
+    let opts = ReadOptions {
+        skip_corrupt: true,
+        visibility: Visibility::Written,
+        ..ReadOptions::default()
+    };
+    let mut it = EventIter::new(storage, dir, run_id, opts)?;
+    let mut ranges = Vec::new();
+    let mut seen = 0;
+    while let Some(e) = it.next() {
+        let Ok(e) = e else { break };
+        let skipped = it.skipped();
+        // Exactly one new damage since the last intact record: it ends here.
+        if skipped.len() == seen + 1 {
+            let d = &skipped[seen];
+            let base = d
+                .segment
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(crate::log::segment::parse_segment_name);
+            let same_segment = d.resumed_at > d.offset && it.position().seg == base.unwrap_or(0);
+            if let Some(base) = base.filter(|_| d.resumed_at > d.offset) {
+                ranges.push(crate::log::quarantine::Range {
+                    segment: base,
+                    offset: d.offset,
+                    end: same_segment.then_some(d.resumed_at),
+                    lost_from: d.seq,
+                    lost_to: e.seq.saturating_sub(1).max(d.seq.saturating_sub(1)),
+                    kept_in: format!(
+                        "{}.{}.damaged",
+                        crate::log::segment::segment_name(base),
+                        d.offset
+                    ),
+                    reason: d.reason.clone(),
+                });
+            }
+        }
+        seen = skipped.len();
+    }
+    Ok(ranges)
 }

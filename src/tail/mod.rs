@@ -72,6 +72,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::event::ts::Ts;
 use crate::event::{check_run_id, Event, EventType};
 use crate::log::meta::{META_FILE, SYNCED_FILE};
+use crate::log::quarantine;
 use crate::log::segment::{self, FrameReader, Step};
 use crate::log::storage::{OpenMode, Storage, StorageFile};
 use crate::log::watermark::{self, Marks, Pos};
@@ -735,6 +736,14 @@ impl Tail {
                     }
                     Step::Corrupt { offset, reason } => {
                         if let Some(next) = r.skip_to_next_frame()? {
+                            // Damage `swarm repair` quarantined: its seqs are lost.
+                            if let Some(q) = quarantine::read(&*self.storage, &self.dir)
+                                .at(self.seg, offset)
+                                .filter(|q| q.end == Some(next))
+                            {
+                                self.head_seen = q.lost_to;
+                                continue;
+                            }
                             return Err(Error::corrupt(
                                 &path,
                                 offset,

@@ -387,9 +387,13 @@ impl IndexCell {
             if st.segs[k].end < limit {
                 let seg = Arc::make_mut(&mut st.segs[k]);
                 if let Extended::Stopped(reason) =
-                    seg.extend(&file, &path, limit, &self.run, progress)?
+                    seg.extend((&file, &**storage), &path, limit, &self.run, progress)?
                 {
-                    tracing::warn!(segment = %path.display(), reason, "the index stops before the end of the log");
+                    if reason.starts_with(super::format::QUARANTINED) {
+                        tracing::debug!(segment = %path.display(), reason, "the index stops before the end of the log");
+                    } else {
+                        tracing::warn!(segment = %path.display(), reason, "the index stops before the end of the log");
+                    }
                     st.stopped = Some(format!("{}: {reason}", path.display()));
                     break;
                 }

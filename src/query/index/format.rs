@@ -12,7 +12,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::event::ts::Ts;
 use crate::log::frame;
 use crate::log::segment::{self, FrameReader, Step};
-use crate::log::storage::StorageFile;
+use crate::log::storage::{Storage, StorageFile};
 use crate::log::watermark::Pos;
 
 /// Directory of a run that holds its index files.
@@ -92,11 +92,16 @@ pub(crate) struct IndexHead<'a> {
     pub(crate) subject: Option<Cow<'a, str>>,
 }
 
+/// How [`Extended::Stopped`]'s reason starts at quarantined damage (known and declared
+/// lost: not worth a warning on every read).
+pub(crate) const QUARANTINED: &str = "quarantined damage: ";
+
 /// How an extension of a segment's index ended.
 pub(crate) enum Extended {
     /// Reached the limit.
     Done,
     /// Stopped before the limit: damage, a torn frame, or a frame that does not follow.
+    /// The reason starts with [`QUARANTINED`] at damage `swarm repair` quarantined.
     Stopped(String),
 }
 
@@ -225,9 +230,10 @@ impl SegIndex {
     }
 
     /// Indexes the frames of the segment in `[self.end, limit)`.
+    /// Whether damage met is quarantined is read from `storage` (`swarm repair`).
     pub(crate) fn extend(
         &mut self,
-        file: &Arc<dyn StorageFile>,
+        (file, storage): (&Arc<dyn StorageFile>, &dyn Storage),
         path: &Path,
         limit: u64,
         run_id: &str,
@@ -262,7 +268,14 @@ impl SegIndex {
                     break Extended::Done;
                 }
                 Step::Corrupt { offset, reason } => {
-                    break Extended::Stopped(format!("{reason} at byte {offset}"))
+                    // Frames are indexed contiguously: the index ends at damage, even
+                    // damage `swarm repair` quarantined (reads scan on past it).
+                    let dir = path.parent().unwrap_or(Path::new("."));
+                    let quarantined = crate::log::quarantine::read(storage, dir)
+                        .at(self.base, offset)
+                        .is_some();
+                    let what = if quarantined { QUARANTINED } else { "" };
+                    break Extended::Stopped(format!("{what}{reason} at byte {offset}"));
                 }
             }
         };
