@@ -853,3 +853,40 @@ fn repair_quarantines_damage_that_valid_records_follow() {
         [1, 2, 4, 5, 6, 7, 8]
     );
 }
+
+/// A repair that crashed after listing a range in `QUARANTINE` but before its
+/// `log_damaged` event was durable: the range is already stepped over, and the next
+/// repair writes the missing event (once), so every quarantined loss is in the log.
+#[test]
+fn a_repair_that_crashed_before_declaring_the_loss_is_finished_by_the_next() {
+    let env = Env::new();
+    let run = "crashed";
+    let (seg, b) = five_frames(&env, run);
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[b[2] + 100] ^= 0x10;
+    std::fs::write(&seg, &bytes).unwrap();
+    let dir = seg.parent().unwrap();
+    let name = seg.file_name().unwrap().to_string_lossy().into_owned();
+    let kept = format!("{name}.{}.damaged", b[2]);
+    std::fs::write(dir.join(&kept), &bytes[b[2]..b[3]]).unwrap();
+    let list = serde_json::json!({"version": 1, "ranges": [{
+        "segment": 1, "offset": b[2], "end": b[3], "lost_from": 3, "lost_to": 3,
+        "kept_in": kept, "reason": "crc mismatch"}]});
+    std::fs::write(dir.join("QUARANTINE"), list.to_string()).unwrap();
+    let seqs =
+        |out: &crate::util::Out| -> Vec<u64> { out.events().iter().map(|e| e.seq).collect() };
+    assert_eq!(seqs(&env.swarm(&["read", "--run", run]).ok()), [1, 2, 4, 5]);
+    let out = env.swarm(&["repair", "--run", run]).ok();
+    let ev: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(ev["type"], "log_damaged", "{ev}");
+    assert_eq!(ev["content"]["lost_from"], 3, "{ev}");
+    assert_eq!(ev["content"]["offset"], b[2], "{ev}");
+    assert_eq!(
+        env.swarm(&["repair", "--run", run]).ok().stdout.trim(),
+        "null"
+    );
+    assert_eq!(
+        seqs(&env.swarm(&["read", "--run", run]).ok()),
+        [1, 2, 4, 5, 6]
+    );
+}

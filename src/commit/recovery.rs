@@ -400,12 +400,19 @@ impl RunLog {
     /// quarantined first (`log::quarantine`): its bytes copied aside, the range listed,
     /// and after any tail repair one `log_damaged` event per range with lost seqs.
     /// Returns the `log_damaged` events written, the tail's first.
-    pub(crate) fn repair(&self, middle: &[Range]) -> Result<Vec<Event>> {
+    /// `undeclared`: ranges listed earlier whose `log_damaged` event is missing (a repair
+    /// that crashed in between), declared now.
+    pub(crate) fn repair(&self, middle: &[Range], undeclared: &[Range]) -> Result<Vec<Event>> {
         let mut w = lock(&self.writer);
         let lock_path = self.dir.join(LOCK_FILE);
         w.lock_file.lock().ctx("lock", &lock_path)?;
         let r = (|| {
-            let listed = self.quarantine_ranges(middle)?;
+            let mut listed = self.quarantine_ranges(middle)?;
+            for r in undeclared {
+                if !listed.contains(r) {
+                    listed.push(r.clone());
+                }
+            }
             let mut out: Vec<Event> = self.repair_locked(&mut w)?.into_iter().collect();
             if !listed.is_empty() {
                 if !w.loaded {
