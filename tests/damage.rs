@@ -21,6 +21,16 @@ fn five_frames(env: &Env, run: &str) -> (std::path::PathBuf, Vec<usize>) {
     (seg, bounds)
 }
 
+/// [`five_frames`] with a bit of the third frame's payload flipped; also returns the
+/// segment's bytes as they are now.
+fn third_frame_flipped(env: &Env, run: &str) -> (std::path::PathBuf, Vec<usize>, Vec<u8>) {
+    let (seg, b) = five_frames(env, run);
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[b[2] + 100] ^= 0x10;
+    std::fs::write(&seg, &bytes).unwrap();
+    (seg, b, bytes)
+}
+
 #[test]
 fn cli_bit_flips_in_a_middle_record() {
     let env = Env::new();
@@ -746,10 +756,7 @@ fn a_damaged_run_does_not_stop_user_wide_commands() {
 fn repair_quarantines_damage_that_valid_records_follow() {
     let env = Env::new();
     let run = "q";
-    let (seg, b) = five_frames(&env, run);
-    let mut bytes = std::fs::read(&seg).unwrap();
-    bytes[b[2] + 100] ^= 0x10;
-    std::fs::write(&seg, &bytes).unwrap();
+    let (seg, b, bytes) = third_frame_flipped(&env, run);
     let append = |content: &str| {
         env.swarm(&[
             "append",
@@ -861,10 +868,7 @@ fn repair_quarantines_damage_that_valid_records_follow() {
 fn a_repair_that_crashed_before_declaring_the_loss_is_finished_by_the_next() {
     let env = Env::new();
     let run = "crashed";
-    let (seg, b) = five_frames(&env, run);
-    let mut bytes = std::fs::read(&seg).unwrap();
-    bytes[b[2] + 100] ^= 0x10;
-    std::fs::write(&seg, &bytes).unwrap();
+    let (seg, b, bytes) = third_frame_flipped(&env, run);
     let dir = seg.parent().unwrap();
     let name = seg.file_name().unwrap().to_string_lossy().into_owned();
     let kept = format!("{name}.{}.damaged", b[2]);

@@ -451,14 +451,7 @@ impl RunLog {
             };
             let mut bytes = vec![0u8; end.saturating_sub(r.offset) as usize];
             f.read_exact_at(&mut bytes, r.offset).ctx("read", &path)?;
-            let aside = self.dir.join(&r.kept_in);
-            let a = self
-                .storage
-                .open(&aside, OpenMode::ReadWriteCreate)
-                .ctx("create", &aside)?;
-            a.set_len(0).ctx("truncate", &aside)?;
-            a.write_all_at(&bytes, 0).ctx("write", &aside)?;
-            a.sync_data().ctx("fsync", &aside)?;
+            self.write_aside(&self.dir.join(&r.kept_in), &bytes)?;
             q.add(r.clone());
             listed.push(r.clone());
         }
@@ -654,14 +647,19 @@ impl RunLog {
         if bytes.is_empty() && keep_existing && self.storage.exists(&aside) {
             return Ok((aside, bytes));
         }
+        self.write_aside(&aside, &bytes)?;
+        Ok((aside, bytes))
+    }
+
+    /// Writes `bytes` as the whole of file `aside` (created or replaced), fsynced.
+    fn write_aside(&self, aside: &std::path::Path, bytes: &[u8]) -> Result<()> {
         let f = self
             .storage
-            .open(&aside, OpenMode::ReadWriteCreate)
-            .ctx("create", &aside)?;
-        f.set_len(0).ctx("truncate", &aside)?;
-        f.write_all_at(&bytes, 0).ctx("write", &aside)?;
-        f.sync_data().ctx("fsync", &aside)?;
-        Ok((aside, bytes))
+            .open(aside, OpenMode::ReadWriteCreate)
+            .ctx("create", aside)?;
+        f.set_len(0).ctx("truncate", aside)?;
+        f.write_all_at(bytes, 0).ctx("write", aside)?;
+        f.sync_data().ctx("fsync", aside)
     }
 
     pub(super) fn repair_tail(
