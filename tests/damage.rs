@@ -833,6 +833,23 @@ fn repair_quarantines_damage_that_valid_records_follow() {
         "{}",
         board.stdout
     );
+    // An append with an id reads every id of the run (its retry check): past the range.
+    let out = env
+        .swarm(&[
+            "append",
+            "--run",
+            run,
+            "--agent",
+            "a",
+            "--type",
+            "evidence",
+            "--content",
+            "x",
+            "--id",
+            "my-1",
+        ])
+        .ok();
+    assert_eq!(seqs(&out), [8]);
     // Repairing again finds nothing to do.
     assert_eq!(
         env.swarm(&["repair", "--run", run]).ok().stdout.trim(),
@@ -857,7 +874,7 @@ fn repair_quarantines_damage_that_valid_records_follow() {
     assert_eq!(env.verify(run).0, 0);
     assert_eq!(
         seqs(&env.swarm(&["read", "--run", run]).ok()),
-        [1, 2, 4, 5, 6, 7, 8]
+        [1, 2, 4, 5, 6, 7, 8, 9]
     );
 }
 
@@ -893,4 +910,51 @@ fn a_repair_that_crashed_before_declaring_the_loss_is_finished_by_the_next() {
         seqs(&env.swarm(&["read", "--run", run]).ok()),
         [1, 2, 4, 5, 6]
     );
+}
+
+/// Damage with exactly one valid frame after it, past the durable mark (`none` mode):
+/// the next writer refuses to truncate (it would cut the valid frame as a torn tail).
+#[test]
+fn one_valid_frame_after_damage_is_never_cut_as_a_torn_tail() {
+    let env = Env::new();
+    let run = "one";
+    let add = |content: &str, durability: &str| {
+        env.swarm(&[
+            "append",
+            "--run",
+            run,
+            "--agent",
+            "a",
+            "--type",
+            "evidence",
+            "--content",
+            content,
+            "--durability",
+            durability,
+        ])
+        .ok();
+    };
+    add("event number 1", "sync");
+    add("event number 2", "sync");
+    add("event number 3", "none");
+    add("event number 4", "none");
+    let seg = env.segments(run).remove(0);
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let b = frame_boundaries(&bytes);
+    bytes[b[2] + 100] ^= 0x10;
+    std::fs::write(&seg, &bytes).unwrap();
+    env.swarm(&[
+        "append",
+        "--run",
+        run,
+        "--agent",
+        "a",
+        "--type",
+        "evidence",
+        "--content",
+        "x",
+    ])
+    .code(3)
+    .one_line_error(&["valid records follow"]);
+    assert_eq!(std::fs::read(&seg).unwrap(), bytes, "nothing cut");
 }

@@ -236,6 +236,9 @@ impl RunLog {
                 .with_chunk(16 << 10)
                 .trust_fill(),
         };
+        // Where the next valid frame after damage is, once looked for: looking again
+        // from there would pass over it (the search starts past the reader's position).
+        let mut found_next: Option<Option<u64>> = None;
         let (bad_at, reason) = loop {
             match r.step()? {
                 Step::Frame { offset, len } => {
@@ -299,6 +302,7 @@ impl RunLog {
                     // Damage `swarm repair` quarantined (the same start, the next valid
                     // frame where it was): stepped over, its seqs stay lost.
                     let next = r.skip_to_next_frame()?;
+                    found_next = Some(next);
                     // (Without a next frame only in an older segment: the damage runs
                     // to its end.)
                     let q = quarantine::read(&*self.storage, &self.dir);
@@ -329,7 +333,11 @@ impl RunLog {
             ));
         }
         // Damage at `bad_at`. We hold the append lock, so no live writer is mid-write.
-        if let Some(next) = r.skip_to_next_frame()? {
+        let next = match found_next {
+            Some(n) => n,
+            None => r.skip_to_next_frame()?,
+        };
+        if let Some(next) = next {
             return Err(Error::corrupt(
                 &path,
                 bad_at,
@@ -434,7 +442,7 @@ impl RunLog {
         let mut q: Quarantine = quarantine::read(&*self.storage, &self.dir);
         let mut listed = Vec::new();
         for r in ranges {
-            if q.at(r.segment, r.offset).is_some() {
+            if q.at(r.segment, r.offset) == Some(r) {
                 continue;
             }
             let path = segment::segment_path(&self.dir, r.segment);
@@ -760,7 +768,17 @@ impl RunLog {
                     }
                     Step::End { .. } => break,
                     Step::Corrupt { offset, reason } => {
-                        return Err(Error::corrupt(&path, offset, 0, reason.to_string()))
+                        // Damage `swarm repair` quarantined holds no ids any more.
+                        let next = r.skip_to_next_frame()?;
+                        let listed = quarantine::read(&*self.storage, &self.dir)
+                            .at(base, offset)
+                            .is_some_and(|q| q.end == next);
+                        if !listed {
+                            return Err(Error::corrupt(&path, offset, 0, reason.to_string()));
+                        }
+                        if next.is_none() {
+                            break;
+                        }
                     }
                 }
             }

@@ -61,12 +61,13 @@ impl Quarantine {
             .find(|r| r.segment == segment && r.offset == offset)
     }
 
-    /// Adds `r` unless a range starts at the same place; keeps log order.
+    /// Adds `r`, replacing a range that starts at the same place (damage that spread
+    /// since it was listed); keeps log order.
     pub fn add(&mut self, r: Range) {
-        if self.at(r.segment, r.offset).is_none() {
-            self.ranges.push(r);
-            self.ranges.sort_by_key(|r| (r.segment, r.offset));
-        }
+        self.ranges
+            .retain(|x| (x.segment, x.offset) != (r.segment, r.offset));
+        self.ranges.push(r);
+        self.ranges.sort_by_key(|r| (r.segment, r.offset));
     }
 }
 

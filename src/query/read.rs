@@ -747,12 +747,6 @@ impl EventIter {
                                 &format!("{} at byte {offset}: {reason}", path.display()),
                             );
                         }
-                        Err(_)
-                            if self.step_over_quarantined(
-                                self.pos.seg,
-                                offset,
-                                Some(offset + len),
-                            ) => {}
                         Err((seq, reason)) => {
                             let seq = seq.or(self.expect_seq).unwrap_or(0);
                             if !self.opts.skip_corrupt {

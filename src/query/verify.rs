@@ -157,7 +157,7 @@ pub(crate) fn middle_damage(
         visibility: Visibility::Written,
         ..ReadOptions::default()
     };
-    let mut it = EventIter::new(storage, dir, run_id, opts)?;
+    let mut it = EventIter::new(storage.clone(), dir, run_id, opts)?;
     let mut ranges = Vec::new();
     let mut seen = 0;
     while let Some(e) = it.next() {
@@ -172,7 +172,8 @@ pub(crate) fn middle_damage(
                 .and_then(|n| n.to_str())
                 .and_then(crate::log::segment::parse_segment_name);
             let same_segment = d.resumed_at > d.offset && it.position().seg == base.unwrap_or(0);
-            if let Some(base) = base.filter(|_| d.resumed_at > d.offset) {
+            let crc_damage = base.is_some_and(|_| !whole_frame_at(&*storage, &d.segment, d.offset));
+            if let Some(base) = base.filter(|_| d.resumed_at > d.offset && crc_damage) {
                 ranges.push(crate::log::quarantine::Range {
                     segment: base,
                     offset: d.offset,
@@ -191,4 +192,13 @@ pub(crate) fn middle_damage(
         seen = skipped.len();
     }
     Ok(ranges)
+}
+
+/// Whether a CRC-valid frame starts at `offset` of `path`: then the damage there is in
+/// what it says (seqs, times, run, JSON), which readers other than `EventIter` cannot
+/// step over; repair leaves it reported rather than list it.
+fn whole_frame_at(storage: &dyn Storage, path: &std::path::Path, offset: u64) -> bool {
+    crate::log::segment::FrameReader::open(storage, path, offset, None)
+        .and_then(|mut r| r.step())
+        .is_ok_and(|s| matches!(s, crate::log::segment::Step::Frame { .. }))
 }

@@ -751,6 +751,18 @@ impl Tail {
                                 format!("{reason}; valid records follow at byte {next}"),
                             ));
                         }
+                        // A listed range that runs to the end of an older segment.
+                        let listed = closed
+                            .then(|| quarantine::read(&*self.storage, &self.dir))
+                            .and_then(|q| {
+                                q.at(self.seg, offset)
+                                    .filter(|q| q.end.is_none())
+                                    .map(|q| q.lost_to)
+                            });
+                        if let Some(lost_to) = listed {
+                            self.head_seen = lost_to;
+                            break false;
+                        }
                         // Nothing whole follows: a frame still being written (or a torn
                         // one the next writer will cut off), unless the segment is closed.
                         break true;
