@@ -223,6 +223,18 @@ fn damage_at_the_end_of_an_older_segment() {
     let seqs: Vec<u64> = lib_read(&store, run).iter().map(|e| e.seq).collect();
     let want: Vec<u64> = (1..=e.seq).filter(|&s| s != lost).collect();
     assert_eq!(seqs, want);
+    // The live tail too, across the range that runs to the older segment's end.
+    let tail = store
+        .tail(
+            run,
+            swarm_memory::TailOptions {
+                follow: false,
+                ..swarm_memory::TailOptions::default()
+            },
+        )
+        .unwrap();
+    let seqs: Vec<u64> = tail.map(|e| e.unwrap().seq).collect();
+    assert_eq!(seqs, want);
 }
 
 /// The seqs a `log_damaged` event declares lost.
@@ -757,21 +769,8 @@ fn repair_quarantines_damage_that_valid_records_follow() {
     let env = Env::new();
     let run = "q";
     let (seg, b, bytes) = third_frame_flipped(&env, run);
-    let append = |content: &str| {
-        env.swarm(&[
-            "append",
-            "--run",
-            run,
-            "--agent",
-            "a",
-            "--type",
-            "evidence",
-            "--subject",
-            "s",
-            "--content",
-            content,
-        ])
-    };
+    let append =
+        |content: &str| env.append_evidence(run, &["--subject", "s", "--content", content]);
     // Before: a new writer refuses the run, and so do the board and replay.
     append("refused")
         .code(3)
@@ -835,19 +834,7 @@ fn repair_quarantines_damage_that_valid_records_follow() {
     );
     // An append with an id reads every id of the run (its retry check): past the range.
     let out = env
-        .swarm(&[
-            "append",
-            "--run",
-            run,
-            "--agent",
-            "a",
-            "--type",
-            "evidence",
-            "--content",
-            "x",
-            "--id",
-            "my-1",
-        ])
+        .append_evidence(run, &["--content", "x", "--id", "my-1"])
         .ok();
     assert_eq!(seqs(&out), [8]);
     // Repairing again finds nothing to do.
@@ -919,20 +906,8 @@ fn one_valid_frame_after_damage_is_never_cut_as_a_torn_tail() {
     let env = Env::new();
     let run = "one";
     let add = |content: &str, durability: &str| {
-        env.swarm(&[
-            "append",
-            "--run",
-            run,
-            "--agent",
-            "a",
-            "--type",
-            "evidence",
-            "--content",
-            content,
-            "--durability",
-            durability,
-        ])
-        .ok();
+        env.append_evidence(run, &["--content", content, "--durability", durability])
+            .ok();
     };
     add("event number 1", "sync");
     add("event number 2", "sync");
@@ -943,18 +918,8 @@ fn one_valid_frame_after_damage_is_never_cut_as_a_torn_tail() {
     let b = frame_boundaries(&bytes);
     bytes[b[2] + 100] ^= 0x10;
     std::fs::write(&seg, &bytes).unwrap();
-    env.swarm(&[
-        "append",
-        "--run",
-        run,
-        "--agent",
-        "a",
-        "--type",
-        "evidence",
-        "--content",
-        "x",
-    ])
-    .code(3)
-    .one_line_error(&["valid records follow"]);
+    env.append_evidence(run, &["--content", "x"])
+        .code(3)
+        .one_line_error(&["valid records follow"]);
     assert_eq!(std::fs::read(&seg).unwrap(), bytes, "nothing cut");
 }

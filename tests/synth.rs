@@ -720,6 +720,38 @@ fn learned_patterns_follow_the_runs_read_policy() {
             .occurrence_count,
         2
     );
+
+    // A `sanitized` copy in the shared scope keeps the resolution's wording: carol's own
+    // copies of a run that hides decisions from db are not shown to db either (another
+    // user, who gets the shared scope by design, still sees it).
+    let carol = user_store(&env, "carol").with_archive_dir(env.path().join(".archive"));
+    carol.set_policy("inc-9", "lead", &policy).unwrap();
+    investigation(&carol, "inc-9", "acme-prod-7781");
+    let sanitized = SynthOptions {
+        share_patterns: Some(SharePatterns::Sanitized),
+        ..SynthOptions::default()
+    };
+    assert_eq!(carol.synth(&sanitized, |_| {}).unwrap().shared_copies, 1);
+    let scopes = |reader: Option<&str>| -> Vec<&'static str> {
+        let p = carol.patterns_as("high_latency_checkout", reader).unwrap();
+        let m = carol.advise_as("query_metrics", reader).unwrap();
+        p.iter()
+            .map(|x| x.scope)
+            .chain(m.iter().map(|x| x.scope))
+            .collect()
+    };
+    assert_eq!(
+        scopes(Some("lead")),
+        ["private", "shared", "private", "shared"]
+    );
+    assert!(scopes(Some("db")).is_empty(), "{:?}", scopes(Some("db")));
+    let dave = user_store(&env, "dave");
+    assert_eq!(
+        dave.patterns_as("high_latency_checkout", Some("db"))
+            .unwrap()
+            .len(),
+        1
+    );
 }
 
 /// Seed 002: closed runs teach patterns (occurrences add, confidence +0.1 each) and tool

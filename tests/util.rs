@@ -96,6 +96,13 @@ impl Env {
         Out::from(out, args)
     }
 
+    /// `swarm append --run RUN --agent a --type evidence` and `more` (its outcome unchecked).
+    pub fn append_evidence(&self, run: &str, more: &[&str]) -> Out {
+        let mut args = vec!["append", "--run", run, "--agent", "a", "--type", "evidence"];
+        args.extend_from_slice(more);
+        self.swarm(&args)
+    }
+
     /// Runs `swarm ARGS` with `input` on stdin.
     pub fn swarm_stdin(&self, args: &[&str], input: &str) -> Out {
         Out::run(self.cmd(args), args, input)

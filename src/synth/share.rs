@@ -169,21 +169,16 @@ impl Store {
             }
             // Keyed with a per-data-dir secret: a guessed (user, run) cannot be confirmed
             // from the shared scope.
-            let mut hasher = blake3::Hasher::new_keyed(&key);
-            hasher.update(self.user().as_bytes());
-            hasher.update(&[0]);
-            hasher.update(run.as_bytes());
-            let digest = hasher.finalize();
-            let h = u64::from_le_bytes(digest.as_bytes()[..8].try_into().unwrap_or_default());
+            let shared_run = self.shared_run_id(&key, &run);
             // The run id stays with its user: the shared copy names an opaque hash.
-            clean.run_id = format!("r{h:016x}");
+            clean.run_id.clone_from(&shared_run);
             // Who taught it, as an opaque id of the same key: counts distinct users.
             let mut who = blake3::Hasher::new_keyed(&key);
             who.update(b"user\0");
             who.update(self.user().as_bytes());
             clean.contributor = format!("u{}", &who.finalize().to_hex()[..16]);
             let rec = Record::Learned {
-                run: format!("r{h:016x}"),
+                run: shared_run.clone(),
                 learnings: Box::new(clean),
                 shared: None,
             };
@@ -193,7 +188,7 @@ impl Store {
                 Some(LEARNED_SUBJECT.to_string()),
                 to_value(&rec)?,
             );
-            ev.id = Some(format!("shared-{h:016x}"));
+            ev.id = Some(format!("shared-{}", &shared_run[1..]));
             shared.append_checked(SHARED_RUN, vec![ev], None, Durability::Sync)?;
             n += 1;
         }
@@ -271,14 +266,47 @@ impl Store {
         })
     }
 
+    /// The opaque id a run's learnings carry in the shared scope: keyed with a
+    /// per-data-dir secret, so a guessed (user, run) cannot be confirmed from it.
+    fn shared_run_id(&self, key: &[u8; 32], run: &str) -> String {
+        let mut hasher = blake3::Hasher::new_keyed(key);
+        hasher.update(self.user().as_bytes());
+        hasher.update(&[0]);
+        hasher.update(run.as_bytes());
+        let digest = hasher.finalize();
+        let h = u64::from_le_bytes(digest.as_bytes()[..8].try_into().unwrap_or_default());
+        format!("r{h:016x}")
+    }
+
     /// The shared scope's pattern book (sanitized learnings of every user).
     pub fn shared_book(&self) -> Result<PatternBook> {
+        self.shared_book_as(None)
+    }
+
+    /// [`Store::shared_book`] for a read made as `reader`: less the copies of this
+    /// user's own runs whose policy hides an entry type from the agent (a `sanitized`
+    /// copy keeps the resolution's and the errors' wording), as [`Store::own_book_as`].
+    pub fn shared_book_as(&self, reader: Option<&str>) -> Result<PatternBook> {
+        let mut hidden = std::collections::BTreeSet::new();
+        if reader.is_some() && self.storage().exists(&self.root().join(SECRET_FILE)) {
+            let key = self.share_key()?;
+            let mut gate = self.fact_gate(reader);
+            for run in self.run_ids()? {
+                if !gate.admits(std::slice::from_ref(&run), None) {
+                    hidden.insert(self.shared_run_id(&key, &run));
+                }
+            }
+        }
         let shared = self.shared_store();
         let mut fold = FactsFold::new(None);
         match shared.read(SHARED_RUN, ReadOptions::default()) {
             Ok(it) => {
                 for e in it {
-                    fold.apply(&e?);
+                    let e = e?;
+                    let run = e.content.get("run").and_then(serde_json::Value::as_str);
+                    if run.is_none_or(|r| !hidden.contains(r)) {
+                        fold.apply(&e);
+                    }
                 }
             }
             Err(Error::RunNotFound(_)) => {}
@@ -338,7 +366,7 @@ impl Store {
         symptom: &str,
         reader: Option<&str>,
     ) -> Result<Vec<Scoped<InvestigationPattern>>> {
-        let (own, shared) = (self.own_book_as(reader)?, self.shared_book()?);
+        let (own, shared) = (self.own_book_as(reader)?, self.shared_book_as(reader)?);
         Ok(scoped(
             own.recommend(symptom),
             shared.recommend(symptom),
@@ -354,7 +382,7 @@ impl Store {
 
     /// [`Store::advise`] for a read made as `reader` ([`Store::own_book_as`]).
     pub fn advise_as(&self, tool: &str, reader: Option<&str>) -> Result<Vec<Scoped<ToolMistake>>> {
-        let (own, shared) = (self.own_book_as(reader)?, self.shared_book()?);
+        let (own, shared) = (self.own_book_as(reader)?, self.shared_book_as(reader)?);
         Ok(scoped(own.advise(tool), shared.advise(tool), |m| {
             m.provenance.contributors.len()
         }))

@@ -506,7 +506,10 @@ impl Drop for Hub {
 /// The hub's thread: waits for inotify events (or a kick) until the next sweep.
 fn run(hub: Weak<Hub>, mut sleeper: sleeper::Sleeper, mut _ino: sleeper::Ino) {
     let mut _buf = vec![0u8; 4096];
-    let mut next_sweep = Instant::now();
+    // The first sweep one interval after the start, as every later one: a run is armed
+    // when it is added, and a sweep right at the first addition could race an append
+    // made just after it and count the append's wake-up as the sweep's.
+    let mut next_sweep = Instant::now() + hub.upgrade().map_or(Duration::ZERO, |h| h.poll);
     loop {
         let timeout = {
             let Some(h) = hub.upgrade() else { return };
