@@ -484,7 +484,7 @@ impl RunLog {
                 lost_to: r.lost_to,
                 segment: segment::segment_name(r.segment),
                 offset: r.offset,
-                bytes: r.end.map_or(0, |e| e - r.offset),
+                bytes: r.end.map_or(0, |e| e.saturating_sub(r.offset)),
                 kept_in: r.kept_in.clone(),
                 reason: format!("quarantined: {}", r.reason),
             })

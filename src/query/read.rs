@@ -607,7 +607,7 @@ impl EventIter {
         let Some(r) = q.at(base, offset).filter(|r| r.end == next).cloned() else {
             return false;
         };
-        self.expect_seq = Some(r.lost_to + 1);
+        self.expect_seq = Some(r.lost_to.saturating_add(1));
         self.quarantined.push(r);
         true
     }

@@ -280,23 +280,20 @@ impl Store {
 
     /// The shared scope's pattern book (sanitized learnings of every user).
     pub fn shared_book(&self) -> Result<PatternBook> {
-        self.shared_book_as(None)
+        self.shared_book_hiding(&[])
     }
 
-    /// [`Store::shared_book`] for a read made as `reader`: less the copies of this
-    /// user's own runs whose policy hides an entry type from the agent (a `sanitized`
-    /// copy keeps the resolution's and the errors' wording), as [`Store::own_book_as`].
-    pub fn shared_book_as(&self, reader: Option<&str>) -> Result<PatternBook> {
-        let mut hidden = std::collections::BTreeSet::new();
-        if reader.is_some() && self.storage().exists(&self.root().join(SECRET_FILE)) {
+    /// The shared book less the copies of this user's own runs `hidden` (their shared
+    /// ids are derived here): a `sanitized` copy keeps the resolution's and the errors'
+    /// wording, so a read made as an agent leaves out the runs [`Store::own_book_as`]
+    /// leaves out.
+    fn shared_book_hiding(&self, hidden: &[String]) -> Result<PatternBook> {
+        let mut ids = std::collections::BTreeSet::new();
+        if !hidden.is_empty() && self.storage().exists(&self.root().join(SECRET_FILE)) {
             let key = self.share_key()?;
-            let mut gate = self.fact_gate(reader);
-            for run in self.run_ids()? {
-                if !gate.admits(std::slice::from_ref(&run), None) {
-                    hidden.insert(self.shared_run_id(&key, &run));
-                }
-            }
+            ids.extend(hidden.iter().map(|run| self.shared_run_id(&key, run)));
         }
+        let hidden = ids;
         let shared = self.shared_store();
         let mut fold = FactsFold::new(None);
         match shared.read(SHARED_RUN, ReadOptions::default()) {
@@ -324,13 +321,25 @@ impl Store {
     /// [`Store::own_book`] for a read made as `reader`: only the learnings of runs whose
     /// policy shows the agent every entry type (a run's pattern quotes its decisions and
     /// resolution, its mistakes the tools' arguments and errors), as
-    /// [`crate::synth::FactGate`] decides for facts. The shared scope is not gated: it is
-    /// sanitized and given to every user who shares.
+    /// [`crate::synth::FactGate`] decides for facts.
     pub fn own_book_as(&self, reader: Option<&str>) -> Result<PatternBook> {
+        Ok(self.own_book_and_hidden(reader)?.0)
+    }
+
+    /// Both books as `reader` reads them: its own ([`Store::own_book_as`]) and the
+    /// shared one less this user's copies of the runs left out of the first.
+    fn books_as(&self, reader: Option<&str>) -> Result<(PatternBook, PatternBook)> {
+        let (own, hidden) = self.own_book_and_hidden(reader)?;
+        Ok((own, self.shared_book_hiding(&hidden)?))
+    }
+
+    /// [`Store::own_book_as`], and the runs whose learnings it left out.
+    fn own_book_and_hidden(&self, reader: Option<&str>) -> Result<(PatternBook, Vec<String>)> {
         let mut book = PatternBook::default();
+        let mut hidden = Vec::new();
         let committed = match self.committed_passes() {
             Ok(c) => c,
-            Err(Error::RunNotFound(_)) => return Ok(book),
+            Err(Error::RunNotFound(_)) => return Ok((book, hidden)),
             Err(e) => return Err(e),
         };
         let mut gate = self.fact_gate(reader);
@@ -348,10 +357,12 @@ impl Store {
             if let Ok(Record::Learned { learnings, .. }) = serde_json::from_value(e.content) {
                 if gate.admits(std::slice::from_ref(&learnings.run_id), None) {
                     book.merge_run(&learnings);
+                } else {
+                    hidden.push(learnings.run_id);
                 }
             }
         }
-        Ok(book)
+        Ok((book, hidden))
     }
 
     /// Proven investigation patterns for a symptom: the user's own first, then the
@@ -366,7 +377,7 @@ impl Store {
         symptom: &str,
         reader: Option<&str>,
     ) -> Result<Vec<Scoped<InvestigationPattern>>> {
-        let (own, shared) = (self.own_book_as(reader)?, self.shared_book_as(reader)?);
+        let (own, shared) = self.books_as(reader)?;
         Ok(scoped(
             own.recommend(symptom),
             shared.recommend(symptom),
@@ -382,7 +393,7 @@ impl Store {
 
     /// [`Store::advise`] for a read made as `reader` ([`Store::own_book_as`]).
     pub fn advise_as(&self, tool: &str, reader: Option<&str>) -> Result<Vec<Scoped<ToolMistake>>> {
-        let (own, shared) = (self.own_book_as(reader)?, self.shared_book_as(reader)?);
+        let (own, shared) = self.books_as(reader)?;
         Ok(scoped(own.advise(tool), shared.advise(tool), |m| {
             m.provenance.contributors.len()
         }))
