@@ -144,7 +144,14 @@ fn main() {
         admin: false,
     };
     let mut perms = std::collections::BTreeMap::new();
-    perms.insert("*".to_string(), everyone);
+    perms.insert("*".to_string(), everyone.clone());
+    perms.insert(
+        "lead".to_string(),
+        Perms {
+            admin: true,
+            ..everyone
+        },
+    );
     let policy = Policy {
         permissions: Some(perms),
         prune_max_entries: None,

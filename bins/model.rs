@@ -1,5 +1,6 @@
 //! `swarm model fetch|info`: install the local embedding model and show which one is used.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::sync::Arc;
@@ -202,22 +203,26 @@ fn info(a: InfoArgs, data_dir: &Path) -> anyhow::Result<ExitCode> {
         let code = print_json(&out)?;
         return Ok(if ok { code } else { ExitCode::from(1) });
     } else {
-        println!(
+        // Not `println!`: a closed stdout (`| head`) is an error here, not a panic.
+        let mut w = std::io::stdout().lock();
+        writeln!(
+            w,
             "path:  {} (from {})",
             located.path.display(),
             located.origin.as_str()
-        );
+        )?;
         match (&loaded, ok) {
             (Ok(Some(m)), _) => {
-                println!("id:    {}", m.id());
-                println!("dim:   {}", m.dim());
-                println!("loads: yes ({load_ms} ms)");
+                writeln!(w, "id:    {}", m.id())?;
+                writeln!(w, "dim:   {}", m.dim())?;
+                writeln!(w, "loads: yes ({load_ms} ms)")?;
                 if let Some(vs) = out.get("vectors") {
-                    println!("vectors: {vs}");
+                    writeln!(w, "vectors: {vs}")?;
                 }
             }
-            _ => println!("loads: no: {}", out["reason"].as_str().unwrap_or("")),
+            _ => writeln!(w, "loads: no: {}", out["reason"].as_str().unwrap_or(""))?,
         }
+        w.flush()?;
     }
     Ok(if ok {
         ExitCode::SUCCESS

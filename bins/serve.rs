@@ -1,5 +1,6 @@
 //! `swarm serve` and `swarm token`: the engine as an HTTP service, and its bearer tokens.
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::ExitCode;
@@ -172,15 +173,40 @@ pub fn token(cmd: TokenCmd, data_dir: &Path, user: &str) -> anyhow::Result<ExitC
         TokenCmd::Add { agent, role } => {
             let t = token::add(data_dir, user, &agent, Role::parse(&role)?)?;
             eprintln!("{}", serde_json::to_string(&t.record)?);
-            println!("{}", t.token);
-        }
-        TokenCmd::List => {
-            for t in token::list(data_dir)? {
-                println!("{}", serde_json::to_string(&t)?);
+            // The secret is shown once: if it cannot be, the token is useless to anyone
+            // and must not stay valid.
+            let shown = (|| -> std::io::Result<()> {
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "{}", t.token)?;
+                out.flush()
+            })();
+            if let Err(e) = shown {
+                let undone = match token::revoke(data_dir, &t.record.id) {
+                    Ok(_) => "it was revoked; run `swarm token add` again".to_string(),
+                    Err(r) => format!(
+                        "revoking it failed too ({r}): run `swarm token revoke {}`",
+                        t.record.id
+                    ),
+                };
+                eprintln!(
+                    "swarm: token {} was made but could not be shown ({e}); {undone}",
+                    t.record.id
+                );
+                return Ok(ExitCode::from(crate::scratch::EXIT_ACK_LOST));
             }
         }
+        TokenCmd::List => {
+            let out = std::io::stdout();
+            let mut out = out.lock();
+            for t in token::list(data_dir)? {
+                serde_json::to_writer(&mut out, &t)?;
+                out.write_all(b"\n")?;
+            }
+            out.flush()?;
+        }
         TokenCmd::Revoke { id } => {
-            println!("{}", serde_json::to_string(&token::revoke(data_dir, &id)?)?);
+            let r = token::revoke(data_dir, &id)?;
+            return Ok(crate::scratch::print_ack(&r, "the token was revoked"));
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -57,7 +57,7 @@ Colours: only when stderr is a terminal and NO_COLOR is unset.
 
 Server: with SWARM_URL (and SWARM_TOKEN) set, the commands talk to that `swarm serve`
 with the same flags, output and exit codes; repair, index, checkpoint, quality, model,
-serve, token and demo work on the data directory itself and refuse (exit 2).
+token and demo work on the data directory itself and refuse (exit 2); serve ignores it.
 
 Logging: warnings go to stderr; set SWARM_LOG=debug (or any tracing filter) for more.";
 
@@ -69,10 +69,10 @@ Logging: warnings go to stderr; set SWARM_LOG=debug (or any tracing filter) for 
 #[derive(Parser)]
 #[command(name = "swarm", version, after_help = EXIT_CODES)]
 struct Cli {
-    /// Directory holding one sub-directory per run.
+    /// The data directory: each user's runs live in DATA_DIR/USER/RUN.
     #[arg(long, global = true, env = "SWARM_DATA_DIR", default_value = "./data")]
     data_dir: PathBuf,
-    /// Directory holding checkpoints (one sub-directory per run) [default: DATA_DIR/.checkpoints].
+    /// Directory holding checkpoints (CHECKPOINT_DIR/USER/RUN) [default: DATA_DIR/.checkpoints].
     #[arg(long, global = true, env = "SWARM_CHECKPOINT_DIR")]
     checkpoint_dir: Option<PathBuf>,
     /// The user (tenant) to act as: every run belongs to one user, and another user's
@@ -739,6 +739,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         .archive_dir
         .clone()
         .unwrap_or_else(|| cli.data_dir.join(".archive"));
+    // A token or a model made here would land in this machine's data dir, not the
+    // server's: refused while SWARM_URL points at a server (`swarm serve` itself ignores it).
+    #[cfg(feature = "server")]
+    if remote::url().is_some() {
+        #[cfg(feature = "semantic")]
+        let model = matches!(cli.cmd, Cmd::Model(_));
+        #[cfg(not(feature = "semantic"))]
+        let model = false;
+        if model || matches!(cli.cmd, Cmd::Token(_)) {
+            return Err(remote::files_only());
+        }
+    }
     #[cfg(feature = "semantic")]
     if let Cmd::Model(c) = cli.cmd {
         return model::model(c, &cli.data_dir);

@@ -731,6 +731,17 @@ fn a_damaged_run_does_not_stop_user_wide_commands() {
         .swarm(&["search", "connection pool exhausted", "--json"])
         .ok();
     assert!(out.stdout.contains("orders-db"), "{}", out.stdout);
+    // As an agent too (the damaged run's policy cannot be read: that run is left out).
+    let out = env
+        .swarm(&[
+            "search",
+            "connection pool exhausted",
+            "--as-agent",
+            "db",
+            "--json",
+        ])
+        .ok();
+    assert!(out.stdout.contains("orders-db"), "{}", out.stdout);
 
     // Repair does not cut damage that valid records follow (that would drop them): it
     // quarantines it, and the run is whole again for every command.

@@ -284,3 +284,59 @@ fn swarm_mcp_bridge_names_a_refused_token_and_mcp_needs_an_agent() {
         "{err}"
     );
 }
+
+/// An MCP session answers only the token that opened it: another user's token with the
+/// session's id can neither use it nor end it (404, as for a session that does not
+/// exist), and the owner's session goes on.
+#[test]
+fn mcp_over_http_a_session_answers_only_its_token() {
+    let env = Env::fast();
+    let srv = Server::start(&env, &[]);
+    let alice = token(&env, "alice", &["lead"], "agent");
+    let bob = token(&env, "bob", &["lead"], "agent");
+    let call = |method: &str, tok: &str, sid: Option<&str>, body: Option<serde_json::Value>| {
+        let mut r = srv
+            .http
+            .request(method, &format!("{}/mcp", srv.url))
+            .set("Authorization", &format!("Bearer {tok}"))
+            .set("Content-Type", "application/json")
+            .set("Accept", "application/json, text/event-stream");
+        if let Some(s) = sid {
+            r = r
+                .set("mcp-session-id", s)
+                .set("mcp-protocol-version", "2025-06-18");
+        }
+        let r = match body {
+            Some(b) => r.send_string(&b.to_string()),
+            None => r.call(),
+        };
+        match r {
+            Ok(r) => (
+                r.status(),
+                r.header("mcp-session-id").map(str::to_string),
+                r.into_string().unwrap_or_default(),
+            ),
+            Err(ureq::Error::Status(s, r)) => (s, None, r.into_string().unwrap_or_default()),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let init = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "t", "version": "1"}}});
+    let (st, sid, body) = call("POST", &alice, None, Some(init));
+    assert_eq!(st, 200, "{body}");
+    let sid = sid.expect("a session id");
+    let inited = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let (st, _, body) = call("POST", &alice, Some(&sid), Some(inited));
+    assert!((200..300).contains(&st), "{st} {body}");
+    let list = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    let (st, _, body) = call("POST", &bob, Some(&sid), Some(list.clone()));
+    assert_eq!(st, 404, "bob used alice's session: {body}");
+    let (st, _, body) = call("DELETE", &bob, Some(&sid), None);
+    assert_eq!(st, 404, "bob ended alice's session: {body}");
+    let (st, _, body) = call("POST", &alice, Some(&sid), Some(list));
+    assert_eq!(st, 200, "{body}");
+    assert!(body.contains("append_entry"), "{body}");
+    let (st, _, body) = call("DELETE", &alice, Some(&sid), None);
+    assert_eq!(st, 204, "{body}");
+}

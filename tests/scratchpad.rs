@@ -705,14 +705,10 @@ fn quoting_events_and_facts_follow_the_read_policy() {
     use swarm_memory::fold::rules::Policy;
     use swarm_memory::synth::search::{search, Ranker, SearchQuery};
     use swarm_memory::synth::{FactsQuery, SynthOptions};
-    use swarm_memory::{Durability, EventType, NewEvent, ReadOptions, Store};
+    use swarm_memory::{Durability, EventType, NewEvent, ReadOptions};
 
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path().join("data"))
-        .unwrap()
-        .with_user("alice", false)
-        .unwrap()
-        .with_checkpoints(dir.path().join("ck"), 0);
+    let store = alice_store(dir.path());
     let add = |agent: &str, kind: EventType, subject: &str, text: &str| {
         let mut e = NewEvent::new(agent, kind, text.to_string());
         e.subject = Some(subject.to_string());
@@ -853,4 +849,114 @@ fn quoting_events_and_facts_follow_the_read_policy() {
     };
     assert!(hits("lead").contains("SECRETHYPO"));
     assert!(!hits("db").contains("SECRETHYPO"), "{}", hits("db"));
+}
+
+/// The engine events an agent writes itself follow the run's policy too: an agent not
+/// shown hypotheses cannot prune (the summary quotes them and is answered to its writer),
+/// pick or resolve (they name hypotheses, decisions, their agents and seqs); only an admin
+/// closes the run; and a replay's view of an earlier point hides what the policy in force
+/// now hides (a policy set after an entry was written hides it from every read).
+#[test]
+fn agents_write_engine_events_only_as_the_policy_allows() {
+    use swarm_memory::fold::replay::Target;
+    use swarm_memory::fold::rules::Policy;
+    use swarm_memory::{Durability, Error, EventType, NewEvent};
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = alice_store(dir.path());
+    let add = |agent: &str, kind: EventType, subject: &str, text: &str, conf: f64| {
+        let mut e = NewEvent::new(agent, kind, text.to_string());
+        e.subject = Some(subject.to_string());
+        e.confidence = Some(conf);
+        store.append("r", e, Durability::None)
+    };
+    // Written before any policy: the policy set later hides it all the same.
+    add(
+        "lead",
+        EventType::Hypothesis,
+        "cause",
+        "SECRETHYPO vendor breach",
+        0.5,
+    )
+    .unwrap();
+    add(
+        "lead",
+        EventType::Hypothesis,
+        "cause",
+        "SECRETTWO expired cert",
+        0.5,
+    )
+    .unwrap();
+    let policy: Policy = serde_json::from_value(json!({
+        "permissions": {
+            "lead": {"read_types": ["*"], "write_types": ["*"], "admin": true},
+            "db": {"read_types": ["evidence"], "write_types": ["evidence"]}
+        }
+    }))
+    .unwrap();
+    store.set_policy("r", "lead", &policy).unwrap();
+    add("db", EventType::Evidence, "pool", "pool exhausted", 0.8).unwrap();
+    let forbidden = |r: Result<_, Error>, what: &str| match r {
+        Err(Error::Forbidden(_)) => {}
+        Err(e) => panic!("{what}: {e}"),
+        Ok(_) => panic!("{what} was allowed"),
+    };
+    let head = store.head_state("r").unwrap().state.head_seq;
+    forbidden(
+        store
+            .prune("r", "db", &swarm_memory::fold::summary::Builtin, true)
+            .map(|_| ()),
+        "db's prune",
+    );
+    forbidden(store.pick("r", "db", "cause").map(|_| ()), "db's pick");
+    forbidden(store.close_run("r", "db").map(|_| ()), "db's close");
+    assert_eq!(
+        store.head_state("r").unwrap().state.head_seq,
+        head,
+        "nothing was written"
+    );
+    // The lead's pick ties and escalates; db may not resolve it.
+    let esc = match store.pick("r", "lead", "cause").unwrap() {
+        swarm_memory::PickOutcome::Escalated { .. } => store.escalations("r", true).unwrap()[0].seq,
+        other => panic!("expected a tie: {other:?}"),
+    };
+    forbidden(
+        store.resolve("r", "db", esc, Some(1), "probe").map(|_| ()),
+        "db's resolve",
+    );
+    // A replay of the point before the policy, as db: the hypotheses stay hidden.
+    let at = store.state_at("r", Target::Seq(2), |_| {}).unwrap().state;
+    let view = store.agent_view("r", &at, "db").unwrap();
+    let text = serde_json::to_string(&view).unwrap();
+    assert!(!text.contains("SECRET"), "{text}");
+    let lead = serde_json::to_string(&store.agent_view("r", &at, "lead").unwrap()).unwrap();
+    assert!(lead.contains("SECRETTWO"), "{lead}");
+    // A policy that leaves no admin (nobody could change it again) or names a type that
+    // does not exist (a typo hides or bars a type silently) is refused.
+    for bad in [
+        json!({"permissions": {"db": {"read_types": ["evidence"], "write_types": ["evidence"]}}}),
+        json!({"permissions": {"lead": {"read_types": ["*"], "write_types": ["*"], "admin": true},
+                               "db": {"read_types": ["evidnce"]}}}),
+    ] {
+        let p: Policy = serde_json::from_value(bad.clone()).unwrap();
+        match store.set_policy("r", "lead", &p) {
+            Err(Error::Invalid { field, .. }) => assert_eq!(field, "policy", "{bad}"),
+            other => panic!("{bad} was not refused: {other:?}"),
+        }
+    }
+    // The lead, an admin shown everything, prunes and closes.
+    store
+        .prune("r", "lead", &swarm_memory::fold::summary::Builtin, true)
+        .unwrap()
+        .expect("a summary");
+    store.close_run("r", "lead").unwrap();
+}
+
+/// A store of user alice in `dir`, checkpoints by hand only.
+fn alice_store(dir: &std::path::Path) -> swarm_memory::Store {
+    swarm_memory::Store::open(dir.join("data"))
+        .unwrap()
+        .with_user("alice", false)
+        .unwrap()
+        .with_checkpoints(dir.join("ck"), 0)
 }

@@ -897,3 +897,54 @@ fn serve_cli_every_served_command_prints_what_the_embedded_cli_prints() {
         assert!(out.stderr.contains("data directory"), "{}", out.stderr);
     }
 }
+
+/// Damage in the middle of a segment: through `SWARM_URL` a read exits 3 naming the
+/// damaged record, as the embedded CLI does (not 1 with "the server could not complete
+/// the request"), and the server's answer names the segment, not its path.
+#[test]
+fn remote_reads_of_a_damaged_run_exit_3_as_embedded() {
+    let env = Env::fast();
+    let srv = Server::start(&env, &[]);
+    let t = token(&env, "alice", &["db-1"], "agent");
+    for i in 1..=5 {
+        let content = format!("event number {i}");
+        let args = [
+            "append",
+            "--run",
+            "r1",
+            "--agent",
+            "db-1",
+            "--type",
+            "evidence",
+            "--content",
+            &content,
+        ];
+        remote(&env, &srv, &t, &args, "").ok();
+    }
+    let dir = env.path().join("alice/r1");
+    let seg = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .unwrap();
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let at = bytes
+        .windows(14)
+        .position(|w| w == b"event number 3")
+        .unwrap();
+    bytes[at] ^= 0x04;
+    std::fs::write(&seg, &bytes).unwrap();
+    let local = local(&env, &["read", "--run", "r1"], "").code(3);
+    assert!(local.stderr.contains("corrupt record"), "{}", local.stderr);
+    let out = remote(&env, &srv, &t, &["read", "--run", "r1"], "").code(3);
+    assert!(
+        out.stderr.contains("corrupt record in seg-"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        !out.stderr.contains(&env.path().display().to_string()),
+        "the server's path: {}",
+        out.stderr
+    );
+}

@@ -31,7 +31,7 @@ mod runs;
 mod scratch;
 
 /// The commands that work on the data directory itself and refuse under `SWARM_URL`.
-pub const FILES_ONLY: &str = "repair, index, checkpoint, quality, model, serve, token and demo";
+pub const FILES_ONLY: &str = "repair, index, checkpoint, quality, model, token and demo";
 
 /// How often `tail --follow` asks again for a run that does not exist yet, in ms.
 const RUN_WAIT_MS: u64 = 250;
@@ -154,12 +154,18 @@ impl Client {
 fn refusal(status: u16, body: impl Read) -> anyhow::Error {
     let mut text = String::new();
     let _ = body.take(1 << 20).read_to_string(&mut text);
-    let detail = serde_json::from_str::<Value>(&text)
-        .ok()
+    let v = serde_json::from_str::<Value>(&text).ok();
+    let detail = v
+        .as_ref()
         .and_then(|v| v["detail"].as_str().map(str::to_string))
         .unwrap_or_else(|| format!("the server answered {status}: {text}"));
+    // Damage is exit 3, as in the embedded mode.
+    let corrupt = v
+        .as_ref()
+        .and_then(|v| v["type"].as_str())
+        .is_some_and(|t| t.ends_with("/corrupt"));
     Refused {
-        code: exit_code(status),
+        code: if corrupt { 3 } else { exit_code(status) },
         detail,
         status: Some(status),
     }
@@ -248,20 +254,30 @@ pub fn run(base: String, cmd: Cmd) -> anyhow::Result<ExitCode> {
         Cmd::Facts(a) => memory::facts(&c, a),
         Cmd::Search(a) => memory::search(&c, a),
         Cmd::MemoryEvents(a) => memory::memory_events(&c, a),
-        Cmd::Patterns { symptom, as_agent } => {
-            memory::lookup(&c, "/v1/patterns", ("symptom", symptom), as_agent, "patterns")
-        }
+        Cmd::Patterns { symptom, as_agent } => memory::lookup(
+            &c,
+            "/v1/patterns",
+            ("symptom", symptom),
+            as_agent,
+            "patterns",
+        ),
         Cmd::Advise { tool, as_agent } => {
             memory::lookup(&c, "/v1/advise", ("tool", tool), as_agent, "mistakes")
         }
         Cmd::Metrics { run, json } => memory::metrics(&c, &run, json),
         Cmd::Synth(a) => memory::synth(&c, a),
-        _ => bail!(Refused {
-            code: 2,
-            detail: format!("this command works on the data directory itself and is not available through SWARM_URL (the file-only commands: {FILES_ONLY}); unset SWARM_URL to run it on the server's data directory"),
-            status: None,
-        }),
+        _ => Err(files_only()),
     }
+}
+
+/// The refusal (exit 2) of a command that works on the data directory itself.
+pub fn files_only() -> anyhow::Error {
+    Refused {
+        code: 2,
+        detail: format!("this command works on the data directory itself and is not available through SWARM_URL (the file-only commands: {FILES_ONLY}); unset SWARM_URL to run it on the server's data directory"),
+        status: None,
+    }
+    .into()
 }
 
 #[derive(Deserialize)]

@@ -149,6 +149,32 @@ pub struct Policy {
 }
 
 impl Policy {
+    /// Refuses a policy that names no entry type it could mean (a typo would hide or bar
+    /// a type silently) or that leaves the run with no admin (nobody could change the
+    /// policy or close the run again).
+    pub fn validate(&self) -> Result<()> {
+        let Some(perms) = &self.permissions else {
+            return Ok(());
+        };
+        for (agent, p) in perms {
+            for t in p.read_types.iter().chain(&p.write_types) {
+                if t != "*" && EventType::parse_client(t).is_err() {
+                    return Err(Error::invalid(
+                        "policy",
+                        format!("agent {agent:?}: {t:?} is not an entry type (hypothesis, evidence, decision, action_taken, or * for all)"),
+                    ));
+                }
+            }
+        }
+        if !perms.values().any(|p| p.admin) {
+            return Err(Error::invalid(
+                "policy",
+                "no agent is an admin: nobody could change this policy or close the run again; mark one agent \"admin\": true",
+            ));
+        }
+        Ok(())
+    }
+
     fn perms(&self, agent: &str) -> Option<Option<&Perms>> {
         let p = self.permissions.as_ref()?;
         Some(p.get(agent).or_else(|| p.get("*")))
@@ -363,6 +389,15 @@ impl Rules {
         self.policy.as_ref().and_then(|p| p.perms(agent))
     }
 
+    /// Whether `agent` is an admin of the run: it may replace the policy and close the
+    /// run. Everyone is, while the run has no permission policy.
+    pub fn is_admin(&self, agent: &str) -> bool {
+        match self.perms(agent) {
+            None => true,
+            Some(p) => p.is_some_and(|p| p.admin),
+        }
+    }
+
     /// Whether `agent` may see the stored event `e`: client types by the policy's
     /// `read_types`, channel events by the channel's readers; engine events otherwise.
     pub fn may_read_event(&self, agent: &str, e: &crate::event::Event) -> bool {
@@ -467,6 +502,29 @@ impl Rules {
         if e.agent == ENGINE_AGENT && e.kind != EventType::Summary {
             return Ok(fx);
         }
+        // Engine events an agent writes itself act on what others wrote: a summary (a
+        // prune) quotes the hypotheses and evidence it replaces, and its writer is
+        // answered with it; an escalation (a pick) and a resolution name decisions,
+        // actions and hypotheses; closing freezes the run for everyone. Only an agent
+        // shown all they quote may write the first three, only an admin may close.
+        match e.kind {
+            EventType::Summary | EventType::Escalation | EventType::Resolution
+                if e.agent != ENGINE_AGENT && !self.may_read_kind(e.agent, e.kind) =>
+            {
+                return Err(Error::Forbidden(format!(
+                    "agent {:?} may not write a {} (run policy: it is not shown every entry type one quotes)",
+                    e.agent,
+                    e.kind.as_str()
+                )));
+            }
+            EventType::RunClosed if !self.is_admin(e.agent) => {
+                return Err(Error::Forbidden(format!(
+                    "agent {:?} may not close the run (needs admin)",
+                    e.agent
+                )));
+            }
+            _ => {}
+        }
         if let (Some(s), Some(want)) = (e.subject, expect_subject_seq) {
             let have = self.subjects.get(s).map_or(0, |r| r.latest_seq);
             if have != want {
@@ -491,24 +549,15 @@ impl Rules {
                 }
             }
             EventType::Policy => {
-                let admin = match self.perms(e.agent) {
-                    None => {
-                        self.policy.is_none()
-                            || self
-                                .policy
-                                .as_ref()
-                                .is_some_and(|p| p.permissions.is_none())
-                    }
-                    Some(p) => p.is_some_and(|p| p.admin),
-                };
-                if !admin {
+                if !self.is_admin(e.agent) {
                     return Err(Error::Forbidden(format!(
                         "agent {:?} may not replace the run's policy (needs admin)",
                         e.agent
                     )));
                 }
                 serde_json::from_value::<Policy>(e.content.clone())
-                    .map_err(|err| Error::invalid("policy", err.to_string()))?;
+                    .map_err(|err| Error::invalid("policy", err.to_string()))?
+                    .validate()?;
             }
             EventType::ChannelDeclare => {
                 let d: ChannelDecl = serde_json::from_value(e.content.clone())

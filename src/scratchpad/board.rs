@@ -234,6 +234,12 @@ impl Store {
     /// citing the winner and the losers; a tie on all three is escalated, never guessed.
     pub fn pick(&self, run: &str, orchestrator: &str, subject: &str) -> Result<PickOutcome> {
         let s = self.head(run)?;
+        // A pick names hypotheses, their agents and seqs: only for an agent shown them.
+        if !s.rules.may_read_kind(orchestrator, EventType::Hypothesis) {
+            return Err(Error::Forbidden(format!(
+                "agent {orchestrator:?} may not pick: the run's policy does not show it hypotheses"
+            )));
+        }
         let st = s
             .subjects
             .get(subject)

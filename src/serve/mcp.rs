@@ -42,6 +42,9 @@ pub const MCP_SESSION_IDLE: Duration = Duration::from_secs(600);
 struct Gate {
     app: Arc<App>,
     sessions: Arc<LocalSessionManager>,
+    /// The token that opened each session: a session answers no other token (another
+    /// user's token with a leaked session id must not join its stream or end it).
+    owners: Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
 }
 
 /// The `/mcp` route.
@@ -78,7 +81,11 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route_service("/mcp", service)
         .layer(axum::middleware::from_fn_with_state(
-            Gate { app, sessions },
+            Gate {
+                app,
+                sessions,
+                owners: Default::default(),
+            },
             admit,
         ))
 }
@@ -97,7 +104,28 @@ async fn admit(State(g): State<Gate>, req: Request, next: Next) -> Response {
         ))
         .into_response();
     }
-    let opens_session = !parts.headers.contains_key("mcp-session-id");
+    let sid = parts
+        .headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    if let Some(sid) = &sid {
+        let owner = g
+            .owners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(sid)
+            .cloned();
+        if owner.is_some_and(|o| o != id.token.id) {
+            // What rmcp answers for a session it does not know: nothing is confirmed.
+            return (
+                axum::http::StatusCode::NOT_FOUND,
+                "Not Found: Session not found",
+            )
+                .into_response();
+        }
+    }
+    let opens_session = sid.is_none();
     if opens_session && g.sessions.sessions.read().await.len() >= MCP_SESSIONS_MAX {
         return Problem::new(
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
@@ -118,7 +146,30 @@ async fn admit(State(g): State<Gate>, req: Request, next: Next) -> Response {
     };
     parts.extensions.insert(session);
     let closes_session = parts.method == axum::http::Method::DELETE;
+    let token_id = id.token.id.clone();
     let mut res = next.run(Request::from_parts(parts, body)).await;
+    if opens_session {
+        if let Some(new) = res
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+        {
+            let live = g.sessions.sessions.read().await;
+            let mut owners = g.owners.lock().unwrap_or_else(|e| e.into_inner());
+            // Sessions rmcp closed (idle, ended) leave the map here.
+            if owners.len() >= MCP_SESSIONS_MAX {
+                owners.retain(|s, _| live.keys().any(|k| k.as_ref() == s.as_str()));
+            }
+            owners.insert(new.to_string(), token_id);
+        }
+    } else if closes_session && res.status().is_success() {
+        if let Some(sid) = &sid {
+            g.owners
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(sid);
+        }
+    }
     // rmcp answers a session's DELETE with 202; the MCP SDKs take 200 or 204 for "ended"
     // (the Python SDK logs "Session termination failed: 202" otherwise).
     if closes_session && res.status() == axum::http::StatusCode::ACCEPTED {

@@ -170,7 +170,26 @@ impl From<Error> for Problem {
                     "the run's writer refuses appends after an fsync failure; the server must be restarted",
                 )
             }
-            Error::Corrupt { .. } | Error::Io { .. } | Error::External(_) => {
+            Error::Corrupt {
+                ref path,
+                offset,
+                seq,
+                ref reason,
+            } => {
+                tracing::error!(error = %e, "request failed");
+                // The segment's name, not the server's path.
+                let file = path
+                    .file_name()
+                    .map_or_else(String::new, |f| f.to_string_lossy().into_owned());
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "corrupt",
+                    "Damaged log",
+                    format!("corrupt record in {file} at byte offset {offset} (expected seq {seq}): {reason}; `swarm verify` and `swarm repair` on the server's data dir"),
+                )
+                .with("seq", seq)
+            }
+            Error::Io { .. } | Error::External(_) => {
                 tracing::error!(error = %e, "request failed");
                 Problem::internal()
             }

@@ -117,10 +117,13 @@ impl Store {
             entries,
         })
     }
-    /// Builds an agent's view of a state: only what the run's policy (as of that state)
-    /// lets the agent read.
+    /// Builds an agent's view of a state: only what the run's policy lets the agent read.
+    /// The policy in force now decides, not the one of the replayed point (as every read
+    /// does): a policy set or tightened later hides earlier entries too.
     pub fn agent_view(&self, run: &str, s: &State, agent: &str) -> Result<AgentView> {
         crate::store::engine_log_hidden(run, Some(agent))?;
+        let head = self.head_state(run)?;
+        let rules = &head.state.rules;
         let own = s.agents.get(agent);
         let last_own = own.map(|a| a.last_seq);
         let unseen: Vec<Event> = self
@@ -146,7 +149,7 @@ impl Store {
             subjects: s
                 .subjects
                 .iter()
-                .filter(|(_, v)| s.rules.may_read_event(agent, &v.latest))
+                .filter(|(_, v)| rules.may_read_event(agent, &v.latest))
                 .map(|(k, v)| (k.clone(), v.latest.clone()))
                 .collect(),
         })

@@ -102,6 +102,10 @@ pub struct SetReport {
     pub search_foreign_hits: u64,
     /// The queries whose fact was not in the first three hits, with what came instead.
     pub search_misses: Vec<SearchMiss>,
+    /// The labelled contradictions not reported (their two facts' labels).
+    pub contradiction_misses: Vec<(String, String)>,
+    /// The contradictions reported that no label holds (each side's fact labels).
+    pub contradiction_false: Vec<(BTreeSet<String>, BTreeSet<String>)>,
 }
 
 /// A labelled query the search missed (top 3).
@@ -327,7 +331,11 @@ pub fn evaluate_set(
             }
             "contradiction" => {
                 r.contradictions_labelled += 1;
-                r.contradictions_found += u64::from(across(&rel.a, &rel.b));
+                let found = across(&rel.a, &rel.b);
+                r.contradictions_found += u64::from(found);
+                if !found {
+                    r.contradiction_misses.push((rel.a.clone(), rel.b.clone()));
+                }
                 labelled_contradictions.push((&rel.a, &rel.b));
             }
             "supersedes" => {
@@ -338,14 +346,16 @@ pub fn evaluate_set(
         }
     }
     r.contradictions_reported = reported.len() as u64;
-    r.contradictions_correct = reported
-        .iter()
-        .filter(|(x, y)| {
-            labelled_contradictions.iter().any(|(a, b)| {
-                (x.contains(*a) && y.contains(*b)) || (x.contains(*b) && y.contains(*a))
-            })
-        })
-        .count() as u64;
+    for (x, y) in &reported {
+        let labelled = labelled_contradictions
+            .iter()
+            .any(|(a, b)| (x.contains(*a) && y.contains(*b)) || (x.contains(*b) && y.contains(*a)));
+        if labelled {
+            r.contradictions_correct += 1;
+        } else {
+            r.contradiction_false.push((x.clone(), y.clone()));
+        }
+    }
     r.contradiction_precision = ratio(r.contradictions_correct, r.contradictions_reported);
     r.contradiction_recall = ratio(r.contradictions_found, r.contradictions_labelled);
     // Search: each labelled query in its user's store.

@@ -435,7 +435,16 @@ fn findings(store: &Store, run: Option<&str>, f: &ReadOptions) -> Result<Vec<Hit
             skip_corrupt: true,
             ..f.clone()
         };
-        let mut it = store.read(&run, opts)?;
+        // Read as an agent, the run's policy comes from its state, which a damaged
+        // record can keep from being built: that run is left out, the others searched.
+        let mut it = match store.read(&run, opts) {
+            Ok(it) => it,
+            Err(e @ Error::Corrupt { .. }) => {
+                tracing::warn!(run = %run, error = %e, "search: run skipped (damaged)");
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         for e in it.by_ref() {
             let entry = e?;
             if entry.kind.is_client() && !is_bookkeeping(&entry) {
@@ -653,6 +662,12 @@ pub fn search(store: &Store, q: &SearchQuery<'_>, ranker: Ranker<'_>) -> Result<
         return Err(Error::invalid(
             "query",
             format!("{} bytes, at most {QUERY_BYTES_MAX}", text.len()),
+        ));
+    }
+    if q.limit == 0 {
+        return Err(Error::invalid(
+            "limit",
+            format!("0 hits asked for; give 1 to {HITS_MAX}"),
         ));
     }
     let terms = words(text);
