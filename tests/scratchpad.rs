@@ -915,6 +915,14 @@ fn agents_write_engine_events_only_as_the_policy_allows() {
         head,
         "nothing was written"
     );
+    // A failed CAS on a subject whose entries db is not shown does not name their seq.
+    let mut probe = NewEvent::new("db", EventType::Evidence, "probe".to_string());
+    probe.subject = Some("cause".into());
+    probe.expect_subject_seq = Some(1);
+    match store.append("r", probe, Durability::None) {
+        Err(Error::Conflict(m)) => assert!(!m.contains("is at seq"), "{m}"),
+        other => panic!("expected a conflict: {other:?}"),
+    }
     // The lead's pick ties and escalates; db may not resolve it.
     let esc = match store.pick("r", "lead", "cause").unwrap() {
         swarm_memory::PickOutcome::Escalated { .. } => store.escalations("r", true).unwrap()[0].seq,

@@ -528,9 +528,20 @@ impl Rules {
         if let (Some(s), Some(want)) = (e.subject, expect_subject_seq) {
             let have = self.subjects.get(s).map_or(0, |r| r.latest_seq);
             if have != want {
-                return Err(Error::Conflict(format!(
-                    "subject {s:?} is at seq {have}, expected {want}: another entry landed since you read it"
-                )));
+                // The seq names an entry: only for an agent shown every entry type.
+                let shown = [
+                    EventType::Hypothesis,
+                    EventType::Evidence,
+                    EventType::Decision,
+                    EventType::ActionTaken,
+                ]
+                .iter()
+                .all(|k| self.may_read_type(e.agent, *k));
+                return Err(Error::Conflict(if shown {
+                    format!("subject {s:?} is at seq {have}, expected {want}: another entry landed since you read it")
+                } else {
+                    format!("subject {s:?} is not at seq {want}: another entry landed since you read it (its board entry, as you may read it, has the version)")
+                }));
             }
         }
         match e.kind {

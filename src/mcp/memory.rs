@@ -77,6 +77,18 @@ pub fn complete(s: &Session, a: CompleteArgs) -> ToolResult {
         "investigation complete: root cause {}; resolution: {}",
         a.root_cause, a.resolution
     );
+    // Only an admin of the run closes it: asked first, so that a refused close leaves
+    // no closing decision behind.
+    match s.store.head_state(&a.run) {
+        Ok(h) if !h.state.rules.is_admin(&agent) => {
+            return Err(Error::Forbidden(format!(
+                "agent {agent:?} may not close the run (needs admin)"
+            ))
+            .into())
+        }
+        Ok(_) | Err(Error::RunNotFound(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
     let mut ev = NewEvent::new(&agent, EventType::Decision, text);
     ev.subject = a.subject;
     ev.meta = meta(json!({
@@ -102,7 +114,11 @@ pub fn complete(s: &Session, a: CompleteArgs) -> ToolResult {
                 .store
                 .patterns_as(&a.symptom, Some(&agent))?
                 .into_iter()
-                .find(|p| p.scope == "private");
+                // This symptom's own pattern, not the first that shares a word with it.
+                .find(|p| {
+                    p.scope == "private"
+                        && p.item.symptom_type == crate::synth::patterns::slugify(&a.symptom)
+                });
             out["learning"] = json!({
                 "facts_new": r.facts_new, "facts_total": r.facts_total,
                 "shared_copies": r.shared_copies, "pattern": pattern,

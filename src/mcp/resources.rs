@@ -125,41 +125,65 @@ pub async fn subscribe(
     context: RequestContext<RoleServer>,
 ) -> Result<(), McpError> {
     let run = run_of(&uri).map_err(mcp_error)?.to_string();
+    // The session's agent, as `resources/read` reads: a change it may not read is not
+    // announced to it (the announcement alone tells that a hidden entry was written).
+    let agent = s.agent(None).map_err(mcp_error)?;
     let store = s.clone();
     let r = run.clone();
-    let stream = blocking(move || {
-        let head = match store.store.head_state(&r) {
-            Ok(h) => h.state.head_seq,
-            Err(Error::RunNotFound(_)) => 0,
+    let (stream, rules) = blocking(move || {
+        let (head, rules) = match store.store.head_state(&r) {
+            Ok(h) => (h.state.head_seq, h.state.rules.clone()),
+            Err(Error::RunNotFound(_)) => (0, Default::default()),
             Err(e) => return Err(e),
         };
         let opts = TailOptions {
             from_seq: Some(head + 1),
             ..TailOptions::default()
         };
-        store.store.tail(&r, opts)?.into_stream()
+        Ok((store.store.tail(&r, opts)?.into_stream()?, rules))
     })
     .await?;
     let peer = context.peer.clone();
     let u = uri.clone();
     let task = tokio::spawn(async move {
         let mut stream = stream;
+        let mut rules: crate::fold::rules::Rules = rules;
         loop {
             let next = std::future::poll_fn(|cx| Pin::new(&mut stream).poll_next(cx)).await;
-            match next {
-                Some(Ok(_)) => {}
+            let mut batch = match next {
+                Some(Ok(e)) => vec![e],
                 Some(Err(e)) => {
                     tracing::warn!(uri = %u, error = %e, "resource watch ended");
                     return;
                 }
                 None => return,
-            }
+            };
             // Coalesce a burst: take what is already queued, then notify once.
-            while let std::task::Poll::Ready(Some(Ok(_))) = std::future::poll_fn(|cx| {
+            while let std::task::Poll::Ready(Some(Ok(e))) = std::future::poll_fn(|cx| {
                 std::task::Poll::Ready(Pin::new(&mut stream).poll_next(cx))
             })
             .await
-            {}
+            {
+                batch.push(e);
+            }
+            let mut shown = false;
+            for e in &batch {
+                if e.kind == crate::event::EventType::Policy {
+                    // The rules as of now: a new policy applies from here on.
+                    let (st, r) = (s.clone(), run.clone());
+                    match blocking(move || Ok(st.store.head_state(&r)?.state.rules.clone())).await {
+                        Ok(x) => rules = x,
+                        Err(e) => {
+                            tracing::warn!(uri = %u, error = ?e, "resource watch ended");
+                            return;
+                        }
+                    }
+                }
+                shown |= rules.may_read_event(&agent, e);
+            }
+            if !shown {
+                continue;
+            }
             let note = ResourceUpdatedNotificationParam::new(u.clone());
             if peer.notify_resource_updated(note).await.is_err() {
                 return; // the client is gone

@@ -40,6 +40,7 @@ pub fn parse_time(field: &str, s: &str) -> Result<Ts> {
 /// escalation). A board CAS conflict carries the subject's current version.
 pub fn append_entry(store: &Store, run: &str, ev: NewEvent, durability: Durability) -> ToolResult {
     let subject = ev.subject.clone();
+    let agent = ev.agent_id.clone();
     let cas = ev.expect_subject_seq.is_some();
     let expect = ev.expect_seq;
     match store.append_batch(run, vec![ev], expect, durability) {
@@ -62,7 +63,9 @@ pub fn append_entry(store: &Store, run: &str, ev: NewEvent, durability: Durabili
         Err(e @ Error::Conflict(_)) if cas => {
             let current = subject
                 .as_deref()
-                .and_then(|s| store.board(run, None, Some(s)).ok())
+                // As the writer reads it: a subject whose latest entry it is not shown
+                // says nothing of its version.
+                .and_then(|s| store.board(run, Some(&agent), Some(s)).ok())
                 .and_then(|b| b.first().map(|x| x.version))
                 .unwrap_or(0);
             Err(ToolError::from(e).with("current_version", current))
@@ -149,7 +152,7 @@ pub fn write_channel(s: &Session, a: WriteChannelArgs) -> ToolResult {
         Err(e @ Error::Conflict(_)) => {
             let current = s
                 .store
-                .channel(&a.run, None, &a.channel)
+                .channel(&a.run, Some(&agent), &a.channel)
                 .map_or(0, |c| c.version);
             Err(ToolError::from(e).with("current_version", current))
         }

@@ -27,9 +27,9 @@ const ROOT_CAUSES: &str = "certificate: cert tls ssl x509 handshake
 dns: dns resolver nxdomain servfail resolv
 rate_limit: rate~limit rate-limit throttl 429 quota
 permissions: permission forbidden 403 unauthori iam rbac denied
-memory: oom out~of~memory memory heap leak
+memory: oom out~of~memory memory heap
 disk: disk volume inode filesystem no~space
-database: database postgres mysql db~ query replica deadlock connection~pool pool
+database: database postgres mysql db~ query replica deadlock connection~pool connection~leak pool
 deployment: deploy release rollout canary version image
 configuration: config flag setting env~var misconfig timeout
 capacity: capacity saturat cpu load scale traffic queue
@@ -49,17 +49,71 @@ renew: renew rotate reissue";
 /// The category of `text` in `table` (lines `name: word word~with~spaces ...`): the first
 /// whose words `text` contains, or `none`.
 fn category(text: &str, table: &'static str, none: &'static str) -> String {
-    let t = text.to_lowercase();
+    // `connection_leak_after_deploy` reads as words: `connection leak` is its cause.
+    let t = text.to_lowercase().replace(['_', '-'], " ");
     table
         .lines()
         .filter_map(|l| l.split_once(':'))
         .find(|(_, words)| {
             words
                 .split_whitespace()
-                .any(|w| t.contains(&w.replace('~', " ")))
+                .any(|w| t.contains(&w.replace(['~', '-'], " ")))
         })
         .map_or(none, |(c, _)| c)
         .to_string()
+}
+
+/// The words a shared symptom may keep (besides those of [`ROOT_CAUSES`] and [`FIXES`]):
+/// what a symptom is, never whom or what it happened to. A symptom is free text an agent
+/// wrote (`Orion Acquisition ledger stall`): its other words (names of customers,
+/// projects, people) would reach every user.
+const SYMPTOM_WORDS: &str = "high low slow slowness latency latent timeout timeouts \
+    error errors failing failure failures failed fail outage down degraded degradation \
+    unavailable unreachable spike spikes surge drop dropped drops stall stalled stuck hang \
+    hung hanging crash crashes crashing crashloop restart restarts loop flapping flaky \
+    lag lagging backlog behind delay delayed missing lost loss duplicate duplicates \
+    corrupt corruption stale inconsistent mismatch wrong full exhausted exhaustion \
+    saturated saturation pressure leak leaking oom throttled throttling rejected refused \
+    denied expired expiring invalid broken partial intermittent increase increased \
+    elevated rising growth growing queue queued consumer producer lag replication \
+    replica primary leader election split brain checkout login signin signup auth \
+    authentication authorization payment payments billing invoice invoices ledger order \
+    orders cart search upload download sync import export ingest ingestion pipeline etl \
+    batch job jobs cron schedule scheduler worker workers build deploy deployment release \
+    rollout api gateway endpoint request requests response responses http https grpc \
+    websocket connection connections pool socket cache caching cdn dns tls ssl cert \
+    certificate network packet disk storage volume memory cpu heap gc garbage collection \
+    thread threads database db query queries index lock locks deadlock kafka redis \
+    postgres mysql mongo elastic queue topic partition partitions message messages email \
+    notification notifications push mobile ios android web frontend backend service \
+    services node nodes pod pods container containers cluster kubernetes model training \
+    inference eval evaluation accuracy data report reports dashboard metrics alert \
+    alerts monitoring log logs p50 p95 p99 tail rate quota limit limits";
+
+/// Whether `w` (lowercase) is a word a shared symptom may keep.
+fn symptom_word(w: &str) -> bool {
+    let listed = |table: &str| {
+        table
+            .split(|c: char| c.is_whitespace() || c == '~' || c == ':')
+            .any(|x| x == w)
+    };
+    listed(SYMPTOM_WORDS) || listed(ROOT_CAUSES) || listed(FIXES)
+}
+
+/// The shared form of a symptom: its words of [`symptom_word`]'s closed vocabulary, at
+/// most 4, as a slug (`unspecified` when none is left).
+fn symptom_slug(text: &str) -> String {
+    let words: Vec<String> = text
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .map(str::to_ascii_lowercase)
+        .filter(|w| symptom_word(w))
+        .take(4)
+        .collect();
+    if words.is_empty() {
+        "unspecified".into()
+    } else {
+        words.join("_")
+    }
 }
 
 /// A short `snake_case` slug of sanitized text: letters only, at most 4 words of at most
@@ -82,10 +136,16 @@ fn argument_names(correction: &str) -> String {
             let w = w.trim_start_matches('-');
             let name: String = w
                 .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
+                .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
                 .collect();
-            let is_name =
-                w.len() > name.len() && matches!(w[name.len()..].chars().next(), Some('=' | ':'));
+            // A dotted name (`resource.type=`) only before `=`: before `:` it may be a
+            // host (`db.example.com:5432`), a value.
+            let is_name = w.len() > name.len()
+                && match w[name.len()..].chars().next() {
+                    Some('=') => true,
+                    Some(':') => !name.contains('.'),
+                    _ => false,
+                };
             (is_name && (2..=32).contains(&name.len())).then(|| name.to_ascii_lowercase())
         })
         .collect();
@@ -103,7 +163,7 @@ fn argument_names(correction: &str) -> String {
 /// by a slug or a category of a closed vocabulary.
 fn structured(mut l: patterns::RunLearnings) -> patterns::RunLearnings {
     if let Some(p) = &mut l.pattern {
-        p.symptom_type = slug(&p.symptom_type);
+        p.symptom_type = symptom_slug(&p.symptom_type);
         p.root_cause_category = category(&p.root_cause_category, ROOT_CAUSES, "unknown");
         p.resolution_summary = category(&p.resolution_summary, FIXES, "other");
         for t in &mut p.tool_sequence {
@@ -413,4 +473,42 @@ fn scoped<T: Clone>(own: Vec<&T>, shared: Vec<&T>, users: impl Fn(&T) -> usize) 
         item: item.clone(),
     });
     mine.chain(theirs).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_symptom_keeps_only_words_of_its_vocabulary() {
+        assert_eq!(
+            symptom_slug("orion_acquisition_ledger_stall"),
+            "ledger_stall"
+        );
+        assert_eq!(
+            symptom_slug("whitfield_acmecorp_billing_outage"),
+            "billing_outage"
+        );
+        assert_eq!(
+            symptom_slug("high_latency_checkout"),
+            "high_latency_checkout"
+        );
+        assert_eq!(symptom_slug("dana_whitfield"), "unspecified");
+    }
+
+    #[test]
+    fn corrections_keep_argument_names_and_no_hosts() {
+        assert_eq!(
+            argument_names("resource.type=k8s_container --namespace=prod"),
+            "changed: namespace, resource.type"
+        );
+        assert_eq!(
+            argument_names("db.acme-corp.com:5432 -> db2.acme-corp.com:5432"),
+            "changed arguments"
+        );
+        assert_eq!(
+            category("connection_leak_after_deploy", ROOT_CAUSES, "unknown"),
+            "database"
+        );
+    }
 }
