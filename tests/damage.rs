@@ -742,6 +742,16 @@ fn a_damaged_run_does_not_stop_user_wide_commands() {
         ])
         .ok();
     assert!(out.stdout.contains("orders-db"), "{}", out.stdout);
+    // The damaged run asked for by name reports its damage.
+    env.swarm(&[
+        "search",
+        "connection pool exhausted",
+        "--run",
+        "broken",
+        "--as-agent",
+        "db",
+    ])
+    .code(3);
 
     // Repair does not cut damage that valid records follow (that would drop them): it
     // quarantines it, and the run is whole again for every command.

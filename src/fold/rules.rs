@@ -529,14 +529,9 @@ impl Rules {
             let have = self.subjects.get(s).map_or(0, |r| r.latest_seq);
             if have != want {
                 // The seq names an entry: only for an agent shown every entry type.
-                let shown = [
-                    EventType::Hypothesis,
-                    EventType::Evidence,
-                    EventType::Decision,
-                    EventType::ActionTaken,
-                ]
-                .iter()
-                .all(|k| self.may_read_type(e.agent, *k));
+                let shown = EventType::ALL
+                    .iter()
+                    .all(|k| self.may_read_type(e.agent, *k));
                 return Err(Error::Conflict(if shown {
                     format!("subject {s:?} is at seq {have}, expected {want}: another entry landed since you read it")
                 } else {

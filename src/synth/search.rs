@@ -427,7 +427,7 @@ fn findings(store: &Store, run: Option<&str>, f: &ReadOptions) -> Result<Vec<Hit
         }
     };
     let mut out = Vec::new();
-    for run in runs {
+    for one in runs {
         // Damaged records are skipped (and logged): one damaged run must not fail the
         // search of all the others (`swarm runs` and `swarm verify` report it).
         let opts = ReadOptions {
@@ -436,11 +436,12 @@ fn findings(store: &Store, run: Option<&str>, f: &ReadOptions) -> Result<Vec<Hit
             ..f.clone()
         };
         // Read as an agent, the run's policy comes from its state, which a damaged
-        // record can keep from being built: that run is left out, the others searched.
-        let mut it = match store.read(&run, opts) {
+        // record can keep from being built: searching every run, that run is left out
+        // and the others searched; a run asked for by name reports its damage.
+        let mut it = match store.read(&one, opts) {
             Ok(it) => it,
-            Err(e @ Error::Corrupt { .. }) => {
-                tracing::warn!(run = %run, error = %e, "search: run skipped (damaged)");
+            Err(e @ Error::Corrupt { .. }) if run.is_none() => {
+                tracing::warn!(run = %one, error = %e, "search: run skipped (damaged)");
                 continue;
             }
             Err(e) => return Err(e),
@@ -452,7 +453,7 @@ fn findings(store: &Store, run: Option<&str>, f: &ReadOptions) -> Result<Vec<Hit
             }
         }
         if let Some(d) = it.skipped().first() {
-            tracing::warn!(run = %run, segment = %d.segment.display(), offset = d.offset, seq = d.seq, "search: damaged records skipped");
+            tracing::warn!(run = %one, segment = %d.segment.display(), offset = d.offset, seq = d.seq, "search: damaged records skipped");
         }
     }
     Ok(out)

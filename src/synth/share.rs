@@ -97,7 +97,8 @@ fn symptom_word(w: &str) -> bool {
             .split(|c: char| c.is_whitespace() || c == '~' || c == ':')
             .any(|x| x == w)
     };
-    listed(SYMPTOM_WORDS) || listed(ROOT_CAUSES) || listed(FIXES)
+    // (`db~` and `name:` split into an empty word too: never a word of a symptom.)
+    !w.is_empty() && (listed(SYMPTOM_WORDS) || listed(ROOT_CAUSES) || listed(FIXES))
 }
 
 /// The shared form of a symptom: its words of [`symptom_word`]'s closed vocabulary, at
@@ -494,6 +495,7 @@ mod tests {
             "high_latency_checkout"
         );
         assert_eq!(symptom_slug("dana_whitfield"), "unspecified");
+        assert_eq!(symptom_slug("_db__outage_"), "db_outage");
     }
 
     #[test]
