@@ -668,3 +668,51 @@ fn corruption_in_the_log_is_reported_as_by_a_scan() {
     assert!(stats.discarded.is_empty(), "{stats:?}");
     assert!(stats.head_seq < 200, "{stats:?}");
 }
+
+/// A crash between sealing a segment and cutting its zero fill (a rotation's trim, or the
+/// trim before a declared loss) leaves the fill in a segment a later one follows: the
+/// index takes it as that segment's end, as readers do, and goes on to the next one.
+#[test]
+fn a_fill_left_in_a_sealed_segment_ends_it_for_the_index() {
+    let mem = MemStorage::new();
+    let store = mem_store(&mem);
+    append_some(&store, 120, 7);
+    store.flush_index(RUN).unwrap();
+    drop(store);
+    let dir = Path::new("/data/anonymous/r1");
+    let mut segs: Vec<String> = mem
+        .list(dir)
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.ends_with(".jsonl"))
+        .collect();
+    segs.sort();
+    assert!(segs.len() >= 3, "{segs:?}");
+    // The fill a crash before the trim leaves, in the first and in a middle segment.
+    for name in &segs[..2] {
+        let p = dir.join(name);
+        let mut bytes = mem.contents(&p).unwrap();
+        bytes.resize(bytes.len() + 3000, 0);
+        mem.set_contents(&p, bytes);
+    }
+    for rebuild in [false, true] {
+        let store = mem_store(&mem);
+        let stats = if rebuild {
+            store.rebuild_index(RUN, |_, _| {}).unwrap()
+        } else {
+            store.index_stats(RUN).unwrap()
+        };
+        assert_eq!(stats.head_seq, 120, "{stats:?}");
+        assert_eq!(stats.segments, segs.len(), "{stats:?}");
+        assert!(stats.stopped.is_none(), "{stats:?}");
+        let q = ReadOptions {
+            agent: Some("agent-3".into()),
+            ..ReadOptions::default()
+        };
+        let got = same_as_scan(&store, q);
+        assert!(!got.is_empty());
+        assert!(got.iter().any(|e| e.seq > 100), "{:?}", got.last());
+        let v = store.verify(RUN, |_| {}).unwrap();
+        assert!(v.ok && v.head_seq == 120 && v.records == 120, "{v:?}");
+    }
+}

@@ -579,6 +579,14 @@ impl RunLog {
     /// event is the `log_damaged` record (the gap rule readers check), durably. Under
     /// `LOCK`, with the current segment already cut to its intact end.
     fn record_loss(&self, w: &mut Writer, lost_to: u64, record: LogDamaged) -> Result<Event> {
+        // The segment is sealed here: cut its zero fill (only zeros follow `end` now), as
+        // `rotate` does, so sealed segments stay plain JSON lines. A crash before the cut
+        // leaves the fill, which every reader and the index take as the segment's end.
+        let old = segment::segment_path(&self.dir, w.seg_base);
+        if w.seg.len().ctx("stat", &old)? > w.end {
+            w.seg.set_len(w.end).ctx("trim", &old)?;
+            self.fsync_segment(&*w.seg, &old)?;
+        }
         let base = lost_to + 1;
         self.switch_segment(w, base)?;
         self.storage

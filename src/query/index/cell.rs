@@ -384,11 +384,14 @@ impl IndexCell {
             } else {
                 visible.off
             };
-            if st.segs[k].end < limit {
+            // A sealed segment ends at its length or at a zero fill a crash left before
+            // its trim (a rotation or a declared loss cut short): whole either way.
+            let mut whole = st.segs[k].end >= limit;
+            if !whole {
                 let seg = Arc::make_mut(&mut st.segs[k]);
-                if let Extended::Stopped(reason) =
-                    seg.extend((&file, &**storage), &path, limit, &self.run, progress)?
-                {
+                let outcome = seg.extend((&file, &**storage), &path, limit, &self.run, progress)?;
+                whole = sealed && matches!(outcome, Extended::Done) || seg.end >= limit;
+                if let Extended::Stopped(reason) = outcome {
                     if reason.starts_with(super::format::QUARANTINED) {
                         tracing::debug!(segment = %path.display(), reason, "the index stops before the end of the log");
                     } else {
@@ -398,7 +401,7 @@ impl IndexCell {
                     break;
                 }
             }
-            if st.segs[k].end < limit {
+            if !whole {
                 break;
             }
         }
