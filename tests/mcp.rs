@@ -109,6 +109,15 @@ fn a_subscriber_hears_of_another_process_append() {
 }
 
 #[test]
+fn a_subscriber_hears_only_of_changes_its_agent_may_read() {
+    let Some(v) = scenario("subscribe_policy") else {
+        return;
+    };
+    assert_eq!(v["after_hidden"], 0, "{v}");
+    assert!(v["after_visible"].as_u64().is_some_and(|n| n >= 1), "{v}");
+}
+
+#[test]
 fn one_user_cannot_see_another_users_findings() {
     let Some(v) = scenario("isolation") else {
         return;

@@ -4,7 +4,7 @@ Usage: client.py SCENARIO SWARM_BIN DATA_DIR
 With $MCP_URL (and $MCP_TOKEN_ALICE, $MCP_TOKEN_BOB) the sessions go to a `swarm serve`
 over streamable HTTP instead (tests/mcp_http.rs), so every tool is driven over both; with
 $MCP_BRIDGE too, through `swarm mcp` over stdio with SWARM_URL and SWARM_TOKEN (the bridge).
-Scenarios: basic, concurrency, subscribe, isolation, lookups, hybrid (needs
+Scenarios: basic, concurrency, subscribe, subscribe_policy, isolation, lookups, hybrid (needs
 $SWARM_EMBED_MODEL). Each prints one JSON line of
 results on success; any failed check raises (exit code 1, the assertion on stderr).
 Called by tests/mcp.rs (cargo test); nobody here wrote the client side.
@@ -268,6 +268,46 @@ async def subscribe():
         return {"updated": uris[0]}
 
 
+async def subscribe_policy():
+    """A subscriber is told only of changes its agent may read: under a policy that shows
+    "watcher" evidence but not hypotheses, another process's hypothesis brings no
+    notification, and the evidence after it brings one."""
+    got = asyncio.Event()
+    uris = []
+
+    async def handler(msg):
+        if getattr(msg, "method", None) == "notifications/resources/updated":
+            uris.append(str(msg.params.uri))
+            got.set()
+
+    run = "inc-sub-policy"
+    cli("append", "--run", run, "--agent", "lead", "--type", "evidence", "--content", "first")
+    policy = {"permissions": {
+        "lead": {"read_channels": ["*"], "write_channels": ["*"], "read_types": ["*"],
+                 "write_types": ["*"], "admin": True},
+        "watcher": {"read_channels": ["*"], "write_channels": ["*"], "read_types": ["evidence"],
+                    "write_types": ["evidence"]},
+        "*": {"read_channels": ["*"], "write_channels": ["*"], "read_types": ["*"],
+              "write_types": ["*"]}}}
+    cli("policy", "set", "--run", run, "--agent", "lead", "--file", "-", stdin=json.dumps(policy))
+    async with AsyncExitStack() as stack:
+        s = await connect(stack, "alice", "watcher", handler)
+        await s.subscribe_resource(f"swarm://runs/{run}")
+        cli("append", "--run", run, "--agent", "other-process", "--type", "hypothesis",
+            "--content", "a hidden hypothesis")
+        try:
+            await asyncio.wait_for(got.wait(), timeout=3)
+        except asyncio.TimeoutError:
+            pass
+        hidden = list(uris)
+        assert hidden == [], f"notified of a hypothesis the watcher may not read: {hidden}"
+        cli("append", "--run", run, "--agent", "other-process", "--type", "evidence",
+            "--content", "visible evidence")
+        await asyncio.wait_for(got.wait(), timeout=20)
+        assert uris[0] == f"swarm://runs/{run}", uris
+        return {"after_hidden": len(hidden), "after_visible": len(uris)}
+
+
 async def isolation():
     """bob cannot see, search or infer alice's findings through any tool or resource."""
     secret = "payments-ledger-7f3a replica lost quorum"
@@ -382,7 +422,8 @@ async def hybrid():
         return {"mode": hits["mode"], "top": top}
 
 
-SCENARIOS = {"basic": basic, "concurrency": concurrency, "subscribe": subscribe, "isolation": isolation,
+SCENARIOS = {"basic": basic, "concurrency": concurrency, "subscribe": subscribe,
+             "subscribe_policy": subscribe_policy, "isolation": isolation,
              "lookups": lookups, "hybrid": hybrid}
 
 if __name__ == "__main__":
