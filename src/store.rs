@@ -404,23 +404,35 @@ impl Store {
         };
         let mut out: Vec<Option<Result<Vec<Event>>>> = Vec::with_capacity(checked.len());
         let mut reqs = Vec::new();
+        // Retries (every event with its id), kept in case the run turns out archived
+        // (closed by another process since this one cached its writer).
+        let mut retries: Vec<Option<Vec<Checked>>> = Vec::new();
         for c in checked {
             match c {
                 Ok((batch, expect)) => {
+                    retries.push(batch.iter().all(|c| c.id.is_some()).then(|| batch.clone()));
                     reqs.push(Request::new(batch, expect, durability));
                     out.push(None);
                 }
                 Err(e) => out.push(Some(Err(e))),
             }
         }
-        let mut stored = log.append_many(reqs).into_iter();
+        let mut stored = log.append_many(reqs).into_iter().zip(retries);
         let out: Vec<Result<Vec<Event>>> = out
             .into_iter()
             .map(|o| match o {
                 Some(refused) => refused,
-                None => stored
-                    .next()
-                    .unwrap_or_else(|| Err(Error::invalid("batch", "append result lost"))),
+                None => match stored.next() {
+                    Some((Err(Error::Forbidden(why)), Some(batch))) => {
+                        match self.stored_in_archive(run, &batch) {
+                            Ok(Some(events)) => Ok(events),
+                            Ok(None) => Err(Error::Forbidden(why)),
+                            Err(e) => Err(e),
+                        }
+                    }
+                    Some((r, _)) => r,
+                    None => Err(Error::invalid("batch", "append result lost")),
+                },
             })
             .collect();
         for events in out.iter().flatten() {
@@ -491,12 +503,60 @@ impl Store {
         expect_seq: Option<u64>,
         durability: Durability,
     ) -> Result<Vec<Event>> {
-        self.append_gate(run, &batch)?;
-        let log = self.writer(run, &self.user)?;
-        let stored = log.append(Request::new(batch, expect_seq, durability))?;
-        self.maybe_checkpoint(&log, run, &stored);
-        self.after_append(&log, run);
-        Ok(stored)
+        // A retry (every event with its id) may come after the run was closed and
+        // archived: it gets the stored events, as before the close. Kept only for batches
+        // that carry ids, and used only when the run turns out archived.
+        let retry = batch.iter().all(|c| c.id.is_some()).then(|| batch.clone());
+        let r = self.append_gate(run, &batch).and_then(|()| {
+            let log = self.writer(run, &self.user)?;
+            let stored = log.append(Request::new(batch, expect_seq, durability))?;
+            self.maybe_checkpoint(&log, run, &stored);
+            self.after_append(&log, run);
+            Ok(stored)
+        });
+        match (r, retry) {
+            (Err(Error::Forbidden(why)), Some(batch)) => {
+                match self.stored_in_archive(run, &batch)? {
+                    Some(stored) => Ok(stored),
+                    None => Err(Error::Forbidden(why)),
+                }
+            }
+            (r, _) => r,
+        }
+    }
+
+    /// The stored events of a retried batch on an archived run: `Some` when every id of
+    /// `batch` is in the archive with the same event (a different one is a conflict, as
+    /// on an open run); `None` when the run is not archived or an id is not stored.
+    fn stored_in_archive(&self, run: &str, batch: &[Checked]) -> Result<Option<Vec<Event>>> {
+        let Some(archive) = self.archived_store(run)? else {
+            return Ok(None);
+        };
+        let want: HashMap<&str, usize> = batch
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| c.id.as_deref().map(|id| (id, i)))
+            .collect();
+        let mut found: Vec<Option<Event>> = vec![None; batch.len()];
+        for e in archive.read(run, ReadOptions::default())? {
+            let e = e?;
+            if let Some(&i) = want.get(e.id.as_str()) {
+                found[i] = Some(e);
+            }
+        }
+        let Some(stored) = found.into_iter().collect::<Option<Vec<Event>>>() else {
+            return Ok(None);
+        };
+        for (asked, e) in batch.iter().zip(&stored) {
+            if let Some(field) = asked.differs_from(e) {
+                return Err(Error::Conflict(format!(
+                    "id {:?} is already stored in closed run {run:?} with a different {field}; \
+                     a retry must carry the same event",
+                    e.id
+                )));
+            }
+        }
+        Ok(Some(stored))
     }
 
     /// Refuses appends to an archived run, and anything but the synthesizer's events in

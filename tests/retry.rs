@@ -55,6 +55,46 @@ fn same_id_returns_the_stored_event_and_writes_nothing() {
     assert_eq!(env.check_run(run).len(), 2);
 }
 
+/// A retry whose answer was lost while the run was closed and archived gets the stored
+/// event, from the archive (exit 0), as before the close; a new event or a changed one
+/// is still refused.
+#[test]
+fn a_retry_after_the_run_was_closed_gets_the_stored_event() {
+    let env = Env::new();
+    let run = "closing";
+    let first = env.swarm(&append_one(run, &["--id", "k1"])).ok().events();
+    env.swarm(&["run", "close", run, "--by", "lead"]).ok();
+    let again = env.swarm(&append_one(run, &["--id", "k1"])).ok().events();
+    assert_eq!(again, first);
+    env.swarm(&append_one(run, &["--id", "k2"]))
+        .code(5)
+        .one_line_error(&["closed and archived"]);
+    env.swarm_stdin(
+        &["append", "--run", run, "--stdin"],
+        &format!("{}\n", ev_id("k1", "a1", "different content")),
+    )
+    .code(4)
+    .one_line_error(&["k1", "different content"]);
+    // The same in one process that wrote the run and then closed it.
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let e = new_ev(Some("k9"), "kept");
+    let stored = store.append("r", e.clone(), Durability::Sync).unwrap();
+    store.close_run("r", "lead").unwrap();
+    assert_eq!(
+        store.append("r", e.clone(), Durability::Sync).unwrap(),
+        stored
+    );
+    // The server's path: several requests committed together.
+    let mut out = store.append_many(
+        "r",
+        vec![(vec![e], None), (vec![new_ev(Some("k10"), "new")], None)],
+        Durability::Sync,
+    );
+    assert!(out.pop().unwrap().is_err());
+    assert_eq!(out.pop().unwrap().unwrap(), vec![stored]);
+}
+
 #[test]
 fn batch_retry_and_partly_stored_batch() {
     let env = Env::new();
