@@ -960,6 +960,70 @@ fn agents_write_engine_events_only_as_the_policy_allows() {
     store.close_run("r", "lead").unwrap();
 }
 
+/// `last: N` read as an agent gives the last N events that agent is shown, however many
+/// hidden ones come after them (the index plans the last N of all events; those may be
+/// all hidden), with and without a key filter.
+#[test]
+fn last_n_as_an_agent_counts_the_events_it_is_shown() {
+    use swarm_memory::fold::rules::Policy;
+    use swarm_memory::{Durability, EventType, NewEvent, ReadOptions};
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = alice_store(dir.path());
+    let add = |agent: &str, kind: EventType, text: String| {
+        let mut e = NewEvent::new(agent, kind, text);
+        e.subject = Some("svc".into());
+        store.append("r", e, Durability::None).unwrap()
+    };
+    add("lead", EventType::Evidence, "first".into());
+    let policy: Policy = serde_json::from_value(json!({
+        "permissions": {
+            "lead": {"read_types": ["*"], "write_types": ["*"], "admin": true},
+            "db": {"read_types": ["evidence"], "write_types": ["evidence"]}
+        }
+    }))
+    .unwrap();
+    store.set_policy("r", "lead", &policy).unwrap();
+    for i in 0..5 {
+        add("db", EventType::Evidence, format!("evidence {i}"));
+    }
+    for i in 0..20 {
+        add("lead", EventType::Hypothesis, format!("hidden {i}"));
+    }
+    for (agent, subject) in [(None, None), (Some("db"), None), (None, Some("svc"))] {
+        let opts = ReadOptions {
+            reader: Some("db".into()),
+            last: Some(3),
+            agent: agent.map(str::to_string),
+            subject: subject.map(str::to_string),
+            ..ReadOptions::default()
+        };
+        let got: Vec<swarm_memory::Event> = store
+            .read("r", opts.clone())
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let texts: Vec<&str> = got.iter().filter_map(|e| e.content.as_str()).collect();
+        assert_eq!(
+            texts,
+            ["evidence 2", "evidence 3", "evidence 4"],
+            "{opts:?}"
+        );
+        let scanned: Vec<swarm_memory::Event> = store
+            .read(
+                "r",
+                ReadOptions {
+                    full_scan: true,
+                    ..opts
+                },
+            )
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(got, scanned);
+    }
+}
+
 /// A store of user alice in `dir`, checkpoints by hand only.
 fn alice_store(dir: &std::path::Path) -> swarm_memory::Store {
     swarm_memory::Store::open(dir.join("data"))

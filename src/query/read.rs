@@ -952,6 +952,13 @@ impl EventIter {
 
     /// Keeps only the events `perm` lets the reader see.
     pub(crate) fn with_permission(mut self, perm: Box<Permission>) -> EventIter {
+        // The index's last `n` hits may hold events this reader is not shown: `last`
+        // counts the events it is shown, so every hit is read.
+        if self.opts.last.is_some() {
+            if let Some(p) = self.plan.as_mut() {
+                p.forget_last();
+            }
+        }
         self.perm = Some(perm);
         self
     }

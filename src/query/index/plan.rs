@@ -193,6 +193,14 @@ impl Plan {
         self.next_seg = self.snap.segs.len();
     }
 
+    /// Drops what [`Plan::plan_last`] planned: every hit is planned again, segment by
+    /// segment, as for a read without `last` (for a reader that is not shown every event,
+    /// whose last `n` are not the index's last `n` hits).
+    pub(crate) fn forget_last(&mut self) {
+        self.queue.clear();
+        self.next_seg = 0;
+    }
+
     /// The next contiguous read, or `None` when every planned frame was handed out.
     pub(crate) fn next_run(&mut self) -> Option<ReadRun> {
         loop {
