@@ -641,6 +641,11 @@ fn serve_token_acts_only_as_its_agents_and_role() {
             .seqs(),
         [1]
     );
+    // `as` is an agent id like any other: an empty or malformed one is refused.
+    for bad in ["", "a%20b", "a%2Fb"] {
+        srv.get(&format!("/v1/runs/inc/events?as={bad}"), Some(&reader))
+            .problem(400);
+    }
     // Replay: an agent gets its own view, never another agent's; the whole state needs
     // an admin token.
     srv.get("/v1/runs/inc/replay?as=net", Some(&db))

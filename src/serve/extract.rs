@@ -76,6 +76,7 @@ impl Identity {
     /// none reads unfiltered (`None`); any other token must name one when it owns several.
     pub fn reader(&self, as_agent: Option<String>) -> Result<Option<String>, Problem> {
         if let Some(a) = as_agent {
+            crate::event::check_id("as", &a)?;
             self.act_as(&a)?;
             return Ok(Some(a));
         }
