@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::bail;
 use clap::Args;
+use swarm_memory::store::travel::AgentFilter;
 use swarm_memory::synth::memory_events::derive;
 use swarm_memory::{Event, Store, TailOptions};
 
@@ -23,6 +24,11 @@ pub struct MemoryEventsArgs {
     /// First seq of the run to derive from (with --run).
     #[arg(long)]
     pub(crate) from_seq: Option<u64>,
+    /// Derive from what this agent is shown: the run's policy filters the events (a
+    /// policy appended while following applies from there on). Through SWARM_URL, the
+    /// agent the read is made as (needed when the token acts as several).
+    #[arg(long)]
+    pub(crate) as_agent: Option<String>,
 }
 
 fn print(out: &mut impl Write, e: &Event) -> anyhow::Result<()> {
@@ -38,6 +44,7 @@ pub fn memory_events(store: &Store, a: MemoryEventsArgs) -> anyhow::Result<ExitC
     if a.run.is_none() && (a.follow || a.from_seq.is_some()) {
         bail!(invalid("run", "--follow and --from-seq need --run"));
     }
+    let every = a.run.is_none();
     let runs = match a.run {
         Some(r) => vec![r],
         None => store.run_ids()?,
@@ -50,9 +57,23 @@ pub fn memory_events(store: &Store, a: MemoryEventsArgs) -> anyhow::Result<ExitC
             follow: a.follow,
             ..TailOptions::default()
         };
+        // The engine's own logs are no agent's to read (named, they are not found).
+        if every && a.as_agent.is_some() && run.starts_with('@') {
+            continue;
+        }
+        let mut filter = match &a.as_agent {
+            Some(agent) => Some(AgentFilter::new(store, &run, agent)?),
+            None => None,
+        };
         let mut t = store.tail(&run, opts)?;
         for e in t.by_ref() {
-            print(&mut out, &e?)?;
+            let e = e?;
+            if let Some(f) = filter.as_mut() {
+                if !f.shows(store, &e)? {
+                    continue;
+                }
+            }
+            print(&mut out, &e)?;
         }
     }
     Ok(ExitCode::SUCCESS)

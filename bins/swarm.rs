@@ -29,6 +29,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 use serde_json::Value;
+use swarm_memory::store::travel::AgentFilter;
 use swarm_memory::{
     Durability, Error, EventType, NewEvent, ReadOptions, Store, TailOptions, Target, Ts,
 };
@@ -1187,9 +1188,8 @@ fn tail(store: &Store, a: TailArgs) -> anyhow::Result<ExitCode> {
         ..TailOptions::default()
     };
     // Engine logs (`@facts`) are drawn past every run's read policy: no agent reads them.
-    swarm_memory::store::engine_log_hidden(&a.run, a.as_agent.as_deref())?;
-    let mut rules = match &a.as_agent {
-        Some(_) => Some(store.head_state(&a.run)?.state.rules.clone()),
+    let mut filter = match &a.as_agent {
+        Some(agent) => Some(AgentFilter::new(store, &a.run, agent)?),
         None => None,
     };
     let mut t = store.tail(&a.run, opts)?;
@@ -1198,12 +1198,8 @@ fn tail(store: &Store, a: TailArgs) -> anyhow::Result<ExitCode> {
     let mut line = Vec::with_capacity(1024);
     while let Some(e) = t.next() {
         let e = e?;
-        if let (Some(agent), Some(r)) = (&a.as_agent, rules.as_mut()) {
-            if e.kind == EventType::Policy {
-                // The rules as of now: a new policy applies from here on.
-                *r = store.head_state(&a.run)?.state.rules.clone();
-            }
-            if !r.may_read_event(agent, &e) {
+        if let Some(f) = filter.as_mut() {
+            if !f.shows(store, &e)? {
                 // Not shown, but passed: a resumed tail does not see it again.
                 t.commit()?;
                 continue;

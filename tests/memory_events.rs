@@ -144,6 +144,55 @@ fn memory_events_cli_prints_seed_002_fields_linked_to_their_seq() {
     assert_eq!((bob.code, bob.stdout.as_str()), (0, ""), "{}", bob.stderr);
 }
 
+/// `--as-agent`: memory events only of the events that agent is shown (a policy that
+/// shows "db" evidence only hides the actions and the decision they come from).
+#[test]
+fn memory_events_as_an_agent_follow_the_run_policy() {
+    let env = Env::fast();
+    incident(&env, "inc");
+    let policy = r#"{"permissions": {
+        "sre": {"read_types": ["*"], "write_types": ["*"], "admin": true},
+        "db": {"read_types": ["evidence"], "write_types": ["evidence"]}}}"#;
+    let set = env.swarm_stdin(
+        &[
+            "--user", "alice", "policy", "set", "--run", "inc", "--agent", "sre", "--file", "-",
+        ],
+        policy,
+    );
+    assert_eq!(set.code, 0, "{}", set.stderr);
+    let seqs = |agent: &str| -> Vec<(u64, String)> {
+        let out = env.swarm(&[
+            "--user",
+            "alice",
+            "memory-events",
+            "--run",
+            "inc",
+            "--as-agent",
+            agent,
+        ]);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        lines(&out.stdout)
+            .iter()
+            .map(|m| {
+                (
+                    m["seq"].as_u64().unwrap(),
+                    m["action"].as_str().unwrap().into(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(seqs("db"), [(1, "stored".to_string())]);
+    assert_eq!(seqs("sre").len(), 6);
+    // Every run: the same filter; the engine's own logs are skipped, not refused.
+    let all = env.swarm(&["--user", "alice", "memory-events", "--as-agent", "db"]);
+    assert_eq!(
+        (all.code, lines(&all.stdout).len()),
+        (0, 1),
+        "{}",
+        all.stderr
+    );
+}
+
 #[test]
 fn memory_events_follow_sees_a_new_append() {
     let env = Env::fast();

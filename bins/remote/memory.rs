@@ -165,24 +165,32 @@ pub(super) fn memory_events(c: &Client, a: MemoryEventsArgs) -> anyhow::Result<E
         let text = c.get_text("/v1/runs", &[])?;
         let runs: Vec<Value> = serde_json::from_str(super::member(&text, "runs")?.get())?;
         for r in runs.iter().filter_map(|r| r["run_id"].as_str()) {
-            print_derived(c, r, None)?;
+            print_derived(c, r, None, a.as_agent.as_deref())?;
         }
         return Ok(ExitCode::SUCCESS);
     };
     if a.follow {
-        let q = [("run", run)];
+        let q: Vec<(&str, String)> = std::iter::once(("run", run))
+            .chain(a.as_agent.map(|v| ("as", v)))
+            .collect();
         return follow_stream(c, "/v1/memory-events", &q, a.from_seq.unwrap_or(1), true);
     }
-    print_derived(c, &run, a.from_seq)?;
+    print_derived(c, &run, a.from_seq, a.as_agent.as_deref())?;
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_derived(c: &Client, run: &str, from: Option<u64>) -> anyhow::Result<()> {
+fn print_derived(
+    c: &Client,
+    run: &str,
+    from: Option<u64>,
+    as_agent: Option<&str>,
+) -> anyhow::Result<()> {
     let out = io::stdout();
     let mut out = out.lock();
     let q: Vec<(&str, String)> = from
         .map(|s| ("from_seq", s.to_string()))
         .into_iter()
+        .chain(as_agent.map(|v| ("as", v.to_string())))
         .collect();
     each_event(c, run, &q, |e| {
         for m in derive(e) {

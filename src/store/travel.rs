@@ -155,3 +155,33 @@ impl Store {
         })
     }
 }
+
+/// What one agent is shown of a run followed live (`swarm tail --as-agent`,
+/// `swarm memory-events --as-agent`): the run's read rules as of now, taken again when a
+/// policy event passes (a new policy applies from there on). The server's streams keep the
+/// same rule over their own state (`serve::sse`).
+pub struct AgentFilter {
+    run: String,
+    agent: String,
+    rules: crate::fold::rules::Rules,
+}
+
+impl AgentFilter {
+    /// The filter for `agent` on `run`; the engine's own logs are no agent's to read.
+    pub fn new(store: &Store, run: &str, agent: &str) -> Result<AgentFilter> {
+        crate::store::engine_log_hidden(run, Some(agent))?;
+        Ok(AgentFilter {
+            run: run.to_string(),
+            agent: agent.to_string(),
+            rules: store.head_state(run)?.state.rules.clone(),
+        })
+    }
+
+    /// Whether the agent is shown `e`, the next event of the run in seq order.
+    pub fn shows(&mut self, store: &Store, e: &Event) -> Result<bool> {
+        if e.kind == crate::event::EventType::Policy {
+            self.rules = store.head_state(&self.run)?.state.rules.clone();
+        }
+        Ok(self.rules.may_read_event(&self.agent, e))
+    }
+}
