@@ -463,6 +463,25 @@ impl EventIter {
             plan.snapshot().cell().invalidate(reason);
         }
         self.idx = self.bases.iter().rposition(|&b| b <= seq).unwrap_or(0);
+        // The segment's index file disagrees with the log (it passed the load checks,
+        // which look at where it ends): without it, the next process rebuilds that
+        // segment's index from the log instead of falling back on every read. Derived
+        // data, so removing it is always safe.
+        if let Some(&base) = self.bases.get(self.idx) {
+            let p = self
+                .dir
+                .join(crate::query::index::INDEX_DIR)
+                .join(crate::query::index::index_file_name(base));
+            match self.storage.remove_file(&p) {
+                Ok(()) => {
+                    tracing::debug!(file = %p.display(), "removed an index file that disagrees with the log")
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(file = %p.display(), error = %e, "cannot remove an index file that disagrees with the log")
+                }
+            }
+        }
         self.reader = None;
         self.start = None;
         self.expect_seq = None;
@@ -711,7 +730,11 @@ impl EventIter {
                         None => {
                             check_frame(r.payload(), expect, last_ts, &self.run_id).map(|events| {
                                 let last = events.last().map(|e| (e.seq, e.ts));
-                                self.pending.extend(events);
+                                // Nothing below `min_seq`: after a fall-back the plan
+                                // handed those out already (returned, or still pending).
+                                let min = self.min_seq;
+                                self.pending
+                                    .extend(events.into_iter().filter(|e| e.seq >= min));
                                 (last, true)
                             })
                         }
@@ -972,8 +995,7 @@ impl EventIter {
             return false;
         }
         let o = &self.opts;
-        e.seq >= self.min_seq
-            && o.from_seq.is_none_or(|s| e.seq >= s)
+        o.from_seq.is_none_or(|s| e.seq >= s)
             && o.agent.as_ref().is_none_or(|a| *a == e.agent_id)
             && o.user.as_ref().is_none_or(|u| *u == e.user_id)
             && o.kind.is_none_or(|k| k == e.kind)
