@@ -382,6 +382,49 @@ fn polling_only_still_delivers() {
     assert_eq!(seqs(&got), (1..=28).step_by(3).collect::<Vec<_>>());
 }
 
+/// A following tail goes on after `SYNCED` is lost and rebuilt by a reader: the rebuilt
+/// file is a new one, which the tail (holding the old one open, and watching it) opens
+/// again once idle for a while. It stopped for good, without an error, before.
+#[test]
+fn a_following_tail_survives_synced_lost_and_rebuilt() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path();
+    let run = "rebuilt";
+    let append = |content: &str| {
+        let out = swarm(data)
+            .args([
+                "append",
+                "--run",
+                run,
+                "--agent",
+                "a",
+                "--type",
+                "evidence",
+                "--content",
+                content,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    for i in 0..3 {
+        append(&format!("before {i}"));
+    }
+    let mut t = tail_follow(data, run, &[]);
+    t.wait_lines(3);
+    std::fs::remove_file(data.join("anonymous").join(run).join("SYNCED")).unwrap();
+    assert_eq!(read_all(data, run).len(), 3, "a read rebuilds SYNCED");
+    for i in 0..3 {
+        append(&format!("after {i}"));
+    }
+    t.wait_until("the events after the rebuild", |g| last_seq_is(g, 6));
+    assert_eq!(seqs(&t.kill()), (1..=6).collect::<Vec<_>>());
+}
+
 /// Appends bytes to the end of a file, as a writer's `pwrite` would.
 fn append_raw(path: &Path, bytes: &[u8]) -> u64 {
     let f = std::fs::OpenOptions::new()

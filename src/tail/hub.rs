@@ -150,6 +150,8 @@ struct Entry {
 #[derive(Default)]
 struct Seen {
     file: Option<Box<dyn StorageFile>>,
+    /// When `file` was opened (opened again after [`super::SYNCED_REOPEN`]).
+    opened: Option<std::time::Instant>,
     marks: Option<Marks>,
 }
 
@@ -159,9 +161,19 @@ impl Entry {
     fn refresh(&self) -> bool {
         let path = self.dir.join(SYNCED_FILE);
         let mut st = lock(&self.marks);
+        if st
+            .opened
+            .is_some_and(|t| t.elapsed() >= super::SYNCED_REOPEN)
+        {
+            // A `SYNCED` lost and rebuilt is a new file.
+            st.file = None;
+        }
         if st.file.is_none() {
             match self.storage.open(&path, OpenMode::Read) {
-                Ok(f) => st.file = Some(f),
+                Ok(f) => {
+                    st.file = Some(f);
+                    st.opened = Some(std::time::Instant::now());
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return false,
                 Err(_) => return true,
             }

@@ -94,6 +94,11 @@ use wake::{Waiter, Wake};
 
 /// Default interval of the polling safety net.
 pub const POLL_INTERVAL_MS_DEFAULT: u64 = 50;
+
+/// How long an idle tail (and the shared watch's sweep) keeps `SYNCED` open before
+/// opening it again: a `SYNCED` deleted and rebuilt by a reader is a new file, which the
+/// open one never shows.
+pub(crate) const SYNCED_REOPEN: Duration = Duration::from_secs(1);
 /// Format version written in cursor files.
 pub const CURSOR_FORMAT: u32 = 1;
 /// Largest cursor file accepted (a cursor is about 100 bytes).
@@ -205,6 +210,9 @@ pub struct Tail {
     pending: VecDeque<Event>,
     pending_frame: Pos,
     synced: Option<Box<dyn StorageFile>>,
+    /// When `synced` was opened: an idle tail opens it again after
+    /// [`SYNCED_REOPEN`], so a `SYNCED` deleted and rebuilt (a new file) is followed.
+    synced_opened: Instant,
     /// The watermark as of open, when not following.
     frozen: Option<Marks>,
     wake: Arc<Wake>,
@@ -282,6 +290,7 @@ impl Tail {
             pending: VecDeque::new(),
             pending_frame: Pos::default(),
             synced: None,
+            synced_opened: Instant::now(),
             frozen: None,
             wake: wake.clone(),
             waiter: Waiter::new(wake, notify),
@@ -396,6 +405,7 @@ impl Tail {
             pending: self.pending.clone(),
             pending_frame: self.pending_frame,
             synced: None,
+            synced_opened: Instant::now(),
             frozen: None,
             wake,
             waiter,
@@ -500,6 +510,11 @@ impl Tail {
                 None => self.poll,
             };
             self.waiter.wait(wait);
+            if self.synced_opened.elapsed() >= SYNCED_REOPEN {
+                // A `SYNCED` lost and rebuilt is a new file: the open one would show the
+                // old marks for good (and its watch never fires again; polling delivers).
+                self.synced = None;
+            }
         }
     }
 
@@ -552,7 +567,10 @@ impl Tail {
         let path = self.dir.join(SYNCED_FILE);
         if self.synced.is_none() {
             match self.storage.open(&path, OpenMode::Read) {
-                Ok(f) => self.synced = Some(f),
+                Ok(f) => {
+                    self.synced = Some(f);
+                    self.synced_opened = Instant::now();
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Marks::default()),
                 Err(e) => return Err(e).ctx("open", &path),
             }
