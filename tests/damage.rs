@@ -944,3 +944,61 @@ fn one_valid_frame_after_damage_is_never_cut_as_a_torn_tail() {
         .one_line_error(&["valid records follow"]);
     assert_eq!(std::fs::read(&seg).unwrap(), bytes, "nothing cut");
 }
+
+/// Lost blocks in the middle of a sealed segment (a whole frame of zeros, valid frames
+/// after it), quarantined by `repair`: a tail steps over the range as a read does. It took
+/// the zeros for a preallocated fill, left the segment there and failed at the next one.
+#[test]
+fn a_tail_steps_over_zeroed_frames_repair_quarantined_in_a_sealed_segment() {
+    let mem = MemStorage::new();
+    let open = || {
+        Store::open_with(
+            Arc::new(mem.clone()),
+            Path::new("/d"),
+            LogOptions {
+                segment_bytes: 4096,
+                ..LogOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let store = open();
+    for i in 0..120 {
+        lib_append(&store, "z", &format!("event {i} {}", "y".repeat(i % 40)));
+    }
+    drop(store);
+    let dir = Path::new("/d/anonymous/z");
+    let mut segs: Vec<String> = mem
+        .list(dir)
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.ends_with(".jsonl"))
+        .collect();
+    segs.sort();
+    assert!(segs.len() >= 3, "{segs:?}");
+    let seg = dir.join(&segs[1]);
+    let mut bytes = mem.contents(&seg).unwrap();
+    let b = frame_boundaries(&bytes);
+    bytes[b[3]..b[4]].fill(0);
+    mem.set_contents(&seg, bytes);
+    let store = open();
+    let lost = store.repair("z").unwrap().expect("a loss declared");
+    assert_eq!(
+        lost.content["lost_from"], lost.content["lost_to"],
+        "{lost:?}"
+    );
+    let read: Vec<u64> = lib_read(&store, "z").iter().map(|e| e.seq).collect();
+    let tailed: Vec<u64> = store
+        .tail(
+            "z",
+            swarm_memory::TailOptions {
+                follow: false,
+                ..swarm_memory::TailOptions::default()
+            },
+        )
+        .unwrap()
+        .map(|e| e.unwrap().seq)
+        .collect();
+    assert_eq!(tailed, read);
+    assert_eq!(read.len(), 120, "119 events and the log_damaged record");
+}

@@ -719,10 +719,12 @@ impl Tail {
                 return Ok(());
             }
             let mut r = FrameReader::new(file.clone(), path.clone(), self.off, Some(limit))?;
-            if to_file_end {
+            if to_file_end && !closed {
                 // Reading what is written, up to the preallocated fill: stop at it
                 // without reading the rest of the segment on every wake-up (a writer's
-                // next append repairs whatever a crash left past it).
+                // next append repairs whatever a crash left past it). Not in a closed
+                // segment, read once: zeros there followed by frames are damage (lost
+                // blocks `swarm repair` may have quarantined), not the fill.
                 r = r.with_chunk(64 << 10).trust_fill();
             }
             let tail_incomplete = loop {
