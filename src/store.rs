@@ -904,15 +904,7 @@ impl Store {
             // saying "not found" would hide every record it holds. An empty first
             // segment alone is a run being created (the segment comes before `run.json`),
             // or a creation cut short: no record either way, so the run is not there yet.
-            let holds_records = self.storage.exists(&dir) && {
-                let bases = segment::list_segments(&*self.storage, &dir)?;
-                match bases.as_slice() {
-                    [] => false,
-                    [1] => file_len(&*self.storage, &segment::segment_path(&dir, 1))? > 0,
-                    _ => true,
-                }
-            };
-            if holds_records {
+            if segment::log_holds_records(&*self.storage, &dir)? {
                 return Err(Error::corrupt(
                     &meta_path,
                     0,

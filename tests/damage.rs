@@ -532,6 +532,13 @@ fn lost_or_garbled_auxiliary_files_hide_nothing() {
             env.swarm(&["read", "--run", run])
                 .code(3)
                 .one_line_error(&["run.json", "swarm repair"]);
+            // A writer does not create a new run.json over the log (another creation
+            // time and segment size), nor write anything.
+            let before = env.snapshot();
+            env.append_evidence(run, &["--content", "refused"])
+                .code(3)
+                .one_line_error(&["run.json", "swarm repair"]);
+            assert_eq!(env.snapshot(), before);
         }
         let (code, rep) = env.verify(run);
         assert_eq!(code, 3, "{rep}");

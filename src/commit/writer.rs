@@ -139,6 +139,16 @@ impl RunLog {
         if storage.exists(&dir.join(ARCHIVED_FILE)) {
             return Err(archived(run_id));
         }
+        // Nor over a log whose `run.json` was lost: a new one would give the run another
+        // creation time (its index and checkpoints then discarded) and segment size.
+        if segment::log_holds_records(storage, dir)? {
+            return Err(Error::corrupt(
+                &meta_path,
+                0,
+                0,
+                format!("missing, but the run's log is there; `swarm repair --run {run_id}` rebuilds it"),
+            ));
+        }
         let meta = RunMeta {
             format: frame::FORMAT_VERSION,
             run_id: run_id.to_string(),

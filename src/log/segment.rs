@@ -32,6 +32,21 @@ pub fn parse_segment_name(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// Whether a run directory's log holds records: more than one segment, or a first
+/// segment with bytes. An empty first segment alone is a run being created (the segment
+/// comes before `run.json`), or a creation cut short. With records but no `run.json`, the
+/// run is damaged, not absent (and not to be created anew over its log).
+pub(crate) fn log_holds_records(storage: &dyn Storage, run_dir: &Path) -> Result<bool> {
+    if !storage.exists(run_dir) {
+        return Ok(false);
+    }
+    Ok(match list_segments(storage, run_dir)?.as_slice() {
+        [] => false,
+        [1] => crate::log::storage::file_len(storage, &segment_path(run_dir, 1))? > 0,
+        _ => true,
+    })
+}
+
 /// The base seqs of a run's segments, in order.
 pub fn list_segments(storage: &dyn Storage, run_dir: &Path) -> Result<Vec<u64>> {
     let mut bases: Vec<u64> = storage
