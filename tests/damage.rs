@@ -975,13 +975,7 @@ fn a_tail_steps_over_zeroed_frames_repair_quarantined_in_a_sealed_segment() {
     }
     drop(store);
     let dir = Path::new("/d/anonymous/z");
-    let mut segs: Vec<String> = mem
-        .list(dir)
-        .unwrap()
-        .into_iter()
-        .filter(|n| n.ends_with(".jsonl"))
-        .collect();
-    segs.sort();
+    let segs = crate::util::mem_segments(&mem, dir);
     assert!(segs.len() >= 3, "{segs:?}");
     let seg = dir.join(&segs[1]);
     let mut bytes = mem.contents(&seg).unwrap();

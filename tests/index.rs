@@ -669,24 +669,27 @@ fn corruption_in_the_log_is_reported_as_by_a_scan() {
     assert!(stats.head_seq < 200, "{stats:?}");
 }
 
+/// The run's directory in a [`mem_store`].
+const MEM_RUN_DIR: &str = "/data/anonymous/r1";
+
+/// A run of `n` events in a [`mem_store`], its index written; its segment file names.
+fn indexed_mem_run(n: u64, seed: u64) -> (MemStorage, Vec<String>) {
+    let mem = MemStorage::new();
+    let store = mem_store(&mem);
+    append_some(&store, n, seed);
+    store.flush_index(RUN).unwrap();
+    drop(store);
+    let segs = crate::util::mem_segments(&mem, Path::new(MEM_RUN_DIR));
+    (mem, segs)
+}
+
 /// A crash between sealing a segment and cutting its zero fill (a rotation's trim, or the
 /// trim before a declared loss) leaves the fill in a segment a later one follows: the
 /// index takes it as that segment's end, as readers do, and goes on to the next one.
 #[test]
 fn a_fill_left_in_a_sealed_segment_ends_it_for_the_index() {
-    let mem = MemStorage::new();
-    let store = mem_store(&mem);
-    append_some(&store, 120, 7);
-    store.flush_index(RUN).unwrap();
-    drop(store);
-    let dir = Path::new("/data/anonymous/r1");
-    let mut segs: Vec<String> = mem
-        .list(dir)
-        .unwrap()
-        .into_iter()
-        .filter(|n| n.ends_with(".jsonl"))
-        .collect();
-    segs.sort();
+    let (mem, segs) = indexed_mem_run(120, 7);
+    let dir = Path::new(MEM_RUN_DIR);
     assert!(segs.len() >= 3, "{segs:?}");
     // The fill a crash before the trim leaves, in the first and in a middle segment.
     for name in &segs[..2] {
@@ -724,45 +727,27 @@ fn a_fill_left_in_a_sealed_segment_ends_it_for_the_index() {
 /// so the next store rebuilds it instead of falling back again.
 #[test]
 fn a_planned_read_that_meets_quarantined_damage_returns_every_intact_event() {
-    let mem = MemStorage::new();
-    let store = mem_store(&mem);
-    append_some(&store, 200, 3);
-    store.flush_index(RUN).unwrap();
-    drop(store);
-    let dir = Path::new("/data/anonymous/r1");
-    let mut segs: Vec<String> = mem
-        .list(dir)
-        .unwrap()
-        .into_iter()
-        .filter(|n| n.ends_with(".jsonl"))
-        .collect();
-    segs.sort();
+    let (mem, segs) = indexed_mem_run(200, 3);
+    let dir = Path::new(MEM_RUN_DIR);
     assert!(segs.len() >= 4, "{segs:?}");
     // A byte of the sixth frame of the second segment, inside its JSON.
     let seg = dir.join(&segs[1]);
     let mut bytes = mem.contents(&seg).unwrap();
-    let starts: Vec<usize> = std::iter::once(0)
-        .chain(
-            bytes
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| **b == b'\n')
-                .map(|(i, _)| i + 1),
-        )
-        .collect();
-    let at = starts[5] + 120;
+    let at = crate::util::frame_boundaries(&bytes)[5] + 120;
     bytes[at] = if bytes[at] == b'Q' { b'R' } else { b'Q' };
     mem.set_contents(&seg, bytes);
     let store = mem_store(&mem);
     store.repair(RUN).unwrap();
     let idx_file =
-        Path::new("/data/anonymous/r1/index").join(swarm_memory::query::index::index_file_name(
-            segs[1]
-                .trim_start_matches("seg-")
-                .trim_end_matches(".jsonl")
-                .parse()
-                .unwrap(),
-        ));
+        Path::new(MEM_RUN_DIR)
+            .join("index")
+            .join(swarm_memory::query::index::index_file_name(
+                segs[1]
+                    .trim_start_matches("seg-")
+                    .trim_end_matches(".jsonl")
+                    .parse()
+                    .unwrap(),
+            ));
     assert!(mem.contents(&idx_file).is_some(), "the segment was indexed");
     for kind in [EventType::Hypothesis, EventType::Evidence] {
         let q = ReadOptions {

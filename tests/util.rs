@@ -257,6 +257,20 @@ pub fn check_sequence(events: &[Event]) {
     }
 }
 
+/// The segment file names of a run directory in a [`swarm_memory::MemStorage`], in log
+/// order.
+pub fn mem_segments(mem: &swarm_memory::MemStorage, dir: &Path) -> Vec<String> {
+    use swarm_memory::Storage;
+    let mut segs: Vec<String> = mem
+        .list(dir)
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.ends_with(".jsonl"))
+        .collect();
+    segs.sort();
+    segs
+}
+
 /// Byte offsets of the frame boundaries of a segment (0, end of frame 1, ...).
 pub fn frame_boundaries(bytes: &[u8]) -> Vec<usize> {
     let mut v = vec![0];
