@@ -390,37 +390,24 @@ fn a_following_tail_survives_synced_lost_and_rebuilt() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path();
     let run = "rebuilt";
-    let append = |content: &str| {
-        let out = swarm(data)
-            .args([
-                "append",
-                "--run",
-                run,
-                "--agent",
-                "a",
-                "--type",
-                "evidence",
-                "--content",
-                content,
-            ])
-            .output()
+    // Three single-event frames a writer process appends (`writer_input`).
+    let append = |from: usize| {
+        let mut w = Proc::spawn({
+            let mut c = swarm(data);
+            c.args(["append", "--run", run, "--stdin"]);
+            c
+        });
+        w.stdin()
+            .write_all(writer_input("a", from, from + 3).as_bytes())
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(w.child.wait().unwrap().success());
     };
-    for i in 0..3 {
-        append(&format!("before {i}"));
-    }
+    append(0);
     let mut t = tail_follow(data, run, &[]);
     t.wait_lines(3);
     std::fs::remove_file(data.join("anonymous").join(run).join("SYNCED")).unwrap();
     assert_eq!(read_all(data, run).len(), 3, "a read rebuilds SYNCED");
-    for i in 0..3 {
-        append(&format!("after {i}"));
-    }
+    append(4);
     t.wait_until("the events after the rebuild", |g| last_seq_is(g, 6));
     assert_eq!(seqs(&t.kill()), (1..=6).collect::<Vec<_>>());
 }

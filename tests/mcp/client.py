@@ -247,8 +247,9 @@ async def concurrency():
                 "retried": sum(len(p) for p in retry)}
 
 
-async def subscribe():
-    """Subscribe to a run; another process appends; the update arrives."""
+def updates():
+    """A message handler that records `notifications/resources/updated`: the handler, an
+    event set at each one, and the list of their URIs."""
     got = asyncio.Event()
     uris = []
 
@@ -256,6 +257,13 @@ async def subscribe():
         if getattr(msg, "method", None) == "notifications/resources/updated":
             uris.append(str(msg.params.uri))
             got.set()
+
+    return handler, got, uris
+
+
+async def subscribe():
+    """Subscribe to a run; another process appends; the update arrives."""
+    handler, got, uris = updates()
 
     async with AsyncExitStack() as stack:
         s = await connect(stack, "alice", "watcher", handler)
@@ -272,13 +280,7 @@ async def subscribe_policy():
     """A subscriber is told only of changes its agent may read: under a policy that shows
     "watcher" evidence but not hypotheses, another process's hypothesis brings no
     notification, and the evidence after it brings one."""
-    got = asyncio.Event()
-    uris = []
-
-    async def handler(msg):
-        if getattr(msg, "method", None) == "notifications/resources/updated":
-            uris.append(str(msg.params.uri))
-            got.set()
+    handler, got, uris = updates()
 
     run = "inc-sub-policy"
     cli("append", "--run", run, "--agent", "lead", "--type", "evidence", "--content", "first")
