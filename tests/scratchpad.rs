@@ -1022,6 +1022,21 @@ fn last_n_as_an_agent_counts_the_events_it_is_shown() {
             .unwrap();
         assert_eq!(got, scanned);
     }
+    // The lead is shown everything: its last 3 are the run's last 3.
+    let lead: Vec<swarm_memory::Event> = store
+        .read(
+            "r",
+            ReadOptions {
+                reader: Some("lead".into()),
+                last: Some(3),
+                ..ReadOptions::default()
+            },
+        )
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let texts: Vec<&str> = lead.iter().filter_map(|e| e.content.as_str()).collect();
+    assert_eq!(texts, ["hidden 17", "hidden 18", "hidden 19"]);
 }
 
 /// A store of user alice in `dir`, checkpoints by hand only.

@@ -448,6 +448,21 @@ impl Rules {
         }
     }
 
+    /// Whether `agent` is shown every event: every entry type (the engine's events quote
+    /// only those) and every channel. A read as such an agent needs no filter.
+    pub fn sees_everything(&self, agent: &str) -> bool {
+        match self.perms(agent) {
+            None => true,
+            Some(None) => false,
+            Some(Some(p)) => {
+                EventType::ALL
+                    .iter()
+                    .all(|k| allows(&p.read_types, k.as_str()))
+                    && allows(&p.read_channels, "*")
+            }
+        }
+    }
+
     /// Whether `agent` is shown this channel.
     pub fn may_read_channel(&self, agent: &str, channel: &str) -> bool {
         match self.perms(agent) {
