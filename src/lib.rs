@@ -70,5 +70,5 @@ pub use query::options::{ReadOptions, Visibility};
 pub use query::read::{EventIter, Skipped, TornTail};
 pub use query::verify::{RepairedTail, VerifyReport};
 pub use scratchpad::board::{BoardEntry, EscalationView, PickOutcome, BOARD_HISTORY};
-pub use store::{RunInfo, Store};
+pub use store::{HandoffCounters, RunInfo, Store};
 pub use tail::{Cursor, Tail, TailOptions, TailPosition, TailStream};

@@ -2,7 +2,10 @@
 //! writers, caches head states and indexes, checks the caller's user and the run's
 //! permissions, and starts the background jobs (checkpoints, pruning).
 //!
+//! - `store/append.rs`: the append path: checks, the archive gate, retries, the hand-off
+//!   route, and what follows an append (checkpoints, pruning).
 //! - `store/archive.rs`: closing a run, its archive, restore, and reads from an archive.
+//! - `store/handoff.rs`: one committer process per run, that others hand appends to.
 //! - `store/travel.rs`: time-travel views (`replay --diff`, `--agent`).
 //!
 //! Invariant: every user's runs live under `<data>/<user>/`; a store acts for one user
@@ -10,26 +13,26 @@
 //! the synthesizer).
 //! Never imports: `scratchpad`, `tail`, `synth` (they are built on it).
 
+mod append;
 pub mod archive;
+mod handoff;
 pub mod info;
 pub mod travel;
 
+pub use handoff::HandoffCounters;
 pub use info::RunInfo;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::commit::{Request, RunLog, SyncCounters};
+use crate::commit::{RunLog, SyncCounters};
 use crate::error::{Error, IoContext, Result};
-use crate::event::{
-    check_path_id, check_run_id, Checked, Event, EventType, LogDamaged, NewEvent, ANONYMOUS,
-    BATCH_EVENTS_MAX, ENGINE_AGENT,
-};
+use crate::event::{check_path_id, check_run_id, Event, EventType, LogDamaged, ANONYMOUS};
 use crate::fold::checkpoint::{self, CheckpointInfo, CHECKPOINT_EVERY_DEFAULT};
 use crate::fold::replay::{self, ReplayStats, Replayed, RunPaths, Target};
 use crate::fold::state::State;
-use crate::log::meta::{self, Durability, LogOptions, RunMeta};
+use crate::log::meta::{self, LogOptions, RunMeta};
 use crate::log::segment;
 use crate::log::storage::{file_len, FsStorage, Storage};
 use crate::log::watermark::read_marks;
@@ -48,7 +51,11 @@ pub struct Store {
     root: PathBuf,
     storage: Arc<dyn Storage>,
     opts: LogOptions,
-    logs: Mutex<HashMap<String, Arc<RunLog>>>,
+    /// Shared with the store a committer serves other processes through
+    /// (`store::handoff`), so that their appends join this process's group commit.
+    logs: Arc<Mutex<HashMap<String, Arc<RunLog>>>>,
+    /// Where `sync` appends go: to this process's writer, or handed to another process.
+    handoff: handoff::Routes,
     ck_root: PathBuf,
     checkpoint_every: u64,
     user: String,
@@ -60,6 +67,13 @@ pub struct Store {
     /// The policies of closed runs read so far: final (a closed run refuses every
     /// append), and reading an archived run unpacks it whole (see [`Store::policy`]).
     closed_policies: Mutex<HashMap<String, Option<crate::fold::rules::Policy>>>,
+}
+
+impl Drop for Store {
+    /// Stops committing for other processes: their appends in flight are answered first.
+    fn drop(&mut self) {
+        self.handoff.shutdown();
+    }
 }
 
 /// A run's state at its visible head, shared with the store's cache.
@@ -81,11 +95,13 @@ impl Store {
 
     /// Opens a data directory on any storage, with options.
     pub fn open_with(storage: Arc<dyn Storage>, root: &Path, opts: LogOptions) -> Result<Store> {
+        let local = storage.is_local_fs();
         Ok(Store {
             root: root.to_path_buf(),
             storage,
             opts,
-            logs: Mutex::new(HashMap::new()),
+            logs: Arc::new(Mutex::new(HashMap::new())),
+            handoff: handoff::Routes::new(local),
             ck_root: root.join(".checkpoints"),
             checkpoint_every: CHECKPOINT_EVERY_DEFAULT,
             user: ANONYMOUS.to_string(),
@@ -113,7 +129,8 @@ impl Store {
             )));
         }
         self.user = user.to_string();
-        self.logs = Mutex::new(HashMap::new());
+        self.handoff.shutdown();
+        self.logs = Arc::new(Mutex::new(HashMap::new()));
         Ok(self)
     }
 
@@ -329,6 +346,7 @@ impl Store {
                 fsyncs: a.fsyncs + c.fsyncs,
                 coalesced: a.coalesced + c.coalesced,
                 durable_events: a.durable_events + c.durable_events,
+                recovered_found: a.recovered_found + c.recovered_found,
             })
     }
 
@@ -349,276 +367,6 @@ impl Store {
         )?);
         logs.insert(run.to_string(), l.clone());
         Ok(l)
-    }
-
-    /// Appends one event. With `ev.expect_seq` it is a compare-and-swap on the run's
-    /// last seq. Creates the run if it does not exist.
-    pub fn append(&self, run: &str, ev: NewEvent, durability: Durability) -> Result<Event> {
-        let expect = ev.expect_seq;
-        // The first stored event is the caller's; engine events (an escalation) may follow.
-        let v = self.append_batch(run, vec![ev], expect, durability)?;
-        v.into_iter()
-            .next()
-            .ok_or_else(|| Error::invalid("batch", "no event stored"))
-    }
-
-    /// Appends events as one atomic batch: all are stored, with consecutive seqs, or none.
-    /// `expect_seq` applies to the batch; the events' own `expect_seq` must be absent or
-    /// equal to it.
-    pub fn append_batch(
-        &self,
-        run: &str,
-        events: Vec<NewEvent>,
-        expect_seq: Option<u64>,
-        durability: Durability,
-    ) -> Result<Vec<Event>> {
-        let batch = self.check_batch(run, events, expect_seq)?;
-        self.append_checked(run, batch, expect_seq, durability)
-    }
-
-    /// Appends several independent atomic batches to one run, each as
-    /// [`Store::append_batch`] would, with one outcome each, in order: one refused does
-    /// not refuse the others. They share one write and one fsync, made by the calling
-    /// thread (a server commits the requests that queued during its last commit this
-    /// way). `batches`: each batch's events and `expect_seq`.
-    pub fn append_many(
-        &self,
-        run: &str,
-        batches: Vec<(Vec<NewEvent>, Option<u64>)>,
-        durability: Durability,
-    ) -> Vec<Result<Vec<Event>>> {
-        let checked: Vec<Result<(Vec<Checked>, Option<u64>)>> = batches
-            .into_iter()
-            .map(|(events, expect)| Ok((self.check_batch(run, events, expect)?, expect)))
-            .collect();
-        // (`check_batch` refused the engine's logs already: no batch to show the gate.)
-        let Ok(log) = self
-            .append_gate(run, &[])
-            .and_then(|()| self.writer(run, &self.user))
-        else {
-            // Each batch on its own then, to get its own error.
-            return checked
-                .into_iter()
-                .map(|c| c.and_then(|(b, e)| self.append_checked(run, b, e, durability)))
-                .collect();
-        };
-        let mut out: Vec<Option<Result<Vec<Event>>>> = Vec::with_capacity(checked.len());
-        let mut reqs = Vec::new();
-        // Retries (every event with its id), kept in case the run turns out archived
-        // (closed by another process since this one cached its writer).
-        let mut retries: Vec<Option<Vec<Checked>>> = Vec::new();
-        for c in checked {
-            match c {
-                Ok((batch, expect)) => {
-                    retries.push(batch.iter().all(|c| c.id.is_some()).then(|| batch.clone()));
-                    reqs.push(Request::new(batch, expect, durability));
-                    out.push(None);
-                }
-                Err(e) => out.push(Some(Err(e))),
-            }
-        }
-        let mut stored = log.append_many(reqs).into_iter().zip(retries);
-        let out: Vec<Result<Vec<Event>>> = out
-            .into_iter()
-            .map(|o| match o {
-                Some(refused) => refused,
-                None => match stored.next() {
-                    Some((Err(Error::Forbidden(why)), Some(batch))) => {
-                        match self.stored_in_archive(run, &batch) {
-                            Ok(Some(events)) => Ok(events),
-                            Ok(None) => Err(Error::Forbidden(why)),
-                            Err(e) => Err(e),
-                        }
-                    }
-                    Some((r, _)) => r,
-                    None => Err(Error::invalid("batch", "append result lost")),
-                },
-            })
-            .collect();
-        for events in out.iter().flatten() {
-            self.maybe_checkpoint(&log, run, events);
-        }
-        self.after_append(&log, run);
-        out
-    }
-
-    /// Checks a client's batch for `run`: the run id, the size, the user, `expect_seq`,
-    /// every event, and (on a run that does not exist yet) its refs.
-    fn check_batch(
-        &self,
-        run: &str,
-        events: Vec<NewEvent>,
-        expect_seq: Option<u64>,
-    ) -> Result<Vec<Checked>> {
-        check_run_id(run)?;
-        if run.starts_with('@') {
-            return Err(Error::Forbidden(format!(
-                "run ids starting with '@' ({run:?}) are the engine's own logs (facts, patterns); clients cannot append to them"
-            )));
-        }
-        if events.is_empty() {
-            return Err(Error::invalid("batch", "no events"));
-        }
-        if events.len() > BATCH_EVENTS_MAX {
-            return Err(Error::invalid(
-                "batch",
-                format!("{} events, limit {BATCH_EVENTS_MAX}", events.len()),
-            ));
-        }
-        let mut batch = Vec::with_capacity(events.len());
-        for (i, mut e) in events.into_iter().enumerate() {
-            match &e.user_id {
-                None => e.user_id = Some(self.user.clone()),
-                Some(u) if *u != self.user => {
-                    return Err(Error::Forbidden(format!(
-                        "event {i} names user {u:?} but the caller is {:?}",
-                        self.user
-                    )))
-                }
-                Some(_) => {}
-            }
-            if e.expect_seq.is_some() && e.expect_seq != expect_seq {
-                return Err(Error::invalid(
-                    "expect_seq",
-                    format!("event {i} of the batch has its own; give it once, for the batch"),
-                ));
-            }
-            batch.push(e.check().map_err(|err| match err {
-                Error::Invalid { field, reason } if i > 0 => Error::Invalid {
-                    field: format!("[{i}].{field}"),
-                    reason,
-                },
-                other => other,
-            })?);
-        }
-        self.refuse_on_new_run(run, &batch, expect_seq)?;
-        Ok(batch)
-    }
-
-    /// Appends validated events (client or engine) as one atomic batch.
-    pub(crate) fn append_checked(
-        &self,
-        run: &str,
-        batch: Vec<Checked>,
-        expect_seq: Option<u64>,
-        durability: Durability,
-    ) -> Result<Vec<Event>> {
-        // A retry (every event with its id) may come after the run was closed and
-        // archived: it gets the stored events, as before the close. Kept only for batches
-        // that carry ids, and used only when the run turns out archived.
-        let retry = batch.iter().all(|c| c.id.is_some()).then(|| batch.clone());
-        let r = self.append_gate(run, &batch).and_then(|()| {
-            let log = self.writer(run, &self.user)?;
-            let stored = log.append(Request::new(batch, expect_seq, durability))?;
-            self.maybe_checkpoint(&log, run, &stored);
-            self.after_append(&log, run);
-            Ok(stored)
-        });
-        match (r, retry) {
-            (Err(Error::Forbidden(why)), Some(batch)) => {
-                match self.stored_in_archive(run, &batch)? {
-                    Some(stored) => Ok(stored),
-                    None => Err(Error::Forbidden(why)),
-                }
-            }
-            (r, _) => r,
-        }
-    }
-
-    /// The stored events of a retried batch on an archived run: `Some` when every id of
-    /// `batch` is in the archive with the same event (a different one is a conflict, as
-    /// on an open run); `None` when the run is not archived or an id is not stored.
-    fn stored_in_archive(&self, run: &str, batch: &[Checked]) -> Result<Option<Vec<Event>>> {
-        let Some(archive) = self.archived_store(run)? else {
-            return Ok(None);
-        };
-        let want: HashMap<&str, usize> = batch
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| c.id.as_deref().map(|id| (id, i)))
-            .collect();
-        let mut found: Vec<Option<Event>> = vec![None; batch.len()];
-        for e in archive.read(run, ReadOptions::default())? {
-            let e = e?;
-            if let Some(&i) = want.get(e.id.as_str()) {
-                found[i] = Some(e);
-            }
-        }
-        let Some(stored) = found.into_iter().collect::<Option<Vec<Event>>>() else {
-            return Ok(None);
-        };
-        for (asked, e) in batch.iter().zip(&stored) {
-            if let Some(field) = asked.differs_from(e) {
-                return Err(Error::Conflict(format!(
-                    "id {:?} is already stored in closed run {run:?} with a different {field}; \
-                     a retry must carry the same event",
-                    e.id
-                )));
-            }
-        }
-        Ok(Some(stored))
-    }
-
-    /// Refuses appends to an archived run, and anything but the synthesizer's events in
-    /// the engine's own logs.
-    fn append_gate(&self, run: &str, batch: &[Checked]) -> Result<()> {
-        // A run this process writes already is checked under its `LOCK`, once a write
-        // group (`RunLog::write_group_locked`); the first append here says where the
-        // archive is.
-        let cached = self
-            .logs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(run);
-        if !cached {
-            if let Some(p) = self.archived(run)? {
-                return Err(Error::Forbidden(format!(
-                    "run {run:?} is closed and archived at {}",
-                    p.display()
-                )));
-            }
-        }
-        // The engine's own logs take only the synthesizer's events: no policy, channel,
-        // summary or close can be written into a facts log.
-        if run.starts_with('@')
-            && batch.iter().any(|c| {
-                !matches!(
-                    c.kind,
-                    EventType::SynthBegin | EventType::Synth | EventType::SynthCommit
-                )
-            })
-        {
-            return Err(Error::Forbidden(format!(
-                "{run:?} is an engine log (facts, patterns); only the synthesizer writes it"
-            )));
-        }
-        Ok(())
-    }
-
-    /// After an append: starts an automatic prune when one is due.
-    fn after_append(&self, log: &Arc<RunLog>, run: &str) {
-        if log.claim_prune() {
-            // Off the append path, with the built-in summariser; a concurrent pruner in
-            // another process makes this one fail its CAS harmlessly.
-            let store = self.same_config();
-            let run_id = run.to_string();
-            let log = log.clone();
-            let spawned = std::thread::Builder::new()
-                .name("swarm-prune".into())
-                .spawn(move || {
-                    let r = store.prune(&run_id, ENGINE_AGENT, &crate::fold::summary::Builtin, false);
-                    match r {
-                        // Another process's pruner summarised the range first: expected.
-                        Err(Error::Conflict(e)) => tracing::debug!(run = %run_id, error = %e, "automatic prune lost the race"),
-                        Err(e) => tracing::warn!(run = %run_id, error = %e, "automatic prune failed"),
-                        Ok(_) => {}
-                    }
-                    log.release_prune();
-                });
-            if let Err(e) = spawned {
-                tracing::warn!(run, error = %e, "cannot start the prune thread");
-            }
-        }
     }
 
     /// Waits, at most `limit`, for this process's background prunes to end; returns
@@ -654,7 +402,8 @@ impl Store {
             root: self.root.clone(),
             storage: self.storage.clone(),
             opts: self.opts.clone(),
-            logs: Mutex::new(HashMap::new()),
+            logs: Arc::new(Mutex::new(HashMap::new())),
+            handoff: handoff::Routes::off(),
             ck_root: self.ck_root.clone(),
             checkpoint_every: self.checkpoint_every,
             user: user.to_string(),
@@ -663,48 +412,6 @@ impl Store {
             closed_policies: Mutex::new(HashMap::new()),
             indexes: Mutex::new(HashMap::new()),
         }
-    }
-
-    /// Refuses, before the run is created, a request that cannot succeed on an empty run
-    /// (an `expect_seq` other than 0, a ref to a seq it would not have), so that a
-    /// refused append never leaves a new empty run behind. The writer checks again under
-    /// the lock; if another process creates the run meanwhile, the refusal still
-    /// describes the run as it was when checked.
-    fn refuse_on_new_run(
-        &self,
-        run: &str,
-        batch: &[Checked],
-        expect_seq: Option<u64>,
-    ) -> Result<()> {
-        let cached = self
-            .logs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(run);
-        if cached
-            || self
-                .storage
-                .exists(&self.run_dir(run)?.join(meta::META_FILE))
-        {
-            return Ok(());
-        }
-        if let Some(expected) = expect_seq.filter(|&e| e != 0) {
-            return Err(Error::SeqConflict {
-                run: run.to_string(),
-                expected,
-                actual: 0,
-            });
-        }
-        for (i, e) in batch.iter().enumerate() {
-            let seq = i as u64 + 1;
-            if let Some(bad) = e.refs.iter().find(|&&x| x == 0 || x >= seq) {
-                return Err(Error::invalid(
-                    "refs",
-                    format!("seq {bad} does not name an earlier event (this one gets seq {seq})"),
-                ));
-            }
-        }
-        Ok(())
     }
 
     /// Reads a run's events in seq order.

@@ -16,6 +16,7 @@ mod damage;
 mod embed;
 mod fsync_failure;
 mod golden;
+mod handoff;
 mod index;
 mod kill;
 #[cfg(feature = "mcp")]

@@ -162,6 +162,13 @@ impl Env {
         while let Some(d) = stack.pop() {
             for e in std::fs::read_dir(&d).expect("list") {
                 let p = e.expect("entry").path();
+                // A committer's socket (`<user>/.commit/<run>.sock`) is a meeting place
+                // of live processes, not data.
+                if std::os::unix::fs::FileTypeExt::is_socket(
+                    &std::fs::symlink_metadata(&p).expect("stat").file_type(),
+                ) {
+                    continue;
+                }
                 if p.is_dir() {
                     out.insert(p.clone(), Vec::new());
                     stack.push(p);

@@ -86,6 +86,11 @@ pub(crate) struct Request {
     /// Each event's JSON after `id` ([`Checked::encode_tail`]), encoded by the appending
     /// thread before it queues; empty until then.
     pub tails: Vec<Vec<u8>>,
+    /// A retry after a handed-off append's outcome was lost (the committing process died
+    /// or closed the connection): every event carries an id, generated ones included, and
+    /// frames after this seq are searched for them first, so that a batch the committer
+    /// wrote is returned rather than stored twice (`store::handoff`).
+    pub recover_since: Option<u64>,
 }
 
 impl Slot {
@@ -114,6 +119,7 @@ impl Request {
             expect_seq,
             durability,
             tails: Vec::new(),
+            recover_since: None,
         }
     }
 }
@@ -240,6 +246,7 @@ pub(crate) struct SyncStats {
     pub coalesced: AtomicU64,
     /// Events appended with `sync` durability and acknowledged.
     pub durable_events: AtomicU64,
+    pub recovered_found: AtomicU64,
 }
 
 /// A snapshot of [`SyncStats`].
@@ -251,6 +258,9 @@ pub struct SyncCounters {
     pub coalesced: u64,
     /// Events appended with `sync` durability and acknowledged.
     pub durable_events: u64,
+    /// Events of handed-off appends whose answer was lost that the search after them
+    /// found stored by the process that committed them (`Request::recover_since`).
+    pub recovered_found: u64,
 }
 
 /// The writer handle of one run, shared by the threads of a process.

@@ -728,30 +728,86 @@ impl RunLog {
     /// Loads the client ids of every frame since `ids_upto` (lazily: only appends that
     /// carry an id pay for it).
     pub(super) fn catch_up_ids(&self, w: &mut Writer) -> Result<()> {
-        let bases = segment::list_segments(&*self.storage, &self.dir)?;
         let head = Pos {
             seg: w.seg_base,
             off: w.end,
         };
+        let ids = &mut w.ids;
+        self.walk_heads(w.ids_upto, head, |h, at| {
+            if !h.id.starts_with(GENERATED_ID_PREFIX) {
+                ids.insert(h.id.into_owned(), (h.seq, at));
+            }
+        })?;
+        w.ids_upto = head;
+        Ok(())
+    }
+
+    /// For a group holding recovered hand-offs (`Request::recover_since`): finds their
+    /// generated ids in the frames after the earliest such seq and adds them to `ids`
+    /// (client ids are there already), so that `prepare` returns a batch the committer
+    /// stored instead of storing it again. Returns the ids added, to forget after the
+    /// group. Rare (a committing process died mid-request), so a scan is fine.
+    pub(super) fn find_recovered(&self, w: &mut Writer, reqs: &[Request]) -> Result<Vec<String>> {
+        let Some(since) = reqs.iter().filter_map(|r| r.recover_since).min() else {
+            return Ok(Vec::new());
+        };
+        let want: std::collections::HashSet<&str> = reqs
+            .iter()
+            .filter(|r| r.recover_since.is_some())
+            .flat_map(|r| r.batch.iter().filter_map(|c| c.id.as_deref()))
+            .filter(|id| id.starts_with(GENERATED_ID_PREFIX))
+            .collect();
+        if want.is_empty() {
+            return Ok(Vec::new());
+        }
+        // The segment holding `since + 1`: the last whose base is at or below it.
+        let bases = segment::list_segments(&*self.storage, &self.dir)?;
+        let from = bases
+            .iter()
+            .rev()
+            .find(|&&b| b <= since + 1)
+            .or(bases.first())
+            .map_or(Pos::default(), |&seg| Pos { seg, off: 0 });
+        let head = Pos {
+            seg: w.seg_base,
+            off: w.end,
+        };
+        let mut found = Vec::new();
+        let ids = &mut w.ids;
+        self.walk_heads(from, head, |h, at| {
+            if h.seq > since && want.contains(h.id.as_ref()) {
+                found.push(h.id.to_string());
+                ids.insert(h.id.into_owned(), (h.seq, at));
+            }
+        })?;
+        Ok(found)
+    }
+
+    /// Calls `f` with every event head (id and seq) of the frames from `from` to `head`,
+    /// and its frame's start. Damage `swarm repair` quarantined is stepped over; other
+    /// damage is an error.
+    fn walk_heads(
+        &self,
+        from: Pos,
+        head: Pos,
+        mut f: impl FnMut(EventHead<'_>, Pos),
+    ) -> Result<()> {
+        let bases = segment::list_segments(&*self.storage, &self.dir)?;
         for &base in &bases {
             if base > head.seg {
                 break;
             }
-            if base < w.ids_upto.seg {
+            if base < from.seg {
                 continue;
             }
-            let from = if base == w.ids_upto.seg {
-                w.ids_upto.off
-            } else {
-                0
-            };
+            let start = if base == from.seg { from.off } else { 0 };
             let limit = if base == head.seg {
                 Some(head.off)
             } else {
                 None
             };
             let path = segment::segment_path(&self.dir, base);
-            let mut r = FrameReader::open(&*self.storage, &path, from, limit)?;
+            let mut r = FrameReader::open(&*self.storage, &path, start, limit)?;
             loop {
                 match r.step()? {
                     Step::Frame { offset, .. } => {
@@ -760,18 +816,13 @@ impl RunLog {
                                 Error::corrupt(&path, offset, 0, format!("bad event JSON: {e}"))
                             })?;
                         for h in heads {
-                            if !h.id.starts_with(GENERATED_ID_PREFIX) {
-                                w.ids.insert(
-                                    h.id.into_owned(),
-                                    (
-                                        h.seq,
-                                        Pos {
-                                            seg: base,
-                                            off: offset,
-                                        },
-                                    ),
-                                );
-                            }
+                            f(
+                                h,
+                                Pos {
+                                    seg: base,
+                                    off: offset,
+                                },
+                            );
                         }
                     }
                     Step::End { .. } => break,
@@ -791,7 +842,6 @@ impl RunLog {
                 }
             }
         }
-        w.ids_upto = head;
         Ok(())
     }
 }

@@ -204,12 +204,18 @@ impl RunLog {
         id
     }
 
+    /// The last seq this process's writer has seen (0 before its first append).
+    pub(crate) fn head_seq(&self) -> u64 {
+        lock(&self.writer).head_seq
+    }
+
     /// This process's counters of the run's durable path.
     pub(crate) fn counters(&self) -> SyncCounters {
         SyncCounters {
             fsyncs: self.stats.fsyncs.load(Ordering::Relaxed),
             coalesced: self.stats.coalesced.load(Ordering::Relaxed),
             durable_events: self.stats.durable_events.load(Ordering::Relaxed),
+            recovered_found: self.stats.recovered_found.load(Ordering::Relaxed),
         }
     }
 
@@ -473,9 +479,17 @@ impl RunLog {
         if w.end >= self.meta.segment_bytes {
             self.rotate(w)?;
         }
-        if reqs.iter().any(|r| r.batch.iter().any(|e| e.id.is_some())) {
+        // Generated ids (handed-off events carry them) are never looked up.
+        let client_id = |e: &Checked| {
+            e.id.as_deref()
+                .is_some_and(|id| !id.starts_with(GENERATED_ID_PREFIX))
+        };
+        if reqs.iter().any(|r| r.batch.iter().any(client_id)) {
             self.catch_up_ids(w)?;
         }
+        // Generated ids of recovered hand-offs are not kept in `ids`: found for this
+        // group only, and forgotten after it.
+        let recovered = self.find_recovered(w, &reqs)?;
         let saved = (w.head_seq, w.head_ts);
         let head_before = w.head_seq;
         let mut added_ids: Vec<String> = Vec::new();
@@ -517,7 +531,7 @@ impl RunLog {
                 }
                 w.head_seq = saved.0;
                 w.head_ts = saved.1;
-                for id in added_ids {
+                for id in added_ids.into_iter().chain(recovered) {
                     w.ids.remove(&id);
                 }
                 // The rules moved with the prepared events: fold the log again next time.
@@ -593,6 +607,12 @@ impl RunLog {
                 head_before,
                 &seg,
             )?;
+        }
+        self.stats
+            .recovered_found
+            .fetch_add(recovered.len() as u64, Ordering::Relaxed);
+        for id in recovered {
+            w.ids.remove(&id);
         }
         let seg_file = w.seg.clone();
         let seg_base = w.seg_base;

@@ -390,8 +390,9 @@ fn check_json(field: &str, depth: usize, v: &impl Serialize, bytes_max: usize) -
     Ok(())
 }
 
-/// A validated event, ready for seq and ts.
-#[derive(Clone, Debug)]
+/// A validated event, ready for seq and ts. Serialized only to hand an append to the
+/// process that commits for the run (`store::handoff`), which checks it again.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct Checked {
     pub expect_subject_seq: Option<u64>,
     pub id: Option<String>,
@@ -616,6 +617,32 @@ fn json_kind(v: &Value) -> &'static str {
 }
 
 impl Checked {
+    /// Checks again an event another process checked before handing it over: the checks
+    /// of [`NewEvent::check`], except that a generated id (which the handing process
+    /// gives every event without one) is allowed.
+    pub(crate) fn recheck(self) -> Result<Checked> {
+        if let Some(id) = &self.id {
+            check_id("id", id)?;
+        }
+        let n = NewEvent {
+            id: None,
+            agent_id: self.agent_id,
+            user_id: Some(self.user_id),
+            kind: self.kind.as_str().to_string(),
+            content: self.content,
+            confidence: self.confidence,
+            refs: self.refs,
+            subject: self.subject,
+            session_id: self.session_id,
+            meta: self.meta,
+            expect_seq: None,
+            expect_subject_seq: self.expect_subject_seq,
+        };
+        let mut c = n.check()?;
+        c.id = self.id;
+        Ok(c)
+    }
+
     pub(crate) fn into_event(self, run_id: &str, seq: u64, ts: Ts, id: String) -> Event {
         Event {
             run_id: run_id.to_string(),

@@ -92,6 +92,11 @@ pub trait Storage: Send + Sync + 'static {
     fn remove_dir_all(&self, path: &Path) -> io::Result<()>;
     /// Makes the directory's entries (creations, renames) durable.
     fn sync_dir(&self, path: &Path) -> io::Result<()>;
+    /// Whether paths name real files of this machine, so that processes can meet at a
+    /// Unix socket in a run's directory (the append hand-off, `store::handoff`).
+    fn is_local_fs(&self) -> bool {
+        false
+    }
 }
 
 /// The real file system.
@@ -186,6 +191,9 @@ impl Storage for FsStorage {
     }
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
         File::open(path)?.sync_all()
+    }
+    fn is_local_fs(&self) -> bool {
+        true
     }
 }
 

@@ -131,6 +131,7 @@ impl App {
                 fsyncs: a.fsyncs + c.fsyncs,
                 coalesced: a.coalesced + c.coalesced,
                 durable_events: a.durable_events + c.durable_events,
+                recovered_found: a.recovered_found + c.recovered_found,
             },
         )
     }

@@ -335,6 +335,7 @@ mod tests {
                 fsyncs: 2,
                 coalesced: 1,
                 durable_events: 7,
+                recovered_found: 0,
             },
             HubStats {
                 notify_instances: 1,
