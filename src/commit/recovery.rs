@@ -765,7 +765,7 @@ impl RunLog {
         let from = bases
             .iter()
             .rev()
-            .find(|&&b| b <= since + 1)
+            .find(|&&b| b <= since.saturating_add(1))
             .or(bases.first())
             .map_or(Pos::default(), |&seg| Pos { seg, off: 0 });
         let head = Pos {

@@ -204,9 +204,9 @@ impl RunLog {
         id
     }
 
-    /// The last seq this process's writer has seen (0 before its first append).
-    pub(crate) fn head_seq(&self) -> u64 {
-        lock(&self.writer).head_seq
+    /// The seq of the run's durable mark (0 when unknown): stored before now.
+    pub(crate) fn durable_seq(&self) -> u64 {
+        self.synced_marks().durable_seq
     }
 
     /// This process's counters of the run's durable path.

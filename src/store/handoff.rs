@@ -69,6 +69,10 @@ const IDLE_MAX: usize = 64;
 /// How long a process appends directly after it could not hand over, before it looks
 /// for a committer again (or becomes one).
 const DIRECT_FOR: Duration = Duration::from_millis(200);
+/// Longest a committer waits to write an answer to a client that does not read.
+const ANSWER_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a process waits for a committer's hello before appending directly.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest socket path `bind` takes (108 bytes with the final NUL on Linux).
 const SOCKET_PATH_MAX: usize = 107;
 const WIRE_VERSION: u32 = 1;
@@ -237,17 +241,35 @@ impl From<WireError> for Error {
     }
 }
 
-fn write_msg(mut s: &UnixStream, msg: &impl Serialize) -> std::io::Result<()> {
+/// A message as it goes on the wire; `None` when over [`MESSAGE_BYTES_MAX`].
+fn encode_msg(msg: &impl Serialize) -> Option<Vec<u8>> {
     let mut buf = vec![0u8; 4];
-    serde_json::to_writer(&mut buf, msg).map_err(std::io::Error::other)?;
+    serde_json::to_writer(&mut buf, msg).ok()?;
     let n = buf.len() - 4;
     if n > MESSAGE_BYTES_MAX {
-        return Err(std::io::Error::other(format!(
-            "message of {n} bytes, limit {MESSAGE_BYTES_MAX}"
-        )));
+        return None;
     }
     buf[..4].copy_from_slice(&(n as u32).to_le_bytes());
+    Some(buf)
+}
+
+fn write_msg(mut s: &UnixStream, msg: &impl Serialize) -> std::io::Result<()> {
+    let buf = encode_msg(msg)
+        .ok_or_else(|| std::io::Error::other(format!("message over {MESSAGE_BYTES_MAX} bytes")))?;
     s.write_all(&buf)
+}
+
+/// [`read_msg`], waiting at most `limit` for it to begin.
+fn read_msg_timed(s: &UnixStream, limit: Duration) -> std::io::Result<Option<Vec<u8>>> {
+    let ts = rustix::event::Timespec {
+        tv_sec: limit.as_secs() as i64,
+        tv_nsec: limit.subsec_nanos() as i64,
+    };
+    let mut fds = [rustix::event::PollFd::new(s, rustix::event::PollFlags::IN)];
+    if rustix::event::poll(&mut fds, Some(&ts))? == 0 {
+        return Err(std::io::ErrorKind::TimedOut.into());
+    }
+    read_msg(s)
 }
 
 /// The next message, or `None` at the end of the stream before one began.
@@ -420,6 +442,38 @@ struct LocalSlot {
     done: Condvar,
 }
 
+/// Ends a committer whose commit thread panicked: without it, everything queued and every
+/// client would wait forever. Clients see their connection end (and recover their
+/// batch); this process's own queued appends get an error.
+struct CommitGuard<'a>(&'a Committer);
+
+impl Drop for CommitGuard<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let c = self.0;
+        let _ = std::fs::remove_file(&c.socket);
+        let pending = {
+            let mut q = lock(&c.queue);
+            q.closing = true;
+            std::mem::take(&mut q.pending)
+        };
+        for p in pending {
+            if let Reply::Local(slot) = p.reply {
+                *lock(&slot.result) = Some(Err(Error::invalid(
+                    "handoff",
+                    "the commit thread failed; append again",
+                )));
+                slot.done.notify_one();
+            }
+        }
+        for (s, _) in lock(&c.conns).iter() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
 impl Committer {
     fn start(
         store: Arc<Store>,
@@ -476,7 +530,11 @@ impl Committer {
             if self.stop.load(Ordering::Acquire) {
                 break;
             }
-            let Ok(s) = s else { continue };
+            let Ok(s) = s else {
+                // Out of file descriptors, say: not a busy loop.
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            };
             let mut conns = lock(&self.conns);
             // Under the lock `stop` takes: a connection is either registered before the
             // stop (and its reads ended by it) or never served.
@@ -503,14 +561,23 @@ impl Committer {
     /// Reads one connection's requests whole, checks each and queues it for the commit
     /// thread, which answers it.
     fn serve(&self, store: &Store, run: &str, s: UnixStream) {
-        let head = store.writer(run, store.user()).map_or(0, |l| l.head_seq());
+        // Any seq stored before the hello (the durable mark's, read without waiting for
+        // the writer, which may be waiting for `LOCK`): a lost answer's batch comes after.
+        let head = store
+            .writer(run, store.user())
+            .map_or(0, |l| l.durable_seq());
         let hello = Hello {
             v: WIRE_VERSION,
             user: store.user().to_string(),
             head,
             pid: std::process::id(),
         };
-        if write_msg(&s, &hello).is_err() {
+        // A client that stops reading must not stall the commit thread, which writes
+        // every answer: after this long the connection is shut, and the client, which
+        // sees it end without an answer, finds its batch stored (`recover_since`).
+        if s.set_write_timeout(Some(ANSWER_WRITE_TIMEOUT)).is_err()
+            || write_msg(&s, &hello).is_err()
+        {
             return;
         }
         let s = Arc::new(s);
@@ -547,6 +614,7 @@ impl Committer {
     /// Commits what is queued, as one group, until the committer stops and the queue is
     /// empty.
     fn commit_loop(&self, store: &Store, run: &str) {
+        let _guard = CommitGuard(self);
         loop {
             let group = {
                 let mut q = lock(&self.queue);
@@ -563,6 +631,11 @@ impl Committer {
                 .map(|p| (p.reply, Ok((p.batch, p.expect_seq))))
                 .unzip();
             let results = store.append_many_checked(run, batches, Durability::Sync);
+            if results.iter().any(|r| matches!(r, Err(Error::Poisoned(_)))) {
+                // This process cannot commit any more: nobody new connects to it; the
+                // connected ones append directly on its refusals.
+                let _ = std::fs::remove_file(&self.socket);
+            }
             self.committed
                 .fetch_add(results.len() as u64, Ordering::Relaxed);
             for (reply, r) in replies.into_iter().zip(results) {
@@ -572,8 +645,11 @@ impl Committer {
                             Ok(events) => Answer::Stored(events),
                             Err(e) => Answer::Refused(e.into()),
                         };
-                        // A write that fails is a connection gone: its reader ends.
-                        let _ = write_msg(&s, &answer);
+                        // A write that fails (a connection gone, or a client that
+                        // stopped reading) ends the connection: its reader ends too.
+                        if write_msg(&s, &answer).is_err() {
+                            let _ = s.shutdown(std::net::Shutdown::Both);
+                        }
                     }
                     Reply::Local(slot) => {
                         *lock(&slot.result) = Some(r);
@@ -666,7 +742,10 @@ enum Sent {
 impl Handing {
     fn connect(socket: &Path, user: &str) -> std::io::Result<(UnixStream, u64)> {
         let s = UnixStream::connect(socket)?;
-        let hello: Hello = match read_msg(&s)? {
+        // Nothing is sent before the hello: a committer that does not greet in time is
+        // left alone, safely.
+        s.set_read_timeout(Some(HELLO_TIMEOUT))?;
+        let hello: Hello = match read_msg_timed(&s, HELLO_TIMEOUT)? {
             Some(b) => serde_json::from_slice(&b).map_err(std::io::Error::other)?,
             None => return Err(std::io::ErrorKind::UnexpectedEof.into()),
         };
@@ -676,10 +755,20 @@ impl Handing {
                 hello.pid, hello.v, hello.user
             )));
         }
+        s.set_read_timeout(None)?;
         Ok((s, hello.head))
     }
 
     fn hand(&self, user: &str, batch: &[Checked], expect_seq: Option<u64>) -> Sent {
+        let req = HandedRef {
+            user,
+            expect_seq,
+            events: batch,
+        };
+        // Too large to hand over (nothing sent): appended directly.
+        let Some(msg) = encode_msg(&req) else {
+            return Sent::Unsent;
+        };
         // An idle connection the committer closed (it stopped) is readable: not used, so
         // that a committer's orderly exit costs no recovery.
         let conn = loop {
@@ -703,12 +792,7 @@ impl Handing {
             },
         };
         let since = head.max(self.acked.load(Ordering::Acquire));
-        let req = HandedRef {
-            user,
-            expect_seq,
-            events: batch,
-        };
-        if write_msg(&s, &req).is_err() {
+        if (&s).write_all(&msg).is_err() {
             return Sent::Lost(since);
         }
         let body = match read_msg(&s) {
@@ -731,6 +815,10 @@ impl Handing {
                 }
                 Sent::Answered(Ok(events))
             }
+            // The committer's writer refuses everything after a failed fsync of its
+            // own; it wrote nothing of this batch: appended directly (this process's
+            // writer is not poisoned).
+            Answer::Refused(WireError::Poisoned { .. }) => Sent::Lost(since),
             Answer::Refused(e) => Sent::Answered(Err(e.into())),
         }
     }
