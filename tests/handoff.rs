@@ -26,18 +26,48 @@ fn content_of(e: &Event) -> String {
     e.content.as_str().unwrap_or_default().to_string()
 }
 
+/// A store that created `run` with its first append, found no committer at its second,
+/// and became the committer at its third.
+fn committer_store(env: &Env, run: &str) -> swarm_memory::Store {
+    let a = env.store();
+    lib_append(&a, run, "created by a");
+    lib_append(&a, run, "a appends");
+    assert!(!socket(env, run).exists());
+    lib_append(&a, run, "a commits");
+    assert!(socket(env, run).exists());
+    a
+}
+
+/// `n` threads appending `make(thread, i)` durably through `b` until `stop`; each
+/// returns the events it got back.
+fn appenders(
+    b: &Arc<swarm_memory::Store>,
+    run: &'static str,
+    n: usize,
+    stop: &Arc<AtomicBool>,
+    make: impl Fn(usize, usize) -> NewEvent + Send + Sync + Copy + 'static,
+) -> Vec<std::thread::JoinHandle<Vec<Event>>> {
+    (0..n)
+        .map(|t| {
+            let (b, stop) = (b.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    got.push(b.append(run, make(t, i), Durability::Sync).expect("append"));
+                    i += 1;
+                }
+                got
+            })
+        })
+        .collect()
+}
+
 #[test]
 fn a_second_store_hands_its_sync_appends_to_the_first() {
     let env = Env::new();
     let run = "handed";
-    let a = env.store();
-    lib_append(&a, run, "created by a");
-    // `a` created the run directly, found no committer at its second append, and
-    // became the committer at its third.
-    lib_append(&a, run, "a appends");
-    assert!(!socket(&env, run).exists());
-    lib_append(&a, run, "a commits");
-    assert!(socket(&env, run).exists());
+    let a = committer_store(&env, run);
     let b = env.store();
     let mut mine = Vec::new();
     for i in 0..20 {
@@ -116,27 +146,16 @@ fn a_committer_killed_mid_append_loses_and_duplicates_nothing() {
         // Past the time this process appends directly after losing its last committer.
         std::thread::sleep(Duration::from_millis(250));
         let stop = Arc::new(AtomicBool::new(false));
-        let threads: Vec<_> = (0..6)
-            .map(|t| {
-                let (b, stop) = (b.clone(), stop.clone());
-                std::thread::spawn(move || {
-                    let mut got = Vec::new();
-                    let mut i = 0;
-                    while !stop.load(Ordering::Relaxed) {
-                        let c = format!("r{round} t{t} n{i}");
-                        let mut ev = NewEvent::new("agent-1", EventType::Evidence, c.as_str());
-                        // Every other thread names its events: a client id is recovered
-                        // the same way as a generated one.
-                        if t % 2 == 1 {
-                            ev.id = Some(format!("r{round}-t{t}-n{i}"));
-                        }
-                        got.push(b.append(run, ev, Durability::Sync).expect("append"));
-                        i += 1;
-                    }
-                    got
-                })
-            })
-            .collect();
+        let threads = appenders(&b, run, 6, &stop, move |t, i| {
+            let c = format!("r{round} t{t} n{i}");
+            let mut ev = NewEvent::new("agent-1", EventType::Evidence, c.as_str());
+            // Every other thread names its events: a client id is recovered the same way
+            // as a generated one.
+            if t % 2 == 1 {
+                ev.id = Some(format!("r{round}-t{t}-n{i}"));
+            }
+            ev
+        });
         std::thread::sleep(Duration::from_millis(20 + rng.below(60)));
         committer.kill().unwrap();
         committer.wait().unwrap();
@@ -220,27 +239,16 @@ fn spawn_committer(env: &Env, run: &str, round: u32) -> Child {
 fn a_committer_dropped_while_others_append_answers_what_it_read() {
     let env = Env::new();
     let run = "dropped";
-    let a = env.store();
-    lib_append(&a, run, "created");
-    lib_append(&a, run, "seen");
-    lib_append(&a, run, "a commits");
-    assert!(socket(&env, run).exists());
+    let a = committer_store(&env, run);
     let b = Arc::new(env.store());
     let stop = Arc::new(AtomicBool::new(false));
-    let threads: Vec<_> = (0..4)
-        .map(|t| {
-            let (b, stop) = (b.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut got = Vec::new();
-                let mut i = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    got.push(lib_append(&b, run, &format!("t{t} n{i}")));
-                    i += 1;
-                }
-                got
-            })
-        })
-        .collect();
+    let threads = appenders(&b, run, 4, &stop, |t, i| {
+        NewEvent::new(
+            "agent-1",
+            EventType::Evidence,
+            format!("t{t} n{i}").as_str(),
+        )
+    });
     std::thread::sleep(Duration::from_millis(50));
     drop(a);
     std::thread::sleep(Duration::from_millis(50));
