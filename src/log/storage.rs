@@ -93,7 +93,7 @@ pub trait Storage: Send + Sync + 'static {
     /// Makes the directory's entries (creations, renames) durable.
     fn sync_dir(&self, path: &Path) -> io::Result<()>;
     /// Whether paths name real files of this machine, so that processes can meet at a
-    /// Unix socket in a run's directory (the append hand-off, `store::handoff`).
+    /// Unix socket under the data directory (the append hand-off, `store::handoff`).
     fn is_local_fs(&self) -> bool {
         false
     }

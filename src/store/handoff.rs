@@ -733,8 +733,11 @@ pub(crate) struct Handing {
 /// What became of a handed-off batch.
 enum Sent {
     Answered(Result<Vec<Event>>),
-    /// Not sent: append directly.
+    /// Not sent, the committer unreachable: append directly, for a while.
     Unsent,
+    /// Not sent, over [`MESSAGE_BYTES_MAX`]: this batch is appended directly, the route
+    /// stays.
+    TooLarge,
     /// Sent, answer lost: recover, searching after this seq.
     Lost(u64),
 }
@@ -767,7 +770,7 @@ impl Handing {
         };
         // Too large to hand over (nothing sent): appended directly.
         let Some(msg) = encode_msg(&req) else {
-            return Sent::Unsent;
+            return Sent::TooLarge;
         };
         // An idle connection the committer closed (it stopped) is readable: not used, so
         // that a committer's orderly exit costs no recovery.
@@ -873,6 +876,7 @@ impl Store {
                 self.go_direct(run);
                 Err(batch)
             }
+            Sent::TooLarge => Err(batch),
             Sent::Lost(since) => {
                 self.go_direct(run);
                 tracing::info!(
