@@ -63,6 +63,30 @@ fn appenders(
         .collect()
 }
 
+/// Stops `threads` and reads the run: (every acknowledged event, the stored run), the run
+/// checked gap-free and holding nothing beyond its three first events and the
+/// acknowledged ones.
+fn stop_and_read(
+    threads: Vec<std::thread::JoinHandle<Vec<Event>>>,
+    stop: &AtomicBool,
+    store: &swarm_memory::Store,
+    run: &str,
+) -> (Vec<Event>, Vec<Event>) {
+    stop.store(true, Ordering::Relaxed);
+    let acked: Vec<Event> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    let all = lib_read(store, run);
+    check_sequence(&all);
+    assert_eq!(
+        all.len(),
+        3 + acked.len(),
+        "stored beyond what was acknowledged"
+    );
+    (acked, all)
+}
+
 #[test]
 fn a_second_store_hands_its_sync_appends_to_the_first() {
     let env = Env::new();
@@ -252,14 +276,7 @@ fn a_committer_dropped_while_others_append_answers_what_it_read() {
     std::thread::sleep(Duration::from_millis(50));
     drop(a);
     std::thread::sleep(Duration::from_millis(50));
-    stop.store(true, Ordering::Relaxed);
-    let acked: Vec<Event> = threads
-        .into_iter()
-        .flat_map(|t| t.join().unwrap())
-        .collect();
-    let all = lib_read(&b, run);
-    check_sequence(&all);
-    assert_eq!(all.len(), 3 + acked.len());
+    let (_, all) = stop_and_read(threads, &stop, &b, run);
     let mut seen = std::collections::HashSet::new();
     for e in &all[3..] {
         assert!(seen.insert(content_of(e)), "stored twice: {e:?}");
@@ -310,4 +327,48 @@ fn one_shot_commands_never_commit_and_swarm_handoff_0_appends_directly() {
     // With SWARM_HANDOFF=0 it appends itself: its id is its writer's own.
     assert!(!one(&[("SWARM_HANDOFF", "0")]).id.contains(".h"));
     assert_eq!(lib_read(&a, run).len(), 8);
+}
+
+/// The committer's own threads (48, woken in a tree after each fsync) and another
+/// store's handed-off appends share groups: every append gets back exactly the event it
+/// sent, at the seq it is stored at, once.
+#[test]
+fn many_local_threads_and_handed_appends_share_groups_and_get_their_own_answers() {
+    let env = Env::new();
+    let run = "shared";
+    let a = Arc::new(committer_store(&env, run));
+    let b = Arc::new(env.store());
+    let stop = Arc::new(AtomicBool::new(false));
+    let make = |t: usize, i: usize| {
+        NewEvent::new(
+            "agent-1",
+            EventType::Evidence,
+            format!("t{t} n{i}").as_str(),
+        )
+    };
+    let mut threads = appenders(&a, run, 48, &stop, make);
+    threads.extend(appenders(&b, run, 4, &stop, move |t, i| make(100 + t, i)));
+    std::thread::sleep(Duration::from_millis(400));
+    let (acked, all) = stop_and_read(threads, &stop, &a, run);
+    let by_seq: HashMap<u64, &Event> = all.iter().map(|e| (e.seq, e)).collect();
+    for e in &acked {
+        let stored = by_seq.get(&e.seq).expect("acknowledged seq not stored");
+        assert_eq!(
+            content_of(stored),
+            content_of(e),
+            "answered another append's event"
+        );
+        assert_eq!(stored.id, e.id);
+    }
+    let thread_of = |e: &Event| -> usize {
+        let c = content_of(e);
+        c[1..c.find(' ').unwrap()].parse().unwrap()
+    };
+    let from_a = acked.iter().filter(|e| thread_of(e) < 100).count();
+    assert!(
+        from_a > 48,
+        "the local threads appended too little: {from_a}"
+    );
+    assert!(b.handoff_counters().handed > 0, "nothing was handed off");
+    assert!(a.handoff_counters().committed as usize >= acked.len());
 }

@@ -295,6 +295,10 @@ pub(crate) struct RunLog {
     poisoned: AtomicBool,
     /// A background prune of this process is running.
     prune_running: AtomicBool,
+    /// The rules wanted a prune as of this process's last written group: what
+    /// [`RunLog::claim_prune`] reads while another thread holds the writer (so that an
+    /// acknowledged append never waits for the next group's write just to ask).
+    prune_wanted: AtomicBool,
     /// The background checkpoint job of this run in this process: (running, another
     /// crossing came while it ran). At most one runs; crossings meanwhile coalesce.
     checkpoint_job: Mutex<(bool, bool)>,

@@ -115,6 +115,7 @@ impl RunLog {
             stats: SyncStats::default(),
             poisoned: AtomicBool::new(false),
             prune_running: AtomicBool::new(false),
+            prune_wanted: AtomicBool::new(false),
             checkpoint_job: Mutex::new((false, false)),
             batch_dirty: Mutex::new(None),
             flusher_started: AtomicBool::new(false),
@@ -447,6 +448,8 @@ impl RunLog {
             return;
         }
         let results = self.write_group_locked(&mut w, reqs);
+        self.prune_wanted
+            .store(w.rules.wants_prune(), Ordering::Relaxed);
         if let Err(e) = w.lock_file.unlock().ctx("unlock", &lock_path) {
             tracing::error!(error = %e, "cannot release the append lock");
         }
@@ -1012,8 +1015,13 @@ impl RunLog {
     /// Syncs what `batch`-mode appends left unsynced.
     /// Whether the rules, as of this process's last look, want a prune, and no prune
     /// started by this process is running. Claims the prune when it returns true.
+    /// While another thread holds the writer, the answer as of the last written group.
     pub(crate) fn claim_prune(&self) -> bool {
-        let wants = lock(&self.writer).rules.wants_prune();
+        let wants = match self.writer.try_lock() {
+            Ok(w) => w.rules.wants_prune(),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().rules.wants_prune(),
+            Err(std::sync::TryLockError::WouldBlock) => self.prune_wanted.load(Ordering::Relaxed),
+        };
         wants && !self.prune_running.swap(true, Ordering::AcqRel)
     }
 
