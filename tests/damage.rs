@@ -63,6 +63,13 @@ fn cli_bit_flips_in_a_middle_record() {
         ]);
         let seqs: Vec<u64> = out.events().iter().map(|e| e.seq).collect();
         assert_eq!(seqs, [1, 2], "read stops at the damage");
+        // `--last` gives the last events before the damage, then the same error.
+        let out = env
+            .swarm(&["read", "--run", run, "--last", "1"])
+            .code(3)
+            .stderr_has(&["corrupt record", &seg_name, &format!("offset {}", b[2])]);
+        let seqs: Vec<u64> = out.events().iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [2], "--last before the damage");
         let out = env
             .swarm(&["read", "--run", run, "--skip-corrupt"])
             .ok()

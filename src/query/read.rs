@@ -115,6 +115,9 @@ pub struct EventIter {
     /// With `opts.last`: the matching events, once the read is complete.
     tail: Option<VecDeque<Event>>,
     tail_returned: usize,
+    /// With `opts.last`: the error that ended the read early, returned after the events
+    /// read before it (as a read without `last` returns them before its error).
+    tail_err: Option<Error>,
     run_buf: Vec<u8>,
 }
 
@@ -415,6 +418,7 @@ impl EventIter {
             min_seq: 0,
             tail: None,
             tail_returned: 0,
+            tail_err: None,
             run_buf: Vec::new(),
         };
         if let Some(snap) = index {
@@ -1027,20 +1031,23 @@ impl Iterator for EventIter {
                         }
                     }
                     Some(Err(e)) => {
-                        self.tail = Some(VecDeque::new());
-                        return Some(Err(e));
+                        // The last `n` matches before the damage, then the error.
+                        self.tail_err = Some(e);
+                        break;
                     }
                     None => break,
                 }
             }
             self.tail = Some(q);
         }
-        if self.opts.limit.is_some_and(|l| self.tail_returned >= l) {
-            return None;
+        let limited = self.opts.limit.is_some_and(|l| self.tail_returned >= l);
+        match self.tail.as_mut()?.pop_front() {
+            Some(e) if !limited => {
+                self.tail_returned += 1;
+                Some(Ok(e))
+            }
+            _ => self.tail_err.take().map(Err),
         }
-        let e = self.tail.as_mut()?.pop_front()?;
-        self.tail_returned += 1;
-        Some(Ok(e))
     }
 }
 

@@ -6,13 +6,15 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, IoContext, Result};
+use crate::event::ts::Ts;
 use crate::log::storage::{OpenMode, Storage};
 use crate::log::watermark::Pos;
 use crate::tail::{CURSOR_BYTES_MAX, CURSOR_FORMAT};
 
 /// A saved tail position: the last event delivered and where its frame starts.
 ///
-/// Stored as one JSON line: `{"format":1,"run":"R","seq":S,"segment":B,"offset":O}`.
+/// Stored as one JSON line:
+/// `{"format":1,"run":"R","seq":S,"segment":B,"offset":O,"created":"T"}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Cursor {
@@ -26,6 +28,11 @@ pub struct Cursor {
     pub segment: u64,
     /// Byte offset of its frame in that segment.
     pub offset: u64,
+    /// When the run was created (its `run.json`): a run deleted and created again under
+    /// the same name has another, and a cursor of the old one is not resumed from (its
+    /// seq would skip the new run's first events). Absent in cursors of older builds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<Ts>,
 }
 
 impl Cursor {

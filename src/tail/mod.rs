@@ -220,6 +220,8 @@ pub struct Tail {
     last: Option<Cursor>,
     committed: Option<Cursor>,
     finished: bool,
+    /// The run's creation time, saved in cursors.
+    created: Option<Ts>,
 }
 
 impl Tail {
@@ -253,16 +255,29 @@ impl Tail {
         if storage.exists(&dir.join(META_FILE)) {
             store.marks(run, &dir)?;
         }
-        let resume = match &opts.cursor_file {
+        let mut resume = match &opts.cursor_file {
             Some(p) => Cursor::load(&*cursor_storage, p)?,
             None => None,
         };
+        // The run's creation time, which cursors carry (none while `run.json` is not
+        // there yet: the run is being created).
+        let created = crate::log::meta::read_meta(&*storage, &dir)
+            .ok()
+            .map(|m| m.created);
         if let Some(c) = &resume {
             if c.run != run {
                 return Err(Error::invalid(
                     "cursor file",
                     format!("it belongs to run {:?}, not {run:?}", c.run),
                 ));
+            }
+            if let (Some(saved), Some(now)) = (c.created, created) {
+                if saved != now {
+                    // Every event of this run is new to the consumer: resuming at the old
+                    // run's seq would skip the first ones.
+                    tracing::warn!(run, cursor_seq = c.seq, "the cursor file is of an earlier run of this name (deleted and created again); starting from --from-seq");
+                    resume = None;
+                }
             }
         }
         let next_seq = match &resume {
@@ -297,6 +312,7 @@ impl Tail {
             last: None,
             committed: None,
             finished: false,
+            created,
         };
         if !t.opts.follow {
             if !t.storage.exists(&t.dir.join(META_FILE)) {
@@ -412,6 +428,7 @@ impl Tail {
             last: None,
             committed: None,
             finished: false,
+            created: self.created,
         }
     }
 
@@ -532,6 +549,7 @@ impl Tail {
                     seq: e.seq,
                     segment: self.pending_frame.seg,
                     offset: self.pending_frame.off,
+                    created: self.created,
                 });
                 return Some(e);
             }

@@ -475,3 +475,63 @@ fn fork_follows_on_unfiltered_and_resume_continues_after_a_cursor() {
     let fresh = Tail::open(&store, RUN, polling()).unwrap();
     assert_eq!(fresh.fork(WakeSource::new()).position().next_seq, 1);
 }
+
+/// A run deleted and created again under its name: a cursor of the old run is not
+/// resumed from (its seq would skip the new run's first events), and a cursor without
+/// the run's creation time (older builds) still resumes.
+#[test]
+fn a_cursor_of_a_deleted_and_recreated_run_starts_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let cur = dir.path().join("cursor.json");
+    let opts = TailOptions {
+        cursor_file: Some(cur.clone()),
+        ..polling()
+    };
+    let store = Store::open(dir.path()).unwrap();
+    for i in 1..=8 {
+        store
+            .append(RUN, ev("a", EventType::Evidence, i), Durability::Sync)
+            .unwrap();
+    }
+    let mut t = store.tail(RUN, opts.clone()).unwrap();
+    assert_eq!(drain(&mut t), (1..=8).collect::<Vec<_>>());
+    t.commit().unwrap();
+    drop((t, store));
+    let old = Cursor::load(&crate::log::storage::FsStorage, &cur)
+        .unwrap()
+        .unwrap();
+    assert!(old.created.is_some(), "{old:?}");
+
+    std::fs::remove_dir_all(dir.path().join("anonymous").join(RUN)).unwrap();
+    // Creation times are in microseconds: make sure the new run's differs.
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    let store = Store::open(dir.path()).unwrap();
+    for i in 1..=3 {
+        store
+            .append(RUN, ev("b", EventType::Evidence, i), Durability::Sync)
+            .unwrap();
+    }
+    let mut t = store.tail(RUN, opts.clone()).unwrap();
+    assert_eq!(
+        drain(&mut t),
+        vec![1, 2, 3],
+        "the new run's events were skipped"
+    );
+    t.commit().unwrap();
+    drop(t);
+    let new = Cursor::load(&crate::log::storage::FsStorage, &cur)
+        .unwrap()
+        .unwrap();
+    assert_ne!(new.created, old.created);
+
+    // A cursor of this run, from an older build (no creation time): resumed.
+    Cursor {
+        seq: 2,
+        created: None,
+        ..new.clone()
+    }
+    .save(&crate::log::storage::FsStorage, &cur, false)
+    .unwrap();
+    let mut t = store.tail(RUN, opts).unwrap();
+    assert_eq!(drain(&mut t), vec![3]);
+}
