@@ -71,7 +71,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, IoContext, Result};
 use crate::event::ts::Ts;
 use crate::event::{check_run_id, Event, EventType};
-use crate::log::meta::{META_FILE, SYNCED_FILE};
+use crate::log::meta::{read_meta, META_FILE, SYNCED_FILE};
 use crate::log::quarantine;
 use crate::log::segment::{self, FrameReader, Step};
 use crate::log::storage::{OpenMode, Storage, StorageFile};
@@ -255,29 +255,16 @@ impl Tail {
         if storage.exists(&dir.join(META_FILE)) {
             store.marks(run, &dir)?;
         }
-        let mut resume = match &opts.cursor_file {
+        let resume = match &opts.cursor_file {
             Some(p) => Cursor::load(&*cursor_storage, p)?,
             None => None,
         };
-        // The run's creation time, which cursors carry (none while `run.json` is not
-        // there yet: the run is being created).
-        let created = crate::log::meta::read_meta(&*storage, &dir)
-            .ok()
-            .map(|m| m.created);
         if let Some(c) = &resume {
             if c.run != run {
                 return Err(Error::invalid(
                     "cursor file",
                     format!("it belongs to run {:?}, not {run:?}", c.run),
                 ));
-            }
-            if let (Some(saved), Some(now)) = (c.created, created) {
-                if saved != now {
-                    // Every event of this run is new to the consumer: resuming at the old
-                    // run's seq would skip the first ones.
-                    tracing::warn!(run, cursor_seq = c.seq, "the cursor file is of an earlier run of this name (deleted and created again); starting from --from-seq");
-                    resume = None;
-                }
             }
         }
         let next_seq = match &resume {
@@ -312,8 +299,9 @@ impl Tail {
             last: None,
             committed: None,
             finished: false,
-            created,
+            created: None,
         };
+        t.check_created();
         if !t.opts.follow {
             if !t.storage.exists(&t.dir.join(META_FILE)) {
                 return Err(Error::RunNotFound(run.to_string()));
@@ -615,6 +603,22 @@ impl Tail {
         Ok(())
     }
 
+    /// Reads the run's creation time (once `run.json` is there), which cursors carry, and
+    /// drops a cursor of an earlier run of this name (deleted and created again): every
+    /// event of this run is new to the consumer, and resuming at the old run's seq would
+    /// skip the first ones. Cursors of older builds carry no time and are kept.
+    fn check_created(&mut self) {
+        if self.created.is_none() {
+            self.created = read_meta(&*self.storage, &self.dir).ok().map(|m| m.created);
+        }
+        let Some(c) = &self.resume else { return };
+        if c.created.is_some() && self.created.is_some() && c.created != self.created {
+            tracing::warn!(run = %self.run, cursor_seq = c.seq, "the cursor file is of an earlier run of this name (deleted and created again); starting from --from-seq");
+            self.resume = None;
+            self.next_seq = self.opts.from_seq.unwrap_or(1).max(1);
+        }
+    }
+
     /// Resolves the starting position once the run exists: from the cursor when its
     /// position holds its seq, else by scanning from the segment that holds `next_seq`.
     fn locate(&mut self) -> Result<bool> {
@@ -624,6 +628,8 @@ impl Tail {
         if !self.storage.exists(&self.dir.join(META_FILE)) {
             return Ok(false);
         }
+        // A tail opened before the run existed learns its creation time now.
+        self.check_created();
         if let Some(c) = self.resume.take() {
             if self.resume_at(&c)? {
                 self.located = true;

@@ -483,6 +483,11 @@ fn fork_follows_on_unfiltered_and_resume_continues_after_a_cursor() {
 fn a_cursor_of_a_deleted_and_recreated_run_starts_over() {
     let dir = tempfile::tempdir().unwrap();
     let cur = dir.path().join("cursor.json");
+    let load = || {
+        Cursor::load(&crate::log::storage::FsStorage, &cur)
+            .unwrap()
+            .unwrap()
+    };
     let opts = TailOptions {
         cursor_file: Some(cur.clone()),
         ..polling()
@@ -497,32 +502,42 @@ fn a_cursor_of_a_deleted_and_recreated_run_starts_over() {
     assert_eq!(drain(&mut t), (1..=8).collect::<Vec<_>>());
     t.commit().unwrap();
     drop((t, store));
-    let old = Cursor::load(&crate::log::storage::FsStorage, &cur)
-        .unwrap()
-        .unwrap();
+    let old = load();
     assert!(old.created.is_some(), "{old:?}");
 
     std::fs::remove_dir_all(dir.path().join("anonymous").join(RUN)).unwrap();
     // Creation times are in microseconds: make sure the new run's differs.
     std::thread::sleep(std::time::Duration::from_millis(2));
     let store = Store::open(dir.path()).unwrap();
+    // A following tail opened while the run is gone learns the new run's creation time
+    // when it appears.
+    let mut t = store.tail(RUN, opts.clone()).unwrap();
+    assert_eq!(drain(&mut t), Vec::<u64>::new());
     for i in 1..=3 {
         store
             .append(RUN, ev("b", EventType::Evidence, i), Durability::Sync)
             .unwrap();
     }
+    assert_eq!(
+        drain(&mut t),
+        vec![1, 2, 3],
+        "the new run's events were skipped (tail opened before the run)"
+    );
+    t.commit().unwrap();
+    drop(t);
+    let new = load();
+    assert_ne!(new.created, old.created);
+
+    // The old cursor, with the new run already there when the tail opens.
+    old.save(&crate::log::storage::FsStorage, &cur, false)
+        .unwrap();
     let mut t = store.tail(RUN, opts.clone()).unwrap();
     assert_eq!(
         drain(&mut t),
         vec![1, 2, 3],
         "the new run's events were skipped"
     );
-    t.commit().unwrap();
     drop(t);
-    let new = Cursor::load(&crate::log::storage::FsStorage, &cur)
-        .unwrap()
-        .unwrap();
-    assert_ne!(new.created, old.created);
 
     // A cursor of this run, from an older build (no creation time): resumed.
     Cursor {
