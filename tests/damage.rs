@@ -7,7 +7,9 @@ use std::sync::Arc;
 use swarm_memory::log::storage::OpenMode;
 use swarm_memory::{Durability, Error, LogOptions, MemStorage, ReadOptions, Storage, Store};
 
-use crate::util::{frame_boundaries, lib_append, lib_read, new_ev, Env};
+use serde_json::json;
+
+use crate::util::{frame_boundaries, lib_append, lib_read, new_ev, parse_events, Env};
 
 /// A run of five single-event frames; returns the segment path and its frame boundaries.
 fn five_frames(env: &Env, run: &str) -> (std::path::PathBuf, Vec<usize>) {
@@ -1009,4 +1011,181 @@ fn a_tail_steps_over_zeroed_frames_repair_quarantined_in_a_sealed_segment() {
         .collect();
     assert_eq!(tailed, read);
     assert_eq!(read.len(), 120, "119 events and the log_damaged record");
+}
+
+/// A sealed segment that lost its last records (cut short: a file system that lost the
+/// end of a file, or a careless copy). Before, the run was stuck for good: every read
+/// stopped at the next segment, appends were refused, and `repair` failed with the same
+/// error. Now `repair` lists the lost seqs at that segment's end and declares them; reads,
+/// tails, appends and a fresh handle go on.
+#[test]
+fn repair_lists_records_lost_at_the_end_of_a_sealed_segment() {
+    let mem = MemStorage::new();
+    let open = || {
+        Store::open_with(
+            Arc::new(mem.clone()),
+            Path::new("/d"),
+            LogOptions {
+                segment_bytes: 4096,
+                ..LogOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let store = open();
+    for i in 0..120 {
+        lib_append(&store, "z", &format!("event {i} {}", "y".repeat(i % 40)));
+    }
+    drop(store);
+    let dir = Path::new("/d/anonymous/z");
+    let segs = crate::util::mem_segments(&mem, dir);
+    assert!(segs.len() >= 3, "{segs:?}");
+    let seg = dir.join(&segs[1]);
+    let next_base: u64 = swarm_memory::log::segment::parse_segment_name(&segs[2]).unwrap();
+    let mut bytes = mem.contents(&seg).unwrap();
+    let b = frame_boundaries(&bytes);
+    let cut = b[b.len() - 3];
+    bytes.truncate(cut);
+    mem.set_contents(&seg, bytes);
+    let (lost_from, lost_to) = (next_base - 2, next_base - 1);
+
+    let store = open();
+    let report = store.verify("z", |_| {}).unwrap();
+    assert!(!report.ok);
+    assert_eq!(report.corrupt.len(), 1, "{:?}", report.corrupt);
+    let d = &report.corrupt[0];
+    assert_eq!((d.offset, d.seq), (cut as u64, lost_from), "{d:?}");
+    assert!(
+        d.reason
+            .contains(&format!("seqs {lost_from}..={lost_to} are missing")),
+        "{d:?}"
+    );
+    let refused = store.append(
+        "z",
+        swarm_memory::NewEvent::new("a", swarm_memory::EventType::Evidence, json!("x")),
+        swarm_memory::Durability::Sync,
+    );
+    assert!(matches!(refused, Err(Error::Corrupt { .. })), "{refused:?}");
+    // A read that skips damage keeps every intact event (it dropped the next segment's
+    // first frame before).
+    let skipping: Vec<u64> = store
+        .read(
+            "z",
+            ReadOptions {
+                skip_corrupt: true,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .map(|e| e.unwrap().seq)
+        .collect();
+    assert_eq!(skipping.len(), 118, "{skipping:?}");
+
+    let lost = store.repair_all("z").unwrap();
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert_eq!(lost[0].content["lost_from"], json!(lost_from));
+    assert_eq!(lost[0].content["lost_to"], json!(lost_to));
+    assert!(store.verify("z", |_| {}).unwrap().ok);
+    assert!(
+        store.repair_all("z").unwrap().is_empty(),
+        "nothing left to repair"
+    );
+    let after = lib_append(&store, "z", "after the repair");
+    assert_eq!(after.seq, lost[0].seq + 1);
+    drop(store);
+
+    let store = open();
+    let read: Vec<u64> = lib_read(&store, "z").iter().map(|e| e.seq).collect();
+    let want: Vec<u64> = (1..=after.seq)
+        .filter(|s| !(lost_from..=lost_to).contains(s))
+        .collect();
+    assert_eq!(read, want);
+    let tailed: Vec<u64> = store
+        .tail(
+            "z",
+            swarm_memory::TailOptions {
+                follow: false,
+                ..swarm_memory::TailOptions::default()
+            },
+        )
+        .unwrap()
+        .map(|e| e.unwrap().seq)
+        .collect();
+    assert_eq!(tailed, read);
+    // The fold reaches the head (a board read folds the whole run).
+    assert_eq!(store.head_state("z").unwrap().state.head_seq, after.seq);
+    // Cut further: damage that spreads is reported again, never stepped over.
+    let mut bytes = mem.contents(&seg).unwrap();
+    bytes.truncate(b[b.len() - 4]);
+    mem.set_contents(&seg, bytes);
+    let store = open();
+    assert!(!store.verify("z", |_| {}).unwrap().ok);
+}
+
+/// A whole segment file lost, through the CLI on real files: the run's first one (reads
+/// started silently at the next segment's first seq, and `verify` said ok), one in the
+/// middle (reads and appends stopped for good, `repair` failed), and the last one
+/// (`verify` listed the loss twice). `verify` names the missing seqs (exit 3), a tail
+/// refuses to pass them, `repair` declares them, and the run reads, tails, indexes and
+/// takes appends again.
+#[test]
+fn cli_repair_declares_a_lost_segment() {
+    for which in ["first", "middle", "last"] {
+        let env = Env::new();
+        let run = "gone";
+        let store = env.store_with_segment_bytes(4096);
+        for i in 0..150 {
+            lib_append(&store, run, &format!("event {i} {}", "y".repeat(i % 40)));
+        }
+        drop(store);
+        let segs = env.segments(run);
+        assert!(segs.len() >= 4, "{segs:?}");
+        let name = |p: &Path| p.file_name().unwrap().to_str().unwrap().to_string();
+        let base = |p: &Path| swarm_memory::log::segment::parse_segment_name(&name(p)).unwrap();
+        let (gone, lost_from, lost_to) = match which {
+            "first" => (&segs[0], 1, base(&segs[1]) - 1),
+            "middle" => (&segs[1], base(&segs[1]), base(&segs[2]) - 1),
+            _ => (&segs[segs.len() - 1], base(&segs[segs.len() - 1]), 150),
+        };
+        std::fs::remove_file(gone).unwrap();
+
+        let (code, v) = env.verify(run);
+        assert_eq!(code, 3, "{which}: {v}");
+        let corrupt = v["corrupt"].as_array().unwrap();
+        assert_eq!(corrupt.len(), 1, "{which}: one loss, listed once: {v}");
+        assert_eq!(corrupt[0]["seq"], json!(lost_from), "{which}: {v}");
+        let reason = corrupt[0]["reason"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains(&format!("seqs {lost_from}..={lost_to}")),
+            "{which}: {v}"
+        );
+        env.swarm(&["read", "--run", run]).code(3);
+        env.swarm(&["tail", "--run", run]).code(3);
+        env.append_evidence(run, &["--content", "refused"]).code(3);
+        env.swarm(&["repair", "--run", run]).ok();
+        let (code, v) = env.verify(run);
+        assert_eq!(code, 0, "{which}: {v}");
+        env.append_evidence(run, &["--content", "after"]).ok();
+        let want: Vec<u64> = (1..=152)
+            .filter(|s| !(lost_from..=lost_to).contains(s))
+            .collect();
+        let seqs: Vec<u64> = env.read(run).iter().map(|e| e.seq).collect();
+        assert_eq!(
+            seqs, want,
+            "{which}: 150 events less the lost, log_damaged, one more"
+        );
+        env.swarm(&["index", "rebuild", "--run", run]).ok();
+        let tailed: Vec<u64> = parse_events(&env.swarm(&["tail", "--run", run]).ok().stdout)
+            .iter()
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(tailed, want, "{which}");
+        let filtered = env
+            .swarm(&["read", "--run", run, "--type", "log_damaged"])
+            .ok()
+            .events();
+        assert_eq!(filtered.len(), 1, "{which}");
+        assert_eq!(filtered[0].content["lost_from"], json!(lost_from));
+        assert_eq!(filtered[0].content["lost_to"], json!(lost_to));
+    }
 }

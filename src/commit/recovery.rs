@@ -81,9 +81,18 @@ impl RunLog {
     /// the newest checkpoint that matches the log (its rules are the fold up to there),
     /// then reads every frame after it.
     pub(super) fn load(&self, w: &mut Writer) -> Result<()> {
-        let bases = segment::list_segments(&*self.storage, &self.dir)?;
+        let mut bases = segment::list_segments(&*self.storage, &self.dir)?;
         if bases.is_empty() {
-            return Err(Error::RunNotFound(self.run_id.clone()));
+            if !self
+                .storage
+                .exists(&self.dir.join(crate::log::meta::META_FILE))
+            {
+                return Err(Error::RunNotFound(self.run_id.clone()));
+            }
+            // Every segment file is gone from a run that exists: an empty first segment
+            // (under `LOCK`), which the durable mark then shows short, so that the loss
+            // is reported and `swarm repair` can record it (not "run not found").
+            bases.push(1);
         }
         let durable = self.durable_mark();
         w.damage = None;
@@ -104,9 +113,27 @@ impl RunLog {
             if base < from.seg {
                 continue;
             }
+            let prev = w.seg_base;
             self.switch_segment(w, base)?;
             if base == from.seg {
                 w.end = from.off;
+                // The run's first segment gone: legal only where `swarm repair` listed
+                // its seqs as lost (`scan_tail` refuses the first frame otherwise).
+                if w.head_seq == 0
+                    && base > 1
+                    && quarantine::read(&*self.storage, &self.dir)
+                        .gap(1, 1, base)
+                        .is_some()
+                {
+                    w.head_seq = base - 1;
+                }
+            } else if w.head_seq + 1 < base
+                && quarantine::read(&*self.storage, &self.dir)
+                    .gap(prev, w.head_seq + 1, base)
+                    .is_some()
+            {
+                // Seqs lost at the previous segment's end, listed by `swarm repair`.
+                w.head_seq = base - 1;
             } else if w.head_seq + 1 > base {
                 // (A later base is a gap: its first event must declare it; `scan_tail`
                 // checks that with the frame.)
@@ -446,6 +473,13 @@ impl RunLog {
                 continue;
             }
             let path = segment::segment_path(&self.dir, r.segment);
+            // Seqs lost with their whole segment (the run's first): nothing to copy.
+            if !self.storage.exists(&path) {
+                self.write_aside(&self.dir.join(&r.kept_in), &[])?;
+                q.add(r.clone());
+                listed.push(r.clone());
+                continue;
+            }
             let f = self
                 .storage
                 .open(&path, OpenMode::Read)

@@ -61,6 +61,18 @@ impl Quarantine {
             .find(|r| r.segment == segment && r.offset == offset)
     }
 
+    /// The range listing seqs `want..base` as lost at the end of segment `segment`
+    /// (cut short, or followed by a lost segment): the read of `segment` ended wanting
+    /// `want`, and the next segment starts at `base`.
+    pub fn gap(&self, segment: u64, want: u64, base: u64) -> Option<&Range> {
+        self.ranges.iter().find(|r| {
+            r.segment == segment
+                && r.end.is_none()
+                && r.lost_from == want
+                && r.lost_to.checked_add(1) == Some(base)
+        })
+    }
+
     /// Adds `r`, replacing a range that starts at the same place (damage that spread
     /// since it was listed); keeps log order.
     pub fn add(&mut self, r: Range) {

@@ -39,6 +39,10 @@ pub struct Skipped {
     pub seq: u64,
     /// Which check failed.
     pub reason: String,
+    /// For seqs missing at a segment's end (it was cut short, or the segment after it
+    /// is gone): the last one missing. `seq..=gap_to` are lost, no bytes skipped.
+    #[serde(skip)]
+    pub(crate) gap_to: Option<u64>,
 }
 
 impl std::fmt::Display for Skipped {
@@ -91,9 +95,13 @@ pub struct EventIter {
     // Quarantined ranges stepped over so far.
     quarantined: Vec<QuarantinedRange>,
     torn_tail: Option<TornTail>,
+    /// A segment opened wanting an earlier seq than its base, not yet checked: the seq
+    /// wanted, the base, and where the segment before it ended.
+    gap: Option<(u64, u64, Pos)>,
     /// The durable mark when the read began (see [`EventIter::with_index`]).
     acked: Pos,
-    /// The end-of-log check against the durable mark ran.
+    /// The end-of-log check against the durable mark ran, or the loss it looks for was
+    /// reported already (the last segment ends below the mark: one report, not two).
     end_checked: bool,
     frames: u64,
     bytes: u64,
@@ -405,6 +413,7 @@ impl EventIter {
             quarantine: None,
             quarantined: Vec::new(),
             torn_tail: None,
+            gap: None,
             acked,
             end_checked: false,
             frames: 0,
@@ -635,6 +644,27 @@ impl EventIter {
         true
     }
 
+    /// Whether the gap between the segment just read (the next seq it wanted: `want`)
+    /// and the next segment (first seq `base`) is a range `swarm repair` listed: seqs
+    /// lost at the end of that segment, or with a whole segment gone. The range must
+    /// name that segment, run to its end, and hold exactly the missing seqs.
+    fn step_over_listed_gap(&mut self, want: u64, base: u64) -> bool {
+        // Before the first segment there is: the run's first segment, gone.
+        let prev = match self.idx {
+            0 => 1,
+            i => self.bases[i - 1],
+        };
+        let (storage, dir) = (&self.storage, &self.dir);
+        let q = self
+            .quarantine
+            .get_or_insert_with(|| quarantine::read(&**storage, dir));
+        let Some(r) = q.gap(prev, want, base).cloned() else {
+            return false;
+        };
+        self.quarantined.push(r);
+        true
+    }
+
     /// The torn or in-progress tail found at the end, if any.
     pub fn torn_tail(&self) -> Option<&TornTail> {
         self.torn_tail.as_ref()
@@ -680,11 +710,26 @@ impl EventIter {
             return Ok(true);
         }
         self.reader = Some(FrameReader::open(&*self.storage, &path, 0, seg_limit)?);
-        match self.expect_seq {
+        // A read from the start wants seq 1 of the first segment there is: a first
+        // segment that starts later means the ones before it are gone.
+        let from_start = self.idx == 0 && self.opts.from_seq.unwrap_or(1) < base;
+        let expect = self.expect_seq.or(from_start.then_some(1));
+        match expect {
+            // Seqs lost at a segment's end (a sealed segment cut short, or one missing
+            // in between) that `swarm repair` listed: stepped over as listed, only if
+            // the gap is exactly the listed one.
+            Some(want) if want < base && self.step_over_listed_gap(want, base) => {}
             // A later base may follow a repaired segment: its first event must declare
             // the gap (checked with the frame, in `check_frame`).
             Some(want) if want < base => {
                 self.expect_seq = Some(want);
+                // Where the seqs went missing: the end of the segment read before, or
+                // the start of the run's first segment (base 1), gone.
+                let end = match self.idx {
+                    0 => Pos { seg: 1, off: 0 },
+                    _ => self.pos,
+                };
+                self.gap = Some((want, base, end));
                 return Ok(true);
             }
             Some(want) if want != base => {
@@ -758,6 +803,7 @@ impl EventIter {
                                 (last, rest.is_empty() || sink(text, rest, bounds))
                             }),
                     };
+                    let gap = self.gap.take();
                     match checked {
                         Ok((last, go_on)) => {
                             self.seek_from = None;
@@ -773,6 +819,47 @@ impl EventIter {
                                 seq,
                                 &format!("{} at byte {offset}: {reason}", path.display()),
                             );
+                        }
+                        // Seqs missing between two segments, not declared: reported at the
+                        // end of the segment that lost them; a read that skips damage
+                        // goes on with this frame.
+                        Err((Some(want), reason))
+                            if gap.is_some_and(|(w, base, _)| {
+                                w == want
+                                    && offset == 0
+                                    && reason == format!("holds seq {base}, expected {want}")
+                            }) =>
+                        {
+                            let (want, base, end) = gap.unwrap_or_default();
+                            let at = segment::segment_path(&self.dir, end.seg);
+                            let next = segment::segment_name(base);
+                            let what = match self.storage.exists(&at) {
+                                true => format!(
+                                    "this segment ends at byte {} and the next one, {next}, starts at seq {base} (acknowledged records cut off, or a segment lost)",
+                                    end.off
+                                ),
+                                false => format!(
+                                    "this segment is gone and the next one, {next}, starts at seq {base}"
+                                ),
+                            };
+                            let reason = format!(
+                                "seqs {want}..={} are missing: {what}; `swarm repair --run {}` records the loss and lets reads and appends go on",
+                                base - 1,
+                                self.run_id
+                            );
+                            if !self.opts.skip_corrupt {
+                                return Err(Error::corrupt(&at, end.off, want, reason));
+                            }
+                            self.skip(at, end.off, end.off, want, reason);
+                            if let Some(s) = self.skipped.last_mut() {
+                                s.gap_to = Some(base - 1);
+                            }
+                            // This frame again, in its place in the log.
+                            self.expect_seq = Some(base);
+                            self.frames -= 1;
+                            self.bytes -= len;
+                            let limit = self.limit.filter(|l| l.seg == base).map(|l| l.off);
+                            self.reader = Some(FrameReader::open(&*self.storage, &path, 0, limit)?);
                         }
                         Err((seq, reason)) => {
                             let seq = seq.or(self.expect_seq).unwrap_or(0);
@@ -806,6 +893,7 @@ impl EventIter {
                     if let Some(lost) = lost {
                         self.reader = None;
                         self.idx += 1;
+                        self.end_checked = true;
                         self.report(path, offset, seq, lost)?;
                         continue;
                     }
@@ -846,6 +934,7 @@ impl EventIter {
                                 .unwrap_or_default();
                             self.reader = None;
                             self.idx += 1;
+                            self.end_checked = true;
                             self.report(path, offset, seq, format!("{reason}; {lost}"))?;
                         }
                         None if last_segment => {
@@ -957,6 +1046,7 @@ impl EventIter {
             resumed_at,
             seq,
             reason,
+            gap_to: None,
         });
         self.expect_seq = None;
     }
@@ -1100,40 +1190,4 @@ fn torn_bytes(storage: &dyn Storage, path: &Path, offset: u64) -> Result<u64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A chunk keeps each event's strings as places in its own text, not as copies, and
-    /// gives back the frames' events as parsed, frame by frame.
-    #[test]
-    fn a_chunk_points_into_its_text() {
-        let frames = [
-            r#"[{"run_id":"r","seq":1,"ts":"2026-11-22T14:03:00Z","id":"a1","agent_id":"db","user_id":"u","type":"evidence","content":"one","subject":"s"}]"#,
-            r#"[{"run_id":"r","seq":2,"ts":"2026-11-22T14:03:01Z","id":"a2","agent_id":"ops","user_id":"u","type":"hypothesis","content":{"k":2}}]"#,
-        ];
-        let mut chunk = Chunk::new();
-        let mut want = Vec::new();
-        for (i, f) in frames.iter().enumerate() {
-            let events: Vec<EventRef<'_>> = serde_json::from_str(f).unwrap();
-            want.push(format!("{:?}", events[0]));
-            let bounds = FrameBounds {
-                seg: 1,
-                start: i as u64 * 100,
-                end: i as u64 * 100 + 100,
-            };
-            chunk.push(f, &events, bounds);
-        }
-        assert!(
-            chunk.events.iter().all(EventSpans::borrows_only),
-            "{:?}",
-            chunk.events
-        );
-        let mut got = Vec::new();
-        let mut sink = |events: &[EventRef<'_>], b: FrameBounds| {
-            got.push((format!("{:?}", events[0]), b.start));
-            true
-        };
-        assert!(chunk.drain(&mut sink));
-        assert_eq!(got, [(want[0].clone(), 0), (want[1].clone(), 100)]);
-    }
-}
+mod tests;

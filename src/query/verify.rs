@@ -101,6 +101,7 @@ pub(crate) fn verify(
                     resumed_at: offset,
                     seq,
                     reason,
+                    gap_to: None,
                 });
                 break;
             }
@@ -166,6 +167,38 @@ pub(crate) fn middle_damage(
         // Exactly one new damage since the last intact record: it ends here.
         if skipped.len() == seen + 1 {
             let d = &skipped[seen];
+            // Seqs missing at a segment's end: listed as lost there, nothing to copy.
+            let gap = d.gap_to.zip(
+                d.segment
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(crate::log::segment::parse_segment_name),
+            );
+            if let Some((lost_to, base)) = gap {
+                ranges.push(crate::log::quarantine::Range {
+                    segment: base,
+                    offset: d.offset,
+                    end: None,
+                    lost_from: d.seq,
+                    lost_to,
+                    kept_in: format!(
+                        "{}.{}.damaged",
+                        crate::log::segment::segment_name(base),
+                        d.offset
+                    ),
+                    reason: match (base, d.offset, crate::log::segment::segment_name(base)) {
+                        (1, 0, name) if d.seq == 1 => format!(
+                            "seqs 1..={lost_to} missing: the run's first segment, {name}, is gone"
+                        ),
+                        (_, _, name) => format!(
+                            "seqs {}..={lost_to} missing after byte {} of {name} (cut short, or the segment after it lost)",
+                            d.seq, d.offset
+                        ),
+                    },
+                });
+                seen = skipped.len();
+                continue;
+            }
             let base = d
                 .segment
                 .file_name()

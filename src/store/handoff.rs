@@ -40,7 +40,7 @@
 //! Invariant: a handed-off append is acknowledged only once durable, as a direct one.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -253,10 +253,26 @@ fn encode_msg(msg: &impl Serialize) -> Option<Vec<u8>> {
     Some(buf)
 }
 
-fn write_msg(mut s: &UnixStream, msg: &impl Serialize) -> std::io::Result<()> {
+fn write_msg(s: &UnixStream, msg: &impl Serialize) -> std::io::Result<()> {
     let buf = encode_msg(msg)
         .ok_or_else(|| std::io::Error::other(format!("message over {MESSAGE_BYTES_MAX} bytes")))?;
-    s.write_all(&buf)
+    send_all(s, &buf)
+}
+
+/// Writes all of `buf` with `send(MSG_NOSIGNAL)`: a peer that went away is an `EPIPE`
+/// error, never a `SIGPIPE`, which kills a process that does not ignore it (Rust's
+/// runtime ignores it, but a host that embeds the library may not). A write timeout
+/// (`SO_SNDTIMEO`) ends it with `WouldBlock`, as `write_all` does.
+fn send_all(s: &UnixStream, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match rustix::net::send(s, buf, rustix::net::SendFlags::NOSIGNAL) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// [`read_msg`], waiting at most `limit` for it to begin.
@@ -852,7 +868,7 @@ impl Handing {
             },
         };
         let since = head.max(self.acked.load(Ordering::Acquire));
-        if (&s).write_all(&msg).is_err() {
+        if send_all(&s, &msg).is_err() {
             return Sent::Lost(since);
         }
         let body = match read_msg(&s) {
@@ -941,7 +957,17 @@ impl Store {
                     since,
                     "committer gone with an append in flight; recovering it"
                 );
-                let r = self.append_recovered(run, batch, expect_seq, since);
+                // With the ids it was handed with (generated ones included): if the run
+                // was closed and archived since, the committer may have stored it first.
+                let ids = batch.clone();
+                let r = match self.append_recovered(run, batch, expect_seq, since) {
+                    Err(Error::Forbidden(why)) => match self.stored_in_archive(run, &ids) {
+                        Ok(Some(stored)) => Ok(stored),
+                        Ok(None) => Err(Error::Forbidden(why)),
+                        Err(e) => Err(e),
+                    },
+                    r => r,
+                };
                 self.handoff.recovered.fetch_add(1, Ordering::Relaxed);
                 Ok(r)
             }
@@ -1069,5 +1095,97 @@ impl Store {
             batch.push(c);
         }
         Ok(batch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::os::unix::net::UnixStream;
+
+    /// A message larger than the socket's buffer arrives whole, in order.
+    #[test]
+    fn send_all_writes_a_large_message_whole() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let msg: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 251) as u8).collect();
+        let want = msg.clone();
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            b.read_to_end(&mut got).unwrap();
+            got
+        });
+        super::send_all(&a, &msg).unwrap();
+        drop(a);
+        assert!(reader.join().unwrap() == want);
+    }
+
+    /// A committer stores a handed batch, the run is closed and archived, and the answer
+    /// is lost: the handing process finds the batch (its generated ids) in the archive
+    /// and returns it (it answered "closed and archived" for stored events before). A
+    /// batch the committer never stored gets that refusal. The committer is a stand-in
+    /// on the run's socket that stores (or not), archives, and hangs up unanswered.
+    #[test]
+    fn a_lost_answer_for_a_run_archived_since_is_found_in_the_archive() {
+        use crate::{Durability, Error, EventType, NewEvent, Store};
+        for stored in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let run = "closing";
+            let a = Store::open(dir.path()).unwrap();
+            let created = NewEvent::new("lead", EventType::Evidence, "created");
+            a.append(run, created, Durability::Sync).unwrap();
+            let (rendezvous, _, socket) = a.rendezvous(run).unwrap();
+            std::fs::create_dir_all(rendezvous).unwrap();
+            let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+            let data = dir.path().to_path_buf();
+            let committer = std::thread::spawn(move || {
+                let (s, _) = listener.accept().unwrap();
+                let hello = super::Hello {
+                    v: super::WIRE_VERSION,
+                    user: "anonymous".into(),
+                    head: 1,
+                    pid: std::process::id(),
+                };
+                super::write_msg(&s, &hello).unwrap();
+                let body = super::read_msg(&s).unwrap().unwrap();
+                let req: super::Handed = serde_json::from_slice(&body).unwrap();
+                assert!(req.events[0].id.is_some(), "an id was generated");
+                let c = Store::open(&data).unwrap();
+                if stored {
+                    c.append_direct(run, req.events, None, Durability::Sync)
+                        .unwrap();
+                }
+                c.close_run(run, "lead").unwrap();
+            });
+            let b = Store::open(dir.path()).unwrap();
+            let handed = NewEvent::new("agent-1", EventType::Evidence, "handed over");
+            let r = b.append(run, handed, Durability::Sync);
+            committer.join().unwrap();
+            assert_eq!(b.handoff_counters().recovered, 1);
+            let archived: Vec<_> = b
+                .read(run, crate::ReadOptions::default())
+                .unwrap()
+                .map(|e| e.unwrap())
+                .collect();
+            match (stored, r) {
+                (true, Ok(e)) => {
+                    assert_eq!(e.content, "handed over");
+                    assert!(archived.contains(&e), "as stored: {archived:?}");
+                }
+                (false, Err(Error::Forbidden(why))) => {
+                    assert!(why.contains("archived"), "{why}");
+                    assert!(archived.iter().all(|x| x.content != "handed over"));
+                }
+                (stored, r) => panic!("stored by the committer: {stored}; answer {r:?}"),
+            }
+        }
+    }
+
+    /// A peer that went away is an error (`EPIPE`), never a signal.
+    #[test]
+    fn send_all_to_a_closed_peer_is_an_error() {
+        let (a, b) = UnixStream::pair().unwrap();
+        drop(b);
+        let e = super::send_all(&a, b"hello").unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
     }
 }

@@ -648,6 +648,25 @@ impl Tail {
             .find(|&&b| b <= self.next_seq)
             .copied()
             .unwrap_or(first);
+        // The seqs wanted come before the first segment there is: the run's first
+        // segment is gone. Stepped over only where `swarm repair` listed the loss.
+        if self.next_seq < first
+            && quarantine::read(&*self.storage, &self.dir)
+                .gap(1, 1, first)
+                .is_none()
+        {
+            return Err(Error::corrupt(
+                &segment::segment_path(&self.dir, 1),
+                0,
+                self.next_seq,
+                format!(
+                    "seqs {}..={} are missing: the run's first segment is gone and the first one left starts at seq {first}; `swarm repair --run {}` records the loss",
+                    self.next_seq,
+                    first - 1,
+                    self.run
+                ),
+            ));
+        }
         self.open_segment(base)?;
         self.head_seen = base.saturating_sub(1);
         self.last_ts = Ts(0);
@@ -838,7 +857,14 @@ impl Tail {
                     .into_iter()
                     .find(|&b| b > self.seg)
                 {
-                    Some(b) if b > next => next = b,
+                    Some(b) if b > next => {
+                        // Or seqs lost at this segment's end, listed by `swarm repair`.
+                        let q = quarantine::read(&*self.storage, &self.dir);
+                        if q.gap(self.seg, next, b).is_some() {
+                            self.head_seen = b - 1;
+                        }
+                        next = b;
+                    }
                     // The run was archived under us: its later segments are in the archive.
                     _ if self.switch_to_archive()? => return Ok(()),
                     _ => {
