@@ -1013,113 +1013,184 @@ fn a_tail_steps_over_zeroed_frames_repair_quarantined_in_a_sealed_segment() {
     assert_eq!(read.len(), 120, "119 events and the log_damaged record");
 }
 
-/// A sealed segment that lost its last records (cut short: a file system that lost the
-/// end of a file, or a careless copy). Before, the run was stuck for good: every read
-/// stopped at the next segment, appends were refused, and `repair` failed with the same
-/// error. Now `repair` lists the lost seqs at that segment's end and declares them; reads,
-/// tails, appends and a fresh handle go on.
+/// A sealed segment that lost its last records: cut at a frame boundary, cut inside a
+/// frame (as a file system cuts: by blocks), emptied; and the run's first segment
+/// emptied. Before, the run was stuck for good (every read stopped at the next segment,
+/// appends were refused, and `repair` failed with the same error), or, for the first
+/// segment, filtered reads silently started later. Now every read, tail (both
+/// visibilities) and the index report the missing seqs until `repair` lists and declares
+/// them; then reads, tails, the index, appends and a fresh handle go on past them.
 #[test]
 fn repair_lists_records_lost_at_the_end_of_a_sealed_segment() {
-    let mem = MemStorage::new();
-    let open = || {
-        Store::open_with(
-            Arc::new(mem.clone()),
-            Path::new("/d"),
-            LogOptions {
-                segment_bytes: 4096,
-                ..LogOptions::default()
-            },
-        )
-        .unwrap()
-    };
-    let store = open();
-    for i in 0..120 {
-        lib_append(&store, "z", &format!("event {i} {}", "y".repeat(i % 40)));
+    for how in ["at a frame", "inside a frame", "emptied", "first emptied"] {
+        let mem = MemStorage::new();
+        let open = || {
+            Store::open_with(
+                Arc::new(mem.clone()),
+                Path::new("/d"),
+                LogOptions {
+                    segment_bytes: 4096,
+                    ..LogOptions::default()
+                },
+            )
+            .unwrap()
+        };
+        let store = open();
+        for i in 0..120 {
+            lib_append(&store, "z", &format!("event {i} {}", "y".repeat(i % 40)));
+        }
+        drop(store);
+        let dir = Path::new("/d/anonymous/z");
+        let segs = crate::util::mem_segments(&mem, dir);
+        assert!(segs.len() >= 3, "{segs:?}");
+        let base = |i: usize| swarm_memory::log::segment::parse_segment_name(&segs[i]).unwrap();
+        let k = if how == "first emptied" { 0 } else { 1 };
+        let seg = dir.join(&segs[k]);
+        let mut bytes = mem.contents(&seg).unwrap();
+        let b = frame_boundaries(&bytes);
+        let (cut, lost_from) = match how {
+            "at a frame" => (b[b.len() - 3], base(k + 1) - 2),
+            "inside a frame" => (b[b.len() - 3] + 10, base(k + 1) - 2),
+            _ => (0, base(k)),
+        };
+        let lost_to = base(k + 1) - 1;
+        bytes.truncate(cut);
+        mem.set_contents(&seg, bytes);
+
+        let store = open();
+        let report = store.verify("z", |_| {}).unwrap();
+        assert!(!report.ok, "{how}");
+        assert_eq!(report.corrupt.len(), 1, "{how}: {:?}", report.corrupt);
+        let d = &report.corrupt[0];
+        let at = if how == "inside a frame" {
+            cut - 10
+        } else {
+            cut
+        };
+        assert_eq!((d.offset, d.seq), (at as u64, lost_from), "{how}: {d:?}");
+        assert!(
+            d.segment.ends_with(&segs[k]),
+            "{how}: the segment that lost them: {d:?}"
+        );
+        assert!(
+            d.reason
+                .contains(&format!("seqs {lost_from}..={lost_to} are missing")),
+            "{how}: {d:?}"
+        );
+        let read = |opts: ReadOptions| -> Result<Vec<u64>, Error> {
+            store.read("z", opts)?.map(|e| e.map(|e| e.seq)).collect()
+        };
+        let by_agent = || ReadOptions {
+            agent: Some("agent-1".into()),
+            ..Default::default()
+        };
+        assert!(read(ReadOptions::default()).is_err(), "{how}");
+        assert!(read(by_agent()).is_err(), "{how}: an indexed read too");
+        let tail = |visibility: swarm_memory::Visibility| -> Result<Vec<u64>, Error> {
+            store
+                .tail(
+                    "z",
+                    swarm_memory::TailOptions {
+                        follow: false,
+                        visibility,
+                        ..swarm_memory::TailOptions::default()
+                    },
+                )?
+                .map(|e| e.map(|e| e.seq))
+                .collect()
+        };
+        use swarm_memory::Visibility::{Visible, Written};
+        assert!(tail(Visible).is_err(), "{how}");
+        assert!(
+            tail(Written).is_err(),
+            "{how}: a tail of what is written too"
+        );
+        let refused = store.append(
+            "z",
+            swarm_memory::NewEvent::new("a", swarm_memory::EventType::Evidence, json!("x")),
+            swarm_memory::Durability::Sync,
+        );
+        assert!(
+            matches!(refused, Err(Error::Corrupt { .. })),
+            "{how}: {refused:?}"
+        );
+        // A read that skips damage keeps every intact event (it dropped the next
+        // segment's first frame before).
+        let skipping = read(ReadOptions {
+            skip_corrupt: true,
+            ..Default::default()
+        })
+        .unwrap();
+        let intact: Vec<u64> = (1..=120)
+            .filter(|s| !(lost_from..=lost_to).contains(s))
+            .collect();
+        assert_eq!(skipping, intact, "{how}");
+
+        let lost = store.repair_all("z").unwrap();
+        assert_eq!(lost.len(), 1, "{how}: {lost:?}");
+        assert_eq!(lost[0].content["lost_from"], json!(lost_from), "{how}");
+        assert_eq!(lost[0].content["lost_to"], json!(lost_to), "{how}");
+        assert!(store.verify("z", |_| {}).unwrap().ok, "{how}");
+        assert!(
+            store.repair_all("z").unwrap().is_empty(),
+            "{how}: nothing left"
+        );
+        let after = lib_append(&store, "z", "after the repair");
+        assert_eq!(after.seq, lost[0].seq + 1);
+        drop(store);
+
+        let store = open();
+        let want: Vec<u64> = (1..=after.seq)
+            .filter(|s| !(lost_from..=lost_to).contains(s))
+            .collect();
+        let read = |opts: ReadOptions| -> Vec<u64> {
+            store
+                .read("z", opts)
+                .unwrap()
+                .map(|e| e.unwrap().seq)
+                .collect()
+        };
+        assert_eq!(read(ReadOptions::default()), want, "{how}");
+        let by_agent: Vec<u64> = want.iter().copied().filter(|&s| s != lost[0].seq).collect();
+        assert_eq!(read(by_agent_opts()), by_agent, "{how}");
+        let index = store.rebuild_index("z", |_, _| {}).unwrap();
+        assert_eq!(index.head_seq, after.seq, "{how}: the index covers the gap");
+        assert_eq!(read(by_agent_opts()), by_agent, "{how}: through the index");
+        for visibility in [Visible, Written] {
+            let tailed: Vec<u64> = store
+                .tail(
+                    "z",
+                    swarm_memory::TailOptions {
+                        follow: false,
+                        visibility,
+                        ..swarm_memory::TailOptions::default()
+                    },
+                )
+                .unwrap()
+                .map(|e| e.unwrap().seq)
+                .collect();
+            assert_eq!(tailed, want, "{how}: {visibility:?}");
+        }
+        // The fold reaches the head.
+        assert_eq!(store.head_state("z").unwrap().state.head_seq, after.seq);
+        // Cut further: damage that spreads is reported again, never stepped over.
+        if cut > 0 {
+            let mut bytes = mem.contents(&seg).unwrap();
+            bytes.truncate(b[b.len() - 4]);
+            mem.set_contents(&seg, bytes);
+            let store = open();
+            let report = store.verify("z", |_| {}).unwrap();
+            assert!(!report.ok, "{how}");
+            assert_eq!(report.corrupt[0].seq, lost_from - 1, "{how}");
+        }
     }
-    drop(store);
-    let dir = Path::new("/d/anonymous/z");
-    let segs = crate::util::mem_segments(&mem, dir);
-    assert!(segs.len() >= 3, "{segs:?}");
-    let seg = dir.join(&segs[1]);
-    let next_base: u64 = swarm_memory::log::segment::parse_segment_name(&segs[2]).unwrap();
-    let mut bytes = mem.contents(&seg).unwrap();
-    let b = frame_boundaries(&bytes);
-    let cut = b[b.len() - 3];
-    bytes.truncate(cut);
-    mem.set_contents(&seg, bytes);
-    let (lost_from, lost_to) = (next_base - 2, next_base - 1);
+}
 
-    let store = open();
-    let report = store.verify("z", |_| {}).unwrap();
-    assert!(!report.ok);
-    assert_eq!(report.corrupt.len(), 1, "{:?}", report.corrupt);
-    let d = &report.corrupt[0];
-    assert_eq!((d.offset, d.seq), (cut as u64, lost_from), "{d:?}");
-    assert!(
-        d.reason
-            .contains(&format!("seqs {lost_from}..={lost_to} are missing")),
-        "{d:?}"
-    );
-    let refused = store.append(
-        "z",
-        swarm_memory::NewEvent::new("a", swarm_memory::EventType::Evidence, json!("x")),
-        swarm_memory::Durability::Sync,
-    );
-    assert!(matches!(refused, Err(Error::Corrupt { .. })), "{refused:?}");
-    // A read that skips damage keeps every intact event (it dropped the next segment's
-    // first frame before).
-    let skipping: Vec<u64> = store
-        .read(
-            "z",
-            ReadOptions {
-                skip_corrupt: true,
-                ..Default::default()
-            },
-        )
-        .unwrap()
-        .map(|e| e.unwrap().seq)
-        .collect();
-    assert_eq!(skipping.len(), 118, "{skipping:?}");
-
-    let lost = store.repair_all("z").unwrap();
-    assert_eq!(lost.len(), 1, "{lost:?}");
-    assert_eq!(lost[0].content["lost_from"], json!(lost_from));
-    assert_eq!(lost[0].content["lost_to"], json!(lost_to));
-    assert!(store.verify("z", |_| {}).unwrap().ok);
-    assert!(
-        store.repair_all("z").unwrap().is_empty(),
-        "nothing left to repair"
-    );
-    let after = lib_append(&store, "z", "after the repair");
-    assert_eq!(after.seq, lost[0].seq + 1);
-    drop(store);
-
-    let store = open();
-    let read: Vec<u64> = lib_read(&store, "z").iter().map(|e| e.seq).collect();
-    let want: Vec<u64> = (1..=after.seq)
-        .filter(|s| !(lost_from..=lost_to).contains(s))
-        .collect();
-    assert_eq!(read, want);
-    let tailed: Vec<u64> = store
-        .tail(
-            "z",
-            swarm_memory::TailOptions {
-                follow: false,
-                ..swarm_memory::TailOptions::default()
-            },
-        )
-        .unwrap()
-        .map(|e| e.unwrap().seq)
-        .collect();
-    assert_eq!(tailed, read);
-    // The fold reaches the head (a board read folds the whole run).
-    assert_eq!(store.head_state("z").unwrap().state.head_seq, after.seq);
-    // Cut further: damage that spreads is reported again, never stepped over.
-    let mut bytes = mem.contents(&seg).unwrap();
-    bytes.truncate(b[b.len() - 4]);
-    mem.set_contents(&seg, bytes);
-    let store = open();
-    assert!(!store.verify("z", |_| {}).unwrap().ok);
+fn by_agent_opts() -> ReadOptions {
+    ReadOptions {
+        agent: Some("agent-1".into()),
+        ..Default::default()
+    }
 }
 
 /// A whole segment file lost, through the CLI on real files: the run's first one (reads
@@ -1160,6 +1231,12 @@ fn cli_repair_declares_a_lost_segment() {
             "{which}: {v}"
         );
         env.swarm(&["read", "--run", run]).code(3);
+        // Through the index too (it once started a run without its first segment at
+        // the next one's first seq, silently).
+        env.swarm(&["read", "--run", run, "--agent", "agent-1"])
+            .code(3);
+        env.swarm(&["read", "--run", run, "--since", "2000-01-01T00:00:00Z"])
+            .code(3);
         env.swarm(&["tail", "--run", run]).code(3);
         env.append_evidence(run, &["--content", "refused"]).code(3);
         env.swarm(&["repair", "--run", run]).ok();

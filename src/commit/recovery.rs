@@ -82,19 +82,23 @@ impl RunLog {
     /// then reads every frame after it.
     pub(super) fn load(&self, w: &mut Writer) -> Result<()> {
         let mut bases = segment::list_segments(&*self.storage, &self.dir)?;
+        let durable = self.durable_mark();
         if bases.is_empty() {
-            if !self
-                .storage
-                .exists(&self.dir.join(crate::log::meta::META_FILE))
+            // Every segment file gone from a run whose durable mark says records were
+            // acknowledged: an empty first segment (under `LOCK`), which the mark shows
+            // short, so the loss is reported and `swarm repair` records it (not "run not
+            // found"). Without such a mark (marks lost too, or a run being archived,
+            // which removes `SYNCED` first) nothing tells which seqs were handed out:
+            // not found, as before, never a run that starts again at seq 1.
+            if durable == Pos::default()
+                || !self
+                    .storage
+                    .exists(&self.dir.join(crate::log::meta::META_FILE))
             {
                 return Err(Error::RunNotFound(self.run_id.clone()));
             }
-            // Every segment file is gone from a run that exists: an empty first segment
-            // (under `LOCK`), which the durable mark then shows short, so that the loss
-            // is reported and `swarm repair` can record it (not "run not found").
             bases.push(1);
         }
-        let durable = self.durable_mark();
         w.damage = None;
         w.rules = Rules::default();
         w.head_seq = 0;
@@ -319,7 +323,15 @@ impl RunLog {
                     w.end = offset + len;
                 }
                 Step::End { offset, incomplete } => {
-                    if incomplete {
+                    // An older segment cut inside a frame whose lost seqs `swarm repair`
+                    // listed (from its last whole frame on): it ends there; the next
+                    // segment's start is checked against the list.
+                    let listed = incomplete
+                        && !last_segment
+                        && quarantine::read(&*self.storage, &self.dir)
+                            .at(w.seg_base, offset)
+                            .is_some_and(|q| q.end.is_none() && q.lost_from == w.head_seq + 1);
+                    if incomplete && !listed {
                         break (offset, "incomplete frame");
                     }
                     w.end = offset;

@@ -6,6 +6,10 @@
 //! after it: a write in progress or a writer that died, repaired by the next writer) from
 //! corruption (anything else), which is an error naming the file, offset and seq unless
 //! the caller asked to skip it, and then every skip is recorded.
+//!
+//! Size: one state machine, `EventIter` (scan, index plan, seek, fall-back, damage and
+//! gaps), whose branches share its fields; split by branch, they would pass a dozen
+//! fields between files.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -98,6 +102,8 @@ pub struct EventIter {
     /// A segment opened wanting an earlier seq than its base, not yet checked: the seq
     /// wanted, the base, and where the segment before it ended.
     gap: Option<(u64, u64, Pos)>,
+    /// Where the last segment read to its end ended (its whole frames).
+    seg_end: Pos,
     /// The durable mark when the read began (see [`EventIter::with_index`]).
     acked: Pos,
     /// The end-of-log check against the durable mark ran, or the loss it looks for was
@@ -414,6 +420,7 @@ impl EventIter {
             quarantined: Vec::new(),
             torn_tail: None,
             gap: None,
+            seg_end: Pos::default(),
             acked,
             end_checked: false,
             frames: 0,
@@ -727,7 +734,16 @@ impl EventIter {
                 // the start of the run's first segment (base 1), gone.
                 let end = match self.idx {
                     0 => Pos { seg: 1, off: 0 },
-                    _ => self.pos,
+                    i if self.seg_end.seg == self.bases[i - 1] => self.seg_end,
+                    // (Not read to its end here: then its length.)
+                    i => {
+                        let prev = self.bases[i - 1];
+                        let path = segment::segment_path(&self.dir, prev);
+                        Pos {
+                            seg: prev,
+                            off: file_len(&*self.storage, &path)?,
+                        }
+                    }
                 };
                 self.gap = Some((want, base, end));
                 return Ok(true);
@@ -905,6 +921,10 @@ impl EventIter {
                             bytes,
                         });
                     }
+                    self.seg_end = Pos {
+                        seg: self.bases[self.idx],
+                        off: offset,
+                    };
                     self.reader = None;
                     self.idx += 1;
                 }

@@ -423,6 +423,9 @@ pub(crate) struct Committer {
     /// Every connection's stream (to end their reads on stop) and thread.
     conns: Mutex<Vec<(UnixStream, JoinHandle<()>)>>,
     listener: Mutex<Option<JoinHandle<()>>>,
+    /// The listening socket (a second handle), shut down to end the listener's
+    /// `accept`: its path may no longer be this committer's by then.
+    listening: Mutex<Option<UnixListener>>,
     commit: Mutex<Option<JoinHandle<()>>>,
     queue: Mutex<Queue>,
     queued: Condvar,
@@ -505,21 +508,52 @@ impl Drop for CommitGuard<'_> {
         };
         for p in pending {
             if let Reply::Local(slot) = p.reply {
-                *lock(&slot.result) = Some((
-                    Err(Error::invalid(
-                        "handoff",
-                        "the commit thread failed; append again",
-                    )),
-                    None,
-                ));
+                *lock(&slot.result) = Some((Err(commit_thread_failed()), None));
                 slot.done.notify_one();
             }
         }
         for (s, _) in lock(&c.conns).iter() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
+        // Another process may commit for the run now (this one appends directly).
+        if let Some(l) = lock(&c.lock).take() {
+            let _ = l.unlock();
+        }
     }
 }
+
+/// The error a local append gets when the commit thread panicked with it queued or in
+/// flight: its outcome is unknown, as after a timeout.
+fn commit_thread_failed() -> Error {
+    Error::invalid(
+        "handoff",
+        "the commit thread failed; the append may or may not be stored: read the run, or append again with the same id",
+    )
+}
+
+/// A group's replies while it commits. If the commit panics, the group's local waiters
+/// are answered with an error as it unwinds (they would wait for ever); handing
+/// processes see their connection end and recover their batches.
+struct InFlight(Vec<Reply>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for reply in self.0.drain(..) {
+            if let Reply::Local(slot) = reply {
+                *lock(&slot.result) = Some((Err(commit_thread_failed()), None));
+                slot.done.notify_one();
+            }
+        }
+    }
+}
+
+/// A test's way to make the next commit of the committer on this socket panic
+/// (`CommitGuard`, `InFlight`).
+#[cfg(test)]
+static PANIC_IN_NEXT_COMMIT: Mutex<Option<PathBuf>> = Mutex::new(None);
 
 /// Answers a committed group's requests, in their order.
 fn answer_all(answers: Vec<(Reply, Result<Vec<Event>>)>) {
@@ -573,6 +607,7 @@ impl Committer {
             stop: AtomicBool::new(false),
             conns: Mutex::new(Vec::new()),
             listener: Mutex::new(None),
+            listening: Mutex::new(listener.try_clone().ok()),
             commit: Mutex::new(None),
             queue: Mutex::new(Queue::default()),
             queued: Condvar::new(),
@@ -711,7 +746,16 @@ impl Committer {
                 .into_iter()
                 .map(|p| (p.reply, Ok((p.batch, p.expect_seq))))
                 .unzip();
+            let mut in_flight = InFlight(replies);
+            #[cfg(test)]
+            if lock(&PANIC_IN_NEXT_COMMIT)
+                .take_if(|p| *p == self.socket)
+                .is_some()
+            {
+                panic!("a commit panics (injected by a test)");
+            }
             let results = store.append_many_checked(run, batches, Durability::Sync);
+            let replies = std::mem::take(&mut in_flight.0);
             if results.iter().any(|r| matches!(r, Err(Error::Poisoned(_)))) {
                 // This process cannot commit any more: nobody new connects to it; the
                 // connected ones append directly on its refusals.
@@ -772,8 +816,17 @@ impl Committer {
             self.stop.store(true, Ordering::Release);
         }
         if let Some(h) = lock(&self.listener).take() {
-            // Wakes the listener's `accept`: it sees `stop` and returns.
-            let _ = UnixStream::connect(&self.socket);
+            // Wakes the listener's `accept` (it sees `stop` and returns). Not by
+            // connecting to the socket's path: a committer whose writer was poisoned, or
+            // whose commit thread panicked, removed it, and another may listen there.
+            match lock(&self.listening).take() {
+                Some(l) => {
+                    let _ = rustix::net::shutdown(&l, rustix::net::Shutdown::Both);
+                }
+                None => {
+                    let _ = UnixStream::connect(&self.socket);
+                }
+            }
             let _ = h.join();
         }
         let _ = std::fs::remove_file(&self.socket);
@@ -1099,93 +1152,4 @@ impl Store {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::io::Read;
-    use std::os::unix::net::UnixStream;
-
-    /// A message larger than the socket's buffer arrives whole, in order.
-    #[test]
-    fn send_all_writes_a_large_message_whole() {
-        let (a, mut b) = UnixStream::pair().unwrap();
-        let msg: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 251) as u8).collect();
-        let want = msg.clone();
-        let reader = std::thread::spawn(move || {
-            let mut got = Vec::new();
-            b.read_to_end(&mut got).unwrap();
-            got
-        });
-        super::send_all(&a, &msg).unwrap();
-        drop(a);
-        assert!(reader.join().unwrap() == want);
-    }
-
-    /// A committer stores a handed batch, the run is closed and archived, and the answer
-    /// is lost: the handing process finds the batch (its generated ids) in the archive
-    /// and returns it (it answered "closed and archived" for stored events before). A
-    /// batch the committer never stored gets that refusal. The committer is a stand-in
-    /// on the run's socket that stores (or not), archives, and hangs up unanswered.
-    #[test]
-    fn a_lost_answer_for_a_run_archived_since_is_found_in_the_archive() {
-        use crate::{Durability, Error, EventType, NewEvent, Store};
-        for stored in [true, false] {
-            let dir = tempfile::tempdir().unwrap();
-            let run = "closing";
-            let a = Store::open(dir.path()).unwrap();
-            let created = NewEvent::new("lead", EventType::Evidence, "created");
-            a.append(run, created, Durability::Sync).unwrap();
-            let (rendezvous, _, socket) = a.rendezvous(run).unwrap();
-            std::fs::create_dir_all(rendezvous).unwrap();
-            let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
-            let data = dir.path().to_path_buf();
-            let committer = std::thread::spawn(move || {
-                let (s, _) = listener.accept().unwrap();
-                let hello = super::Hello {
-                    v: super::WIRE_VERSION,
-                    user: "anonymous".into(),
-                    head: 1,
-                    pid: std::process::id(),
-                };
-                super::write_msg(&s, &hello).unwrap();
-                let body = super::read_msg(&s).unwrap().unwrap();
-                let req: super::Handed = serde_json::from_slice(&body).unwrap();
-                assert!(req.events[0].id.is_some(), "an id was generated");
-                let c = Store::open(&data).unwrap();
-                if stored {
-                    c.append_direct(run, req.events, None, Durability::Sync)
-                        .unwrap();
-                }
-                c.close_run(run, "lead").unwrap();
-            });
-            let b = Store::open(dir.path()).unwrap();
-            let handed = NewEvent::new("agent-1", EventType::Evidence, "handed over");
-            let r = b.append(run, handed, Durability::Sync);
-            committer.join().unwrap();
-            assert_eq!(b.handoff_counters().recovered, 1);
-            let archived: Vec<_> = b
-                .read(run, crate::ReadOptions::default())
-                .unwrap()
-                .map(|e| e.unwrap())
-                .collect();
-            match (stored, r) {
-                (true, Ok(e)) => {
-                    assert_eq!(e.content, "handed over");
-                    assert!(archived.contains(&e), "as stored: {archived:?}");
-                }
-                (false, Err(Error::Forbidden(why))) => {
-                    assert!(why.contains("archived"), "{why}");
-                    assert!(archived.iter().all(|x| x.content != "handed over"));
-                }
-                (stored, r) => panic!("stored by the committer: {stored}; answer {r:?}"),
-            }
-        }
-    }
-
-    /// A peer that went away is an error (`EPIPE`), never a signal.
-    #[test]
-    fn send_all_to_a_closed_peer_is_an_error() {
-        let (a, b) = UnixStream::pair().unwrap();
-        drop(b);
-        let e = super::send_all(&a, b"hello").unwrap_err();
-        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
-    }
-}
+mod tests;

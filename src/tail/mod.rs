@@ -748,9 +748,13 @@ impl Tail {
             let closed = match self.opts.visibility {
                 Visibility::Visible => marks.visible.seg > self.seg,
                 Visibility::Written => {
-                    self.storage
+                    (self.storage
                         .exists(&segment::segment_path(&self.dir, self.head_seen + 1))
-                        && self.head_seen + 1 > self.seg
+                        && self.head_seen + 1 > self.seg)
+                        // Or a later one starts past a gap (declared by `swarm repair`,
+                        // or lost seqs, which the step to it reports): the visible mark
+                        // has moved past this segment.
+                        || self.marks()?.visible.seg > self.seg
                 }
             };
             let (limit, to_file_end) = match self.limit_in(self.seg, &marks) {
@@ -841,7 +845,13 @@ impl Tail {
             if len > limit {
                 continue;
             }
-            if tail_incomplete {
+            // A frame cut at the end of an older segment, its seqs listed as lost by
+            // `swarm repair` (from its last whole frame on): the segment ends here.
+            let listed_cut = tail_incomplete
+                && quarantine::read(&*self.storage, &self.dir)
+                    .at(self.seg, self.off)
+                    .is_some_and(|q| q.end.is_none() && q.lost_from == self.head_seen + 1);
+            if tail_incomplete && !listed_cut {
                 return Err(Error::corrupt(
                     &path,
                     self.off,
@@ -850,7 +860,8 @@ impl Tail {
                 ));
             }
             let mut next = self.head_seen + 1;
-            if !self.storage.exists(&segment::segment_path(&self.dir, next)) {
+            // (`next` is this segment's own base when it holds nothing: an emptied one.)
+            if next <= self.seg || !self.storage.exists(&segment::segment_path(&self.dir, next)) {
                 // After `swarm repair` the next segment starts past a gap its first event
                 // declares (checked with the frame); any other later base is damage.
                 match segment::list_segments(&*self.storage, &self.dir)?

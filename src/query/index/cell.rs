@@ -348,15 +348,22 @@ impl IndexCell {
             }
             let path = segment::segment_path(dir, base);
             if k == st.segs.len() {
-                let expected = match st.segs.last() {
-                    None => base,
-                    Some(prev) => prev.head + 1,
+                // The run's first seq is 1: a first segment that starts later means the
+                // ones before it are gone.
+                let (expected, prev) = match st.segs.last() {
+                    None => (1, 1),
+                    Some(prev) => (prev.head + 1, prev.base),
                 };
                 let file: Arc<dyn StorageFile> =
                     Arc::from(storage.open(&path, OpenMode::Read).ctx("open", &path)?);
-                // The gap rule: a segment may start after a gap its first event declares.
+                // The gap rule: a segment may start after a gap its first event declares,
+                // or after seqs `swarm repair` listed as lost at the previous one's end.
                 if base != expected
-                    && !(base > expected && declares_gap(&file, &path, expected, base))
+                    && !(base > expected
+                        && (declares_gap(&file, &path, expected, base)
+                            || crate::log::quarantine::read(&**storage, dir)
+                                .gap(prev, expected, base)
+                                .is_some()))
                 {
                     st.stopped = Some(format!(
                         "segment {} starts at seq {base}, expected {expected}",

@@ -262,7 +262,14 @@ impl SegIndex {
                     }
                 }
                 Step::End { offset, incomplete } => {
-                    if incomplete {
+                    // An older segment cut inside a frame, the seqs from its last whole
+                    // frame on listed as lost (`swarm repair`): it ends there.
+                    let dir = path.parent().unwrap_or(Path::new("."));
+                    let listed = incomplete
+                        && crate::log::quarantine::read(storage, dir)
+                            .at(self.base, offset)
+                            .is_some_and(|q| q.end.is_none() && q.lost_from == self.head + 1);
+                    if incomplete && !listed {
                         break Extended::Stopped(format!("incomplete frame at byte {offset}"));
                     }
                     break Extended::Done;

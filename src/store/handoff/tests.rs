@@ -1,0 +1,192 @@
+//! Hand-off unit tests: the socket writes, a lost answer on a run archived since, a
+//! panicking commit thread.
+
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+
+/// A message larger than the socket's buffer arrives whole, in order.
+#[test]
+fn send_all_writes_a_large_message_whole() {
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let msg: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 251) as u8).collect();
+    let want = msg.clone();
+    let reader = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        b.read_to_end(&mut got).unwrap();
+        got
+    });
+    super::send_all(&a, &msg).unwrap();
+    drop(a);
+    assert!(reader.join().unwrap() == want);
+}
+
+/// A committer stores a handed batch, the run is closed and archived, and the answer
+/// is lost: the handing process finds the batch (its generated ids) in the archive
+/// and returns it (it answered "closed and archived" for stored events before). A
+/// batch the committer never stored gets that refusal. The committer is a stand-in
+/// on the run's socket that stores (or not), archives, and hangs up unanswered.
+#[test]
+fn a_lost_answer_for_a_run_archived_since_is_found_in_the_archive() {
+    use crate::error::Error;
+    use crate::event::{EventType, NewEvent};
+    use crate::log::meta::Durability;
+    use crate::store::Store;
+    for stored in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let run = "closing";
+        let a = Store::open(dir.path()).unwrap();
+        let created = NewEvent::new("lead", EventType::Evidence, "created");
+        a.append(run, created, Durability::Sync).unwrap();
+        let (rendezvous, _, socket) = a.rendezvous(run).unwrap();
+        std::fs::create_dir_all(rendezvous).unwrap();
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let data = dir.path().to_path_buf();
+        let committer = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            let hello = super::Hello {
+                v: super::WIRE_VERSION,
+                user: "anonymous".into(),
+                head: 1,
+                pid: std::process::id(),
+            };
+            super::write_msg(&s, &hello).unwrap();
+            let body = super::read_msg(&s).unwrap().unwrap();
+            let req: super::Handed = serde_json::from_slice(&body).unwrap();
+            assert!(req.events[0].id.is_some(), "an id was generated");
+            let c = Store::open(&data).unwrap();
+            if stored {
+                c.append_direct(run, req.events, None, Durability::Sync)
+                    .unwrap();
+            }
+            c.close_run(run, "lead").unwrap();
+        });
+        let b = Store::open(dir.path()).unwrap();
+        let handed = NewEvent::new("agent-1", EventType::Evidence, "handed over");
+        let r = b.append(run, handed, Durability::Sync);
+        committer.join().unwrap();
+        assert_eq!(b.handoff_counters().recovered, 1);
+        let archived: Vec<_> = b
+            .read(run, crate::query::options::ReadOptions::default())
+            .unwrap()
+            .map(|e| e.unwrap())
+            .collect();
+        match (stored, r) {
+            (true, Ok(e)) => {
+                assert_eq!(e.content, "handed over");
+                assert!(archived.contains(&e), "as stored: {archived:?}");
+            }
+            (false, Err(Error::Forbidden(why))) => {
+                assert!(why.contains("archived"), "{why}");
+                assert!(archived.iter().all(|x| x.content != "handed over"));
+            }
+            (stored, r) => panic!("stored by the committer: {stored}; answer {r:?}"),
+        }
+    }
+}
+
+/// The commit thread panics with appends queued and in flight: every local append
+/// returns (an error saying its outcome is unknown, or its events), the handing
+/// store's appends are answered or recovered, the log stays gap-free with each
+/// event once, and the committer's lock is let go: another store commits next.
+#[test]
+fn a_panicking_commit_thread_hangs_nothing() {
+    use crate::error::Error;
+    use crate::event::{EventType, NewEvent};
+    use crate::log::meta::Durability;
+    use crate::store::Store;
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let run = "panics";
+    let ev = |c: String| NewEvent::new("agent-1", EventType::Evidence, c.as_str());
+    let a = Arc::new(Store::open(dir.path()).unwrap());
+    for i in 0..3 {
+        a.append(run, ev(format!("a setup {i}")), Durability::Sync)
+            .unwrap();
+    }
+    let (_, _, socket) = a.rendezvous(run).unwrap();
+    assert!(socket.exists(), "a commits");
+    let b = Arc::new(Store::open(dir.path()).unwrap());
+    b.append(run, ev("b setup".into()), Durability::Sync)
+        .unwrap();
+    assert_eq!(b.handoff_counters().handed, 1);
+
+    *super::lock(&super::PANIC_IN_NEXT_COMMIT) = Some(socket.clone());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut threads = Vec::new();
+    for t in 0..6 {
+        let (s, tx) = (if t < 4 { a.clone() } else { b.clone() }, tx.clone());
+        threads.push(std::thread::spawn(move || {
+            for i in 0..20 {
+                let c = format!("t{t} n{i}");
+                let r = s.append(run, ev(c.clone()), Durability::Sync);
+                tx.send((c, r)).unwrap();
+            }
+        }));
+    }
+    drop(tx);
+    let mut answers = Vec::new();
+    while answers.len() < 120 {
+        match rx.recv_timeout(std::time::Duration::from_secs(30)) {
+            Ok(a) => answers.push(a),
+            Err(e) => panic!("{} of 120 appends returned: {e}", answers.len()),
+        }
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(
+        super::lock(&super::PANIC_IN_NEXT_COMMIT).is_none(),
+        "it panicked"
+    );
+    let failed: Vec<&String> = answers
+        .iter()
+        .filter_map(|(c, r)| match r {
+            Ok(_) => None,
+            Err(Error::Invalid { reason, .. }) if reason.contains("commit thread failed") => {
+                Some(c)
+            }
+            Err(e) => panic!("{c}: {e}"),
+        })
+        .collect();
+    let log: Vec<crate::event::Event> = a
+        .read(run, crate::query::options::ReadOptions::default())
+        .unwrap()
+        .map(|e| e.unwrap())
+        .collect();
+    for (i, e) in log.iter().enumerate() {
+        assert_eq!(e.seq, i as u64 + 1, "gap-free");
+    }
+    let count = |c: &str| log.iter().filter(|e| e.content == c).count();
+    for (c, r) in &answers {
+        match r {
+            Ok(e) => {
+                assert_eq!(count(c), 1, "{c} stored once");
+                assert_eq!(&log[e.seq as usize - 1], e, "as acknowledged");
+            }
+            // Unknown outcome: stored once or not at all.
+            Err(_) => assert!(count(c) <= 1, "{c}"),
+        }
+    }
+    assert!(
+        failed.len() < 120,
+        "appends after the panic go on: {} failed",
+        failed.len()
+    );
+    assert!(!socket.exists(), "the socket is removed");
+    // The lock is free: a third store becomes the committer at its second append.
+    let c = Store::open(dir.path()).unwrap();
+    c.append(run, ev("c 1".into()), Durability::Sync).unwrap();
+    c.append(run, ev("c 2".into()), Durability::Sync).unwrap();
+    assert!(socket.exists(), "another store commits");
+    b.append(run, ev("b after".into()), Durability::Sync)
+        .unwrap();
+}
+
+/// A peer that went away is an error (`EPIPE`), never a signal.
+#[test]
+fn send_all_to_a_closed_peer_is_an_error() {
+    let (a, b) = UnixStream::pair().unwrap();
+    drop(b);
+    let e = super::send_all(&a, b"hello").unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
+}
