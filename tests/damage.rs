@@ -1186,6 +1186,66 @@ fn repair_lists_records_lost_at_the_end_of_a_sealed_segment() {
     }
 }
 
+/// A segment cut short, with the next segment empty (created by the rotation, nothing
+/// written to it yet): reads and `verify` report the acknowledged seqs missing below the
+/// durable mark, and `repair` declares them through the empty segment.
+#[test]
+fn seqs_lost_before_an_empty_last_segment_are_reported_and_repaired() {
+    let mem = MemStorage::new();
+    let open = || {
+        Store::open_with(
+            Arc::new(mem.clone()),
+            Path::new("/d"),
+            LogOptions {
+                segment_bytes: 4096,
+                ..LogOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let store = open();
+    for i in 0..60 {
+        lib_append(&store, "e", &format!("event {i} {}", "y".repeat(i % 40)));
+    }
+    drop(store);
+    let dir = Path::new("/d/anonymous/e");
+    let segs = crate::util::mem_segments(&mem, dir);
+    let n = segs.len();
+    // The rotation after seq 60 created the next segment; nothing was written to it.
+    mem.set_contents(&dir.join("seg-00000000000000000061.jsonl"), Vec::new());
+    let last = dir.join(&segs[n - 1]);
+    let mut bytes = mem.contents(&last).unwrap();
+    let b = frame_boundaries(&bytes);
+    bytes.truncate(b[b.len() - 3]);
+    mem.set_contents(&last, bytes);
+
+    let store = open();
+    let report = store.verify("e", |_| {}).unwrap();
+    assert!(!report.ok, "{report:?}");
+    let d = &report.corrupt[0];
+    assert_eq!(d.seq, 59, "{d:?}");
+    assert!(d.reason.contains("seqs 59..=60"), "{d:?}");
+    assert!(store
+        .read("e", ReadOptions::default())
+        .unwrap()
+        .any(|e| e.is_err()));
+    store.repair_all("e").unwrap();
+    assert!(store.verify("e", |_| {}).unwrap().ok);
+    let after = lib_append(&store, "e", "after");
+    let events = lib_read(&open(), "e");
+    let declared = events
+        .iter()
+        .find(|e| e.kind == swarm_memory::EventType::LogDamaged)
+        .expect("the loss declared");
+    assert_eq!(
+        (&declared.content["lost_from"], &declared.content["lost_to"]),
+        (&json!(59), &json!(60))
+    );
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    let want: Vec<u64> = (1..=58).chain([declared.seq, after.seq]).collect();
+    assert_eq!(seqs, want);
+}
+
 fn by_agent_opts() -> ReadOptions {
     ReadOptions {
         agent: Some("agent-1".into()),
