@@ -1311,7 +1311,18 @@ fn cli_repair_declares_a_lost_segment() {
             seqs, want,
             "{which}: 150 events less the lost, log_damaged, one more"
         );
-        env.swarm(&["index", "rebuild", "--run", run]).ok();
+        let index: serde_json::Value = serde_json::from_str(
+            env.swarm(&["index", "rebuild", "--run", run])
+                .ok()
+                .stdout
+                .trim(),
+        )
+        .unwrap();
+        assert_eq!(
+            index["head_seq"],
+            json!(152),
+            "{which}: the index covers the gap: {index}"
+        );
         let tailed: Vec<u64> = parse_events(&env.swarm(&["tail", "--run", run]).ok().stdout)
             .iter()
             .map(|e| e.seq)

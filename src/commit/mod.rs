@@ -387,6 +387,7 @@ mod tests {
     use std::path::Path;
     use std::sync::Arc;
 
+    use crate::error::Error;
     use crate::event::{EventType, NewEvent};
     use crate::log::storage::MemStorage;
     use crate::query::options::{ReadOptions, Visibility};
@@ -423,6 +424,35 @@ mod tests {
         // A torn frame after them is not covered.
         seg.write_all_at(b"{\"crc\":\"0", to.off).unwrap();
         assert_eq!(log.whole_frames_after(&seg, &path, own, 1), (to, 3));
+    }
+
+    /// A write group that panics (a bug) answers its appends `Poisoned` (no hang), poisons
+    /// this handle's writer as a failed fsync does, and lets the run's `LOCK` go: another
+    /// handle's append (another process, in effect) goes on, gap-free.
+    #[test]
+    fn a_panicking_write_group_lets_the_append_lock_go() {
+        let mem = MemStorage::new();
+        let (a, b) = (store(&mem, 1 << 20), store(&mem, 1 << 20));
+        let ev = || NewEvent::new("x", EventType::Evidence, "e");
+        a.append("r", ev(), Durability::Sync).unwrap();
+        let dir = a.writer("r", "anonymous").unwrap().dir.clone();
+        *super::lock(&super::writer::PANIC_IN_NEXT_GROUP) = Some(dir);
+        let r = a.append("r", ev(), Durability::Sync);
+        assert!(matches!(r, Err(Error::Poisoned(_))), "{r:?}");
+        assert!(super::lock(&super::writer::PANIC_IN_NEXT_GROUP).is_none());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(b.append("r", ev(), Durability::Sync).map(|e| e.seq));
+        });
+        let seq = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the other handle's append waits for LOCK for ever");
+        assert_eq!(seq.unwrap(), 2);
+        let r = a.append("r", ev(), Durability::Sync);
+        assert!(matches!(r, Err(Error::Poisoned(_))), "{r:?}");
+        assert_eq!(seqs(&a, "r", Visibility::Visible), vec![1, 2]);
+        let c = store(&mem, 1 << 20);
+        assert_eq!(c.append("r", ev(), Durability::Sync).unwrap().seq, 3);
     }
 
     #[test]

@@ -34,6 +34,11 @@ fn archived(run: &str) -> Error {
     ))
 }
 
+/// A test's way to make the next write group of the run in this directory panic.
+#[cfg(test)]
+pub(super) static PANIC_IN_NEXT_GROUP: std::sync::Mutex<Option<std::path::PathBuf>> =
+    std::sync::Mutex::new(None);
+
 impl RunLog {
     /// Opens (creating when `create` is set) the run's directory and files. Does not read
     /// the log yet: that happens under the lock at the first append.
@@ -447,7 +452,28 @@ impl RunLog {
             }
             return;
         }
-        let results = self.write_group_locked(&mut w, reqs);
+        // A panic in the group (a bug) must neither leave `LOCK` held by this process
+        // (every writer of the run would wait until the `Store` is dropped) nor leave the
+        // group's waiters and the next leader waiting for ever. Its outcome is unknown
+        // and this writer's view may be half-updated, so it stops as after a failed
+        // fsync: poisoned (every later append here refused; other processes, and a new
+        // `Store`, go on from the log), the lock let go, the group answered `Poisoned`.
+        let results = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.write_group_locked(&mut w, reqs)
+        }));
+        let results = match results {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::error!(run = %self.run_id, "a write group panicked; this process appends no more to the run");
+                self.poisoned.store(true, Ordering::Release);
+                w.loaded = false;
+                let _ = w.lock_file.unlock();
+                for s in &slots {
+                    *lock(&s.result) = Some(Err(Error::Poisoned(self.run_id.clone())));
+                }
+                return;
+            }
+        };
         self.prune_wanted
             .store(w.rules.wants_prune(), Ordering::Relaxed);
         if let Err(e) = w.lock_file.unlock().ctx("unlock", &lock_path) {
@@ -472,6 +498,13 @@ impl RunLog {
         w: &mut Writer,
         reqs: Vec<Request>,
     ) -> Result<Vec<Result<Outcome>>> {
+        #[cfg(test)]
+        if lock(&PANIC_IN_NEXT_GROUP)
+            .take_if(|d| *d == self.dir)
+            .is_some()
+        {
+            panic!("a write group panics (injected by a test)");
+        }
         // Closed and archived by another process since this one opened the run (the
         // rules refuse a closed run too, but its segments may be gone): checked once a
         // group, under `LOCK`.

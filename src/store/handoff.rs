@@ -512,8 +512,17 @@ impl Drop for CommitGuard<'_> {
                 slot.done.notify_one();
             }
         }
-        for (s, _) in lock(&c.conns).iter() {
-            let _ = s.shutdown(std::net::Shutdown::Both);
+        {
+            // No connection accepted from here on (one waiting in the backlog would be
+            // greeted, and its request never answered).
+            let conns = lock(&c.conns);
+            c.stop.store(true, Ordering::Release);
+            if let Some(l) = lock(&c.listening).as_ref() {
+                let _ = rustix::net::shutdown(l, rustix::net::Shutdown::Both);
+            }
+            for (s, _) in conns.iter() {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
         }
         // Another process may commit for the run now (this one appends directly).
         if let Some(l) = lock(&c.lock).take() {
@@ -829,7 +838,11 @@ impl Committer {
             }
             let _ = h.join();
         }
-        let _ = std::fs::remove_file(&self.socket);
+        // Only while this committer holds the run's lock is the socket its own: after a
+        // panic it let the lock go, and another committer may listen there now.
+        if lock(&self.lock).is_some() {
+            let _ = std::fs::remove_file(&self.socket);
+        }
         let conns: Vec<(UnixStream, JoinHandle<()>)> = lock(&self.conns).drain(..).collect();
         for (s, _) in &conns {
             let _ = s.shutdown(std::net::Shutdown::Read);
