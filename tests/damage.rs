@@ -967,21 +967,9 @@ fn one_valid_frame_after_damage_is_never_cut_as_a_torn_tail() {
 #[test]
 fn a_tail_steps_over_zeroed_frames_repair_quarantined_in_a_sealed_segment() {
     let mem = MemStorage::new();
-    let open = || {
-        Store::open_with(
-            Arc::new(mem.clone()),
-            Path::new("/d"),
-            LogOptions {
-                segment_bytes: 4096,
-                ..LogOptions::default()
-            },
-        )
-        .unwrap()
-    };
+    let open = || small_segments(&mem);
     let store = open();
-    for i in 0..120 {
-        lib_append(&store, "z", &format!("event {i} {}", "y".repeat(i % 40)));
-    }
+    fill(&store, "z", 120);
     drop(store);
     let dir = Path::new("/d/anonymous/z");
     let segs = crate::util::mem_segments(&mem, dir);
@@ -1024,21 +1012,9 @@ fn a_tail_steps_over_zeroed_frames_repair_quarantined_in_a_sealed_segment() {
 fn repair_lists_records_lost_at_the_end_of_a_sealed_segment() {
     for how in ["at a frame", "inside a frame", "emptied", "first emptied"] {
         let mem = MemStorage::new();
-        let open = || {
-            Store::open_with(
-                Arc::new(mem.clone()),
-                Path::new("/d"),
-                LogOptions {
-                    segment_bytes: 4096,
-                    ..LogOptions::default()
-                },
-            )
-            .unwrap()
-        };
+        let open = || small_segments(&mem);
         let store = open();
-        for i in 0..120 {
-            lib_append(&store, "z", &format!("event {i} {}", "y".repeat(i % 40)));
-        }
+        fill(&store, "z", 120);
         drop(store);
         let dir = Path::new("/d/anonymous/z");
         let segs = crate::util::mem_segments(&mem, dir);
@@ -1192,21 +1168,9 @@ fn repair_lists_records_lost_at_the_end_of_a_sealed_segment() {
 #[test]
 fn seqs_lost_before_an_empty_last_segment_are_reported_and_repaired() {
     let mem = MemStorage::new();
-    let open = || {
-        Store::open_with(
-            Arc::new(mem.clone()),
-            Path::new("/d"),
-            LogOptions {
-                segment_bytes: 4096,
-                ..LogOptions::default()
-            },
-        )
-        .unwrap()
-    };
+    let open = || small_segments(&mem);
     let store = open();
-    for i in 0..60 {
-        lib_append(&store, "e", &format!("event {i} {}", "y".repeat(i % 40)));
-    }
+    fill(&store, "e", 60);
     drop(store);
     let dir = Path::new("/d/anonymous/e");
     let segs = crate::util::mem_segments(&mem, dir);
@@ -1244,6 +1208,26 @@ fn seqs_lost_before_an_empty_last_segment_are_reported_and_repaired() {
     let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
     let want: Vec<u64> = (1..=58).chain([declared.seq, after.seq]).collect();
     assert_eq!(seqs, want);
+}
+
+/// A store on `mem` whose new runs use 4 KiB segments.
+fn small_segments(mem: &MemStorage) -> Store {
+    Store::open_with(
+        Arc::new(mem.clone()),
+        Path::new("/d"),
+        LogOptions {
+            segment_bytes: 4096,
+            ..LogOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+/// `n` durable events of varied sizes in `run`.
+fn fill(store: &Store, run: &str, n: usize) {
+    for i in 0..n {
+        lib_append(store, run, &format!("event {i} {}", "y".repeat(i % 40)));
+    }
 }
 
 fn by_agent_opts() -> ReadOptions {
