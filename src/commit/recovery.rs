@@ -328,9 +328,11 @@ impl RunLog {
                     // segment's start is checked against the list.
                     let listed = incomplete
                         && !last_segment
-                        && quarantine::read(&*self.storage, &self.dir)
-                            .at(w.seg_base, offset)
-                            .is_some_and(|q| q.end.is_none() && q.lost_from == w.head_seq + 1);
+                        && quarantine::read(&*self.storage, &self.dir).cut_at(
+                            w.seg_base,
+                            offset,
+                            w.head_seq + 1,
+                        );
                     if incomplete && !listed {
                         break (offset, "incomplete frame");
                     }

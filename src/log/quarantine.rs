@@ -73,6 +73,14 @@ impl Quarantine {
         })
     }
 
+    /// Whether a range starting at `offset` of segment `segment` lists as lost
+    /// everything from there to the segment's end, from seq `lost_from` on: then an
+    /// incomplete frame there (a segment cut inside a frame) is that segment's end.
+    pub fn cut_at(&self, segment: u64, offset: u64, lost_from: u64) -> bool {
+        self.at(segment, offset)
+            .is_some_and(|r| r.end.is_none() && r.lost_from == lost_from)
+    }
+
     /// Adds `r`, replacing a range that starts at the same place (damage that spread
     /// since it was listed); keeps log order.
     pub fn add(&mut self, r: Range) {

@@ -819,7 +819,14 @@ impl EventIter {
                                 (last, rest.is_empty() || sink(text, rest, bounds))
                             }),
                     };
-                    let gap = self.gap.take();
+                    // The first frame of a segment opened past the seq wanted, whole and
+                    // following on from the segment's own base: seqs missing between two
+                    // segments, nothing else wrong with it.
+                    let missing = self.gap.take().filter(|&(_, base, _)| {
+                        offset == 0
+                            && checked.is_err()
+                            && check_frame(r.payload(), Some(base), last_ts, &self.run_id).is_ok()
+                    });
                     match checked {
                         Ok((last, go_on)) => {
                             self.seek_from = None;
@@ -839,14 +846,8 @@ impl EventIter {
                         // Seqs missing between two segments, not declared: reported at the
                         // end of the segment that lost them; a read that skips damage
                         // goes on with this frame.
-                        Err((Some(want), reason))
-                            if gap.is_some_and(|(w, base, _)| {
-                                w == want
-                                    && offset == 0
-                                    && reason == format!("holds seq {base}, expected {want}")
-                            }) =>
-                        {
-                            let (want, base, end) = gap.unwrap_or_default();
+                        Err(_) if missing.is_some() => {
+                            let (want, base, end) = missing.unwrap_or_default();
                             let at = segment::segment_path(&self.dir, end.seg);
                             let next = segment::segment_name(base);
                             let what = match self.storage.exists(&at) {

@@ -98,13 +98,7 @@ impl Store {
             .map(|o| match o {
                 Some(refused) => refused,
                 None => match stored.next() {
-                    Some((Err(Error::Forbidden(why)), Some(batch))) => {
-                        match self.stored_in_archive(run, &batch) {
-                            Ok(Some(events)) => Ok(events),
-                            Ok(None) => Err(Error::Forbidden(why)),
-                            Err(e) => Err(e),
-                        }
-                    }
+                    Some((r, Some(batch))) => self.or_stored_in_archive(run, r, &batch),
                     Some((r, _)) => r,
                     None => Err(Error::invalid("batch", "append result lost")),
                 },
@@ -190,14 +184,27 @@ impl Store {
             },
             _ => self.append_direct(run, batch, expect_seq, durability),
         };
-        match (r, retry) {
-            (Err(Error::Forbidden(why)), Some(batch)) => {
-                match self.stored_in_archive(run, &batch)? {
-                    Some(stored) => Ok(stored),
-                    None => Err(Error::Forbidden(why)),
-                }
-            }
-            (r, _) => r,
+        match retry {
+            Some(batch) => self.or_stored_in_archive(run, r, &batch),
+            None => r,
+        }
+    }
+
+    /// `r`, but a refusal because the run is closed and archived becomes the stored
+    /// events when every event of `batch` (by id) is in the archive: a retry, or a
+    /// recovered hand-off, of a batch stored before the close.
+    fn or_stored_in_archive(
+        &self,
+        run: &str,
+        r: Result<Vec<Event>>,
+        batch: &[Checked],
+    ) -> Result<Vec<Event>> {
+        match r {
+            Err(Error::Forbidden(why)) => match self.stored_in_archive(run, batch)? {
+                Some(stored) => Ok(stored),
+                None => Err(Error::Forbidden(why)),
+            },
+            r => r,
         }
     }
 
@@ -213,7 +220,9 @@ impl Store {
     }
 
     /// A handed-off batch whose answer was lost: appended through this process's writer,
-    /// which first returns it if the committer stored it (every event has an id).
+    /// which first returns it if the committer stored it (every event has an id). If the
+    /// run was closed and archived since, the committer may have stored it first: then
+    /// the archive holds its ids (generated ones included).
     pub(super) fn append_recovered(
         &self,
         run: &str,
@@ -221,9 +230,11 @@ impl Store {
         expect_seq: Option<u64>,
         since: u64,
     ) -> Result<Vec<Event>> {
+        let ids = batch.clone();
         let mut req = Request::new(batch, expect_seq, Durability::Sync);
         req.recover_since = Some(since);
-        self.append_request(run, req)
+        let r = self.append_request(run, req);
+        self.or_stored_in_archive(run, r, &ids)
     }
 
     pub(super) fn append_request(&self, run: &str, req: Request) -> Result<Vec<Event>> {

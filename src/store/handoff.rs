@@ -507,10 +507,7 @@ impl Drop for CommitGuard<'_> {
             std::mem::take(&mut q.pending)
         };
         for p in pending {
-            if let Reply::Local(slot) = p.reply {
-                *lock(&slot.result) = Some((Err(commit_thread_failed()), None));
-                slot.done.notify_one();
-            }
+            fail_local(p.reply);
         }
         {
             // No connection accepted from here on (one waiting in the backlog would be
@@ -531,13 +528,18 @@ impl Drop for CommitGuard<'_> {
     }
 }
 
-/// The error a local append gets when the commit thread panicked with it queued or in
-/// flight: its outcome is unknown, as after a timeout.
-fn commit_thread_failed() -> Error {
-    Error::invalid(
-        "handoff",
-        "the commit thread failed; the append may or may not be stored: read the run, or append again with the same id",
-    )
+/// Answers a local append queued or in flight when the commit thread panicked: its
+/// outcome is unknown, as after a timeout. (A socket's reply is left to the connection's
+/// end: the client recovers its batch.)
+fn fail_local(reply: Reply) {
+    if let Reply::Local(slot) = reply {
+        let e = Error::invalid(
+            "handoff",
+            "the commit thread failed; the append may or may not be stored: read the run, or append again with the same id",
+        );
+        *lock(&slot.result) = Some((Err(e), None));
+        slot.done.notify_one();
+    }
 }
 
 /// A group's replies while it commits. If the commit panics, the group's local waiters
@@ -551,10 +553,7 @@ impl Drop for InFlight {
             return;
         }
         for reply in self.0.drain(..) {
-            if let Reply::Local(slot) = reply {
-                *lock(&slot.result) = Some((Err(commit_thread_failed()), None));
-                slot.done.notify_one();
-            }
+            fail_local(reply);
         }
     }
 }
@@ -1023,17 +1022,7 @@ impl Store {
                     since,
                     "committer gone with an append in flight; recovering it"
                 );
-                // With the ids it was handed with (generated ones included): if the run
-                // was closed and archived since, the committer may have stored it first.
-                let ids = batch.clone();
-                let r = match self.append_recovered(run, batch, expect_seq, since) {
-                    Err(Error::Forbidden(why)) => match self.stored_in_archive(run, &ids) {
-                        Ok(Some(stored)) => Ok(stored),
-                        Ok(None) => Err(Error::Forbidden(why)),
-                        Err(e) => Err(e),
-                    },
-                    r => r,
-                };
+                let r = self.append_recovered(run, batch, expect_seq, since);
                 self.handoff.recovered.fetch_add(1, Ordering::Relaxed);
                 Ok(r)
             }

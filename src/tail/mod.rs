@@ -848,9 +848,11 @@ impl Tail {
             // A frame cut at the end of an older segment, its seqs listed as lost by
             // `swarm repair` (from its last whole frame on): the segment ends here.
             let listed_cut = tail_incomplete
-                && quarantine::read(&*self.storage, &self.dir)
-                    .at(self.seg, self.off)
-                    .is_some_and(|q| q.end.is_none() && q.lost_from == self.head_seen + 1);
+                && quarantine::read(&*self.storage, &self.dir).cut_at(
+                    self.seg,
+                    self.off,
+                    self.head_seen + 1,
+                );
             if tail_incomplete && !listed_cut {
                 return Err(Error::corrupt(
                     &path,

@@ -266,9 +266,11 @@ impl SegIndex {
                     // frame on listed as lost (`swarm repair`): it ends there.
                     let dir = path.parent().unwrap_or(Path::new("."));
                     let listed = incomplete
-                        && crate::log::quarantine::read(storage, dir)
-                            .at(self.base, offset)
-                            .is_some_and(|q| q.end.is_none() && q.lost_from == self.head + 1);
+                        && crate::log::quarantine::read(storage, dir).cut_at(
+                            self.base,
+                            offset,
+                            self.head + 1,
+                        );
                     if incomplete && !listed {
                         break Extended::Stopped(format!("incomplete frame at byte {offset}"));
                     }
