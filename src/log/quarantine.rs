@@ -73,12 +73,20 @@ impl Quarantine {
         })
     }
 
-    /// Whether a range starting at `offset` of segment `segment` lists as lost
-    /// everything from there to the segment's end, from seq `lost_from` on: then an
-    /// incomplete frame there (a segment cut inside a frame) is that segment's end.
+    /// Whether a range lists as lost everything from `offset` of segment `segment` to
+    /// that segment's end, from seq `lost_from` on: then an incomplete frame there (a
+    /// segment cut inside a frame) is that segment's end. The range starts there, or
+    /// at the start of a later segment when the ones between were emptied too (readers
+    /// find the seqs missing only where frames resume, and list them at the last
+    /// segment they read, an empty one); each reader still checks the next segment's
+    /// first seq against the range, so a segment between that holds frames is an error.
     pub fn cut_at(&self, segment: u64, offset: u64, lost_from: u64) -> bool {
-        self.at(segment, offset)
-            .is_some_and(|r| r.end.is_none() && r.lost_from == lost_from)
+        self.ranges.iter().any(|r| {
+            r.end.is_none()
+                && r.lost_from == lost_from
+                && ((r.segment, r.offset) == (segment, offset)
+                    || (r.segment > segment && r.offset == 0))
+        })
     }
 
     /// Adds `r`, replacing a range that starts at the same place (damage that spread

@@ -408,7 +408,16 @@ impl Store {
             tomb["relative_to"] = "data_dir".into();
         }
         write_atomic(st, &dir.join(TOMBSTONE), tomb.to_string().as_bytes())?;
-        for (name, p) in &files {
+        // Segments first, `QUARANTINE` and `SYNCED` after them: a reader that still
+        // finds a segment in this window needs the list of its known damage (without
+        // it, damage `swarm repair` declared is reported again instead of the reader
+        // moving on to the archive).
+        let is_segment = |name: &str| crate::log::segment::parse_segment_name(name).is_some();
+        let in_order = files
+            .iter()
+            .filter(|(n, _)| is_segment(n))
+            .chain(files.iter().filter(|(n, _)| !is_segment(n)));
+        for (name, p) in in_order {
             if name == crate::log::meta::META_FILE {
                 continue;
             }

@@ -349,16 +349,26 @@ impl IndexCell {
             let path = segment::segment_path(dir, base);
             if k == st.segs.len() {
                 // The run's first seq is 1: a first segment that starts later means the
-                // ones before it are gone.
-                let (expected, prev) = match st.segs.last() {
-                    None => (1, 1),
-                    Some(prev) => (prev.head + 1, prev.base),
-                };
+                // ones before it are gone. The seq expected next is the one after the
+                // last segment that holds a frame: a sealed segment emptied by damage
+                // holds none, whatever its name says, and readers carry on past it to
+                // the next one, where `swarm repair` lists the seqs lost since (at the
+                // emptied segment, the last one read).
+                let prev = st.segs.last().map_or(1, |s| s.base);
+                let expected = st
+                    .segs
+                    .iter()
+                    .rev()
+                    .find(|s| s.end > 0)
+                    .map_or(1, |s| s.head + 1);
                 let file: Arc<dyn StorageFile> =
                     Arc::from(storage.open(&path, OpenMode::Read).ctx("open", &path)?);
+                let emptied =
+                    base < visible.seg && base != expected && file.len().ctx("stat", &path)? == 0;
                 // The gap rule: a segment may start after a gap its first event declares,
                 // or after seqs `swarm repair` listed as lost at the previous one's end.
                 if base != expected
+                    && !emptied
                     && !(base > expected
                         && (declares_gap(&file, &path, expected, base)
                             || crate::log::quarantine::read(&**storage, dir)
