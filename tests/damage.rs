@@ -1350,6 +1350,93 @@ fn a_cut_segment_followed_by_an_emptied_one() {
     }
 }
 
+/// Two losses repaired one after the other, in neighbouring segments (an index that
+/// chained only through segments holding frames stopped at the second for good), and a
+/// loss found before an earlier repair's emptied segment (an index that ended on the
+/// emptied segment let filtered reads skip the new loss silently).
+#[test]
+fn losses_repaired_one_after_another_and_a_new_loss_before_an_old_one() {
+    let cut_end = |mem: &MemStorage, p: &Path| {
+        let mut bytes = mem.contents(p).unwrap();
+        let b = frame_boundaries(&bytes);
+        bytes.truncate(b[b.len() - 3]);
+        mem.set_contents(p, bytes);
+    };
+    for case in [
+        "emptied then cut before",
+        "emptied then emptied",
+        "cut then emptied",
+    ] {
+        let mem = MemStorage::new();
+        let open = || small_segments(&mem);
+        let store = open();
+        fill(&store, "v", 200);
+        drop(store);
+        let dir = Path::new("/d/anonymous/v");
+        let segs = crate::util::mem_segments(&mem, dir);
+        assert!(segs.len() >= 6, "{segs:?}");
+        let seg = |i: usize| dir.join(&segs[i]);
+        type Damage<'a> = Box<dyn Fn() + 'a>;
+        let (first, second): (Damage, Damage) = match case {
+            "cut then emptied" => (
+                Box::new(|| cut_end(&mem, &seg(2))),
+                Box::new(|| mem.set_contents(&seg(3), Vec::new())),
+            ),
+            "emptied then emptied" => (
+                Box::new(|| mem.set_contents(&seg(2), Vec::new())),
+                Box::new(|| mem.set_contents(&seg(3), Vec::new())),
+            ),
+            _ => (
+                Box::new(|| mem.set_contents(&seg(3), Vec::new())),
+                Box::new(|| cut_end(&mem, &seg(2))),
+            ),
+        };
+        first();
+        let store = open();
+        assert_eq!(store.repair_all("v").unwrap().len(), 1, "{case}");
+        store.rebuild_index("v", |_, _| {}).unwrap();
+        drop(store);
+        second();
+        let store = open();
+        let filtered = |store: &Store| -> Result<Vec<u64>, Error> {
+            store
+                .read("v", by_agent_opts())?
+                .map(|e| e.map(|e| e.seq))
+                .collect()
+        };
+        // Before the second repair every read reports the new loss, indexed ones too.
+        assert!(filtered(&store).is_err(), "{case}: {:?}", filtered(&store));
+        let index = store.rebuild_index("v", |_, _| {}).unwrap();
+        assert!(filtered(&store).is_err(), "{case}: through a rebuilt index");
+        assert!(index.head_seq < 200, "{case}: {index:?}");
+        let lost = store.repair_all("v").unwrap();
+        assert_eq!(lost.len(), 1, "{case}: {lost:?}");
+        assert!(store.verify("v", |_| {}).unwrap().ok, "{case}");
+        let after = lib_append(&store, "v", "after");
+        drop(store);
+        let store = open();
+        let all: Vec<swarm_memory::Event> = lib_read(&store, "v");
+        let declared: Vec<u64> = all
+            .iter()
+            .filter(|e| e.kind == swarm_memory::EventType::LogDamaged)
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(declared.len(), 2, "{case}");
+        let want: Vec<u64> = all
+            .iter()
+            .filter(|e| !declared.contains(&e.seq))
+            .map(|e| e.seq)
+            .collect();
+        let index = store.rebuild_index("v", |_, _| {}).unwrap();
+        assert_eq!(
+            index.head_seq, after.seq,
+            "{case}: the index reaches the head"
+        );
+        assert_eq!(index.stopped, None, "{case}");
+        assert_eq!(filtered(&store).unwrap(), want, "{case}");
+    }
+}
+
 /// A store on `mem` whose new runs use 4 KiB segments.
 fn small_segments(mem: &MemStorage) -> Store {
     Store::open_with(

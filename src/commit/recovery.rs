@@ -87,13 +87,17 @@ impl RunLog {
             // Every segment file gone from a run whose durable mark says records were
             // acknowledged: an empty first segment (under `LOCK`), which the mark shows
             // short, so the loss is reported and `swarm repair` records it (not "run not
-            // found"). Without such a mark (marks lost too, or a run being archived,
-            // which removes `SYNCED` first) nothing tells which seqs were handed out:
-            // not found, as before, never a run that starts again at seq 1.
+            // found"). Without such a mark (marks lost too) nothing tells which seqs
+            // were handed out; a run being archived (its tombstone is written before its
+            // files are removed, segments first) lives in its archive: not found, as
+            // before, never a run that starts again at seq 1.
             if durable == Pos::default()
                 || !self
                     .storage
                     .exists(&self.dir.join(crate::log::meta::META_FILE))
+                || self
+                    .storage
+                    .exists(&self.dir.join(crate::log::meta::ARCHIVED_FILE))
             {
                 return Err(Error::RunNotFound(self.run_id.clone()));
             }

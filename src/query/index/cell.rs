@@ -159,6 +159,10 @@ pub(crate) struct RunIndex {
     pub(crate) bases: Vec<u64>,
     /// The run's `SYNCED` file, kept open: reading the watermark is one `pread`.
     pub(crate) synced: Option<Box<dyn StorageFile>>,
+    /// Bases of segments in `segs` accepted only as emptied by damage (sealed, no
+    /// bytes, at a base no gap rule explains): they hold no seq, and the seq expected
+    /// after them is the one expected before them. Never the last of `segs`.
+    pub(crate) emptied: HashSet<u64>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -349,32 +353,36 @@ impl IndexCell {
             let path = segment::segment_path(dir, base);
             if k == st.segs.len() {
                 // The run's first seq is 1: a first segment that starts later means the
-                // ones before it are gone. The seq expected next is the one after the
-                // last segment that holds a frame: a sealed segment emptied by damage
-                // holds none, whatever its name says, and readers carry on past it to
-                // the next one, where `swarm repair` lists the seqs lost since (at the
-                // emptied segment, the last one read).
+                // ones before it are gone. A sealed segment emptied by damage at a base
+                // no gap rule explains holds no seq, whatever its name says: readers
+                // carry on past it wanting the same seq, to the next segment, where
+                // `swarm repair` lists the seqs lost since (at the emptied segment, the
+                // last one read). The index does the same (`emptied`), and never ends on
+                // such a segment (below).
                 let prev = st.segs.last().map_or(1, |s| s.base);
                 let expected = st
                     .segs
                     .iter()
                     .rev()
-                    .find(|s| s.end > 0)
+                    .find(|s| !st.emptied.contains(&s.base))
                     .map_or(1, |s| s.head + 1);
                 let file: Arc<dyn StorageFile> =
                     Arc::from(storage.open(&path, OpenMode::Read).ctx("open", &path)?);
-                let emptied =
-                    base < visible.seg && base != expected && file.len().ctx("stat", &path)? == 0;
                 // The gap rule: a segment may start after a gap its first event declares,
                 // or after seqs `swarm repair` listed as lost at the previous one's end.
-                if base != expected
-                    && !emptied
-                    && !(base > expected
+                let fits = base == expected
+                    || (base > expected
                         && (declares_gap(&file, &path, expected, base)
                             || crate::log::quarantine::read(&**storage, dir)
                                 .gap(prev, expected, base)
-                                .is_some()))
-                {
+                                .is_some()));
+                let emptied = !fits && base < visible.seg && file.len().ctx("stat", &path)? == 0;
+                if emptied {
+                    st.emptied.insert(base);
+                } else {
+                    st.emptied.remove(&base);
+                }
+                if !fits && !emptied {
                     st.stopped = Some(format!(
                         "segment {} starts at seq {base}, expected {expected}",
                         path.display()
@@ -421,6 +429,15 @@ impl IndexCell {
             if !whole {
                 break;
             }
+        }
+        // An emptied segment the index could not go past says nothing of the seqs after
+        // the last one indexed: the index ends before it (reads scan on from there and
+        // report what is missing).
+        while st.segs.last().is_some_and(|s| st.emptied.contains(&s.base)) {
+            if let Some(s) = st.segs.pop() {
+                st.emptied.remove(&s.base);
+            }
+            st.files.pop();
         }
         self.persist(st, storage, dir, persist)
     }
