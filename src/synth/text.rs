@@ -530,7 +530,7 @@ fn parse_number(s: &str) -> Option<Tok> {
 }
 
 /// Unit word or suffix -> (dimension, factor to the base unit).
-fn unit_of(u: &str) -> Option<(Dim, f64)> {
+pub(crate) fn unit_of(u: &str) -> Option<(Dim, f64)> {
     Some(match u {
         "ms" | "msec" | "msecs" | "millisecond" | "milliseconds" => (Dim::Time, 1.0),
         "s" | "sec" | "secs" | "second" | "seconds" => (Dim::Time, 1e3),
@@ -615,7 +615,7 @@ fn is_negator(w: &str) -> bool {
 }
 
 /// Nouns a following integer identifies (`broker 2`).
-const ENTITY_NOUNS: &[&str] = &[
+pub(crate) const ENTITY_NOUNS: &[&str] = &[
     "broker",
     "node",
     "shard",
@@ -637,7 +637,7 @@ const ENTITY_NOUNS: &[&str] = &[
 ];
 
 /// Words next to which a number in 100..600 is an HTTP status code.
-const HTTP_WORDS: &[&str] = &[
+pub(crate) const HTTP_WORDS: &[&str] = &[
     "http",
     "https",
     "status",

@@ -245,6 +245,12 @@ pub(crate) fn proper_names(text: &str) -> Vec<String> {
         {
             continue; // an identifier, a number or an acronym
         }
+        if w.len() >= 3
+            && w.ends_with('s')
+            && w[..w.len() - 1].chars().all(|c| c.is_ascii_uppercase())
+        {
+            continue; // an acronym's plural (`PGs`, `OSDs`)
+        }
         let before = text[..m.start()].trim_end();
         let sentence_start = before.is_empty()
             || before.ends_with(['.', ':', '!', '?', '>', ';', '"'])
@@ -272,7 +278,61 @@ pub(crate) fn measure_text(text: &str) -> Cow<'_, str> {
     static RULES: std::sync::OnceLock<Vec<Rule>> = std::sync::OnceLock::new();
     let rules = RULES.get_or_init(|| {
         const N: &str = r"(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)";
+        const MONTH: &str = r"(jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)";
         let v: Vec<Rule> = vec![
+            // Possessives: `broker-3's disk` names `broker-3`, `checkout's p99` `checkout`.
+            (re(r"\b([A-Za-z0-9][\w.-]*)['’]s\b"), |c| c[1].to_string()),
+            // Plural acronyms name the acronym: `PGs` -> `PG`, `OSDs` -> `OSD`.
+            (re(r"\b([A-Z]{2,6})s\b"), |c| c[1].to_string()),
+            // Compound durations: 3h10m, 2m30s, 1h05m20s -> seconds.
+            (
+                re(r"(?i)\b(?:(\d+)h\s?)?(?:(\d+)m(?:in)?\s?)?(?:(\d+)s)?\b"),
+                compound_duration,
+            ),
+            // An entity and its number, however written, are one identifier:
+            // `broker 3`, `broker-3`, `broker_3`, `osd.12`, `OSD 12` -> `broker-3`, `OSD-12`.
+            (
+                re(r"\b([A-Za-z]{2,})(?:[._-]|\s+#?)(\d+)([.:/-]\d|\s*%|\s*[A-Za-z]+)?"),
+                entity_number,
+            ),
+            // Dates in one form, a value (`20260731`) rather than an identifier, so that
+            // two dates of one thing (a certificate's expiry, a partition's row count)
+            // compare as values do: `2026-07-31T23:59:59Z` -> `20260731 23:59`;
+            // `2026-05-06`, `6 May 2026`, `May 6th, 2026` -> `20260506`; `2026-03`,
+            // `March 2026` -> `202603`.
+            (
+                re(r"\b((?:19|20)\d{2})-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])(?:[T ](\d{2}:\d{2})(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?\b"),
+                |c| match c.get(4) {
+                    Some(t) => format!("{}{}{} {}", &c[1], &c[2], &c[3], t.as_str()),
+                    None => format!("{}{}{}", &c[1], &c[2], &c[3]),
+                },
+            ),
+            (
+                re(r"\b((?:19|20)\d{2})-(0[1-9]|1[0-2])\b"),
+                |c| format!("{}{}", &c[1], &c[2]),
+            ),
+            (
+                re(&format!(r"(?i)\b(\d{{1,2}})(?:st|nd|rd|th)?\s+{MONTH}\.?,?\s+(\d{{4}})\b")),
+                |c| date_of(&c[3], &c[2], Some(&c[1])),
+            ),
+            (
+                re(&format!(r"(?i)\b{MONTH}\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+(\d{{4}})\b")),
+                |c| date_of(&c[3], &c[1], Some(&c[2])),
+            ),
+            (
+                re(&format!(r"(?i)\b{MONTH}\.?\s+(\d{{4}})\b")),
+                |c| date_of(&c[2], &c[1], None),
+            ),
+            // Cents are hundredths of the currency: `87,500 cents` -> `875`.
+            (re(&format!(r"(?i)\b{N}\s*cents?\b")), |c| match num(&c[1]) {
+                Some(x) => text::num_key(x / 100.0),
+                None => c[0].to_string(),
+            }),
+            // A count of a total shares its unit: `79 of 80 GB`, `79/80 GB` -> `79 GB of 80 GB`.
+            (
+                re(r"(?i)\b(\d+(?:\.\d+)?)\s*(?:of|/|out of)\s*(\d+(?:\.\d+)?)\s*(gb|gib|mb|mib|tb|tib|kb|kib|ms|s|%|percent|cores|vcpus)\b"),
+                |c| format!("{} {} of {} {}", &c[1], &c[3], &c[2], &c[3]),
+            ),
             // Percentiles: 99th percentile / 99th pct / 99th-percentile / 99%ile -> p99.
             (
                 re(r"(?i)\b(\d{2,3})(?:(?:st|nd|rd|th)[ -]?(?:percentile|pct|perc)|[ -]?percentile|%ile)\b"),
@@ -339,6 +399,71 @@ pub(crate) fn measure_text(text: &str) -> Cow<'_, str> {
     out
 }
 
+/// `YYYYMMDD` (or `YYYYMM` without a day) of a year, a month name and a day; as
+/// written when the day is not one of the month's.
+fn date_of(year: &str, month: &str, day: Option<&str>) -> String {
+    let m = month.to_ascii_lowercase();
+    let Some(mi) = MONTHS.iter().position(|x| m.starts_with(x)) else {
+        return format!("{month} {year}");
+    };
+    match day.map(str::parse::<u32>) {
+        None => format!("{year}{:02}", mi + 1),
+        Some(Ok(d)) if (1..=31).contains(&d) => format!("{year}{:02}{d:02}", mi + 1),
+        Some(_) => format!("{} {month} {year}", day.unwrap_or_default()),
+    }
+}
+
+/// `3h10m` -> `11400 seconds`; a lone part (`3h`, `10m`, `5s`) or no match at all is
+/// left as written (`10m` may be ten million or ten metres).
+fn compound_duration(c: &Captures) -> String {
+    let part = |i: usize| c.get(i).and_then(|m| m.as_str().parse::<u64>().ok());
+    let parts = [part(1), part(2), part(3)];
+    if parts.iter().flatten().count() < 2 {
+        return c[0].to_string();
+    }
+    let [h, m, s] = parts.map(|p| p.unwrap_or(0));
+    let secs = h * 3600 + m * 60 + s;
+    let trailing = if c[0].ends_with(char::is_whitespace) {
+        " "
+    } else {
+        ""
+    };
+    format!("{secs} seconds{trailing}")
+}
+
+/// `broker 3`, `osd.12`, `OSD 12` -> one identifier (`broker-3`, `osd-12`, `OSD-12`):
+/// only after a word that names entities (`broker`, `node`, ...: `text::ENTITY_NOUNS`)
+/// or an all-caps acronym, and never when the number is a measurement (`CPU 95%`,
+/// `TTL 300 s`), a version or an address (`TLS 1.2`, `host 10.0.0.5`), or a status code
+/// (`HTTP 503`). Written with a dash, an underscore or a dot (`broker_3`, `osd.12`,
+/// `cust_5120/2026-04`), any word and its number are one identifier already: only the
+/// separator is made a dash.
+fn entity_number(c: &Captures) -> String {
+    let word = &c[1];
+    let joined = !c[0][word.len()..].starts_with(char::is_whitespace)
+        && !c[0][word.len()..].starts_with('#');
+    let after = c.get(3).map_or("", |m| m.as_str());
+    let next = after.trim();
+    let lower = word.to_ascii_lowercase();
+    // After an acronym, a number followed by a plural noun counts it (`API 450 errors`,
+    // `DB 30 connections`); otherwise it names one (`OSD 12 is down`, `AZ 2`).
+    let counts =
+        next.len() > 3 && next.ends_with('s') && !matches!(next, "was" | "has" | "is" | "as");
+    let entity = text::ENTITY_NOUNS.contains(&lower.as_str())
+        || (word.len() <= 5 && word.chars().all(|ch| ch.is_ascii_uppercase()) && !counts);
+    // A longer number, or one that goes on (`partition 2026-05-08`, `host 10.0.0.5`).
+    let measured = c[2].len() > 4
+        || next.starts_with(['.', ':', '/', '-'])
+        || next.starts_with('%')
+        || text::unit_of(&next.to_ascii_lowercase()).is_some()
+        || text::HTTP_WORDS.contains(&lower.as_str());
+    if joined || (entity && !measured) {
+        format!("{word}-{}{after}", &c[2])
+    } else {
+        c[0].to_string()
+    }
+}
+
 fn scaled_of(c: &Captures, f: f64) -> String {
     match num(&c[1]) {
         Some(x) => text::num_key(x * f),
@@ -402,7 +527,7 @@ mod tests {
         let m = |t: &str| measure_text(t).into_owned();
         assert_eq!(
             m("checkout's 99th percentile latency"),
-            "checkout's p99 latency"
+            "checkout p99 latency"
         );
         assert_eq!(m("tail latency (99th pct)"), "tail latency (p99)");
         assert_eq!(m("lag 1.2M msgs"), "lag 1200000 msgs");
@@ -425,6 +550,56 @@ mod tests {
         assert_eq!(m("502 burst 11:10-11:35Z"), "502 burst 11:10 to 11:35");
         assert_eq!(m("80 GB at 14:00"), "80 GB at 14:00");
         assert_eq!(m("the 7-day retention"), "the 7 day retention");
+    }
+
+    #[test]
+    fn one_form_for_entity_numbers_possessives_durations_and_totals() {
+        let ids = |t: &str| Slots::of(t).sig.ids;
+        let vals = |t: &str| Slots::of(t).sig.value_keys;
+        // An entity and its number, however written.
+        for t in [
+            "broker 3 at 97%",
+            "broker-3 at 97%",
+            "broker_3 at 97%",
+            "broker-3's disk at 97%",
+        ] {
+            assert_eq!(ids(t), ["broker-3"], "{t}");
+        }
+        assert_eq!(ids("osd.12 is down"), ids("Ceph reports OSD 12 as down"));
+        assert_ne!(ids("osd.12 is down"), ids("osd.17 is down"));
+        // ... but not a measurement, a version, an address or a status code.
+        assert_eq!(vals("CPU 95 percent"), ["95"]);
+        assert_eq!(vals("TTL 300 s"), ["300000"]);
+        assert_eq!(vals("the HTTP 503 rate"), ["503"]);
+        assert_eq!(vals("API 450 errors"), ["450"]);
+        assert!(ids("TLS 1.2 on host 10.0.0.5")
+            .iter()
+            .all(|i| i == "10.0.0.5"));
+        // Compound durations; a lone part is left alone.
+        assert_eq!(
+            vals("orders_daily took 3h10m"),
+            vals("orders_daily took 190 minutes")
+        );
+        assert_eq!(vals("2m30s"), vals("150 s"));
+        assert_eq!(vals("retry in 10m"), ["10m"]);
+        // A count of a total shares its unit.
+        assert_eq!(vals("79 of 80 GB in use"), vals("79 GB / 80 GB"));
+        // Dates and cents.
+        for t in [
+            "failed for the 6 May 2026 run",
+            "FAILED ds=2026-05-06",
+            "failed on May 6th, 2026",
+        ] {
+            assert_eq!(vals(t), ["20260506"], "{t}");
+        }
+        assert_eq!(
+            vals("notAfter=2026-07-31T23:59:59Z").first(),
+            vals("valid until Jul 31, 2026").first()
+        );
+        assert_eq!(vals("the March 2026 invoice"), vals("billed for 2026-03"));
+        assert_eq!(vals("billed 87,500 cents"), vals("total $875.00"));
+        // Plural acronyms are acronyms, not proper names.
+        assert!(proper_names("Ceph: 312 PGs degraded, OSDs flapping").is_empty());
     }
 
     #[test]
