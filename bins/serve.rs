@@ -171,6 +171,11 @@ fn raise_open_file_limit() {
 pub fn token(cmd: TokenCmd, data_dir: &Path, user: &str) -> anyhow::Result<ExitCode> {
     match cmd {
         TokenCmd::Add { agent, role } => {
+            if user == swarm_memory::event::ANONYMOUS {
+                eprintln!(
+                    "warning: this token acts as the user `anonymous`, one partition shared by every anonymous token; give each tenant its own --user"
+                );
+            }
             let t = token::add(data_dir, user, &agent, Role::parse(&role)?)?;
             eprintln!("{}", serde_json::to_string(&t.record)?);
             // The secret is shown once: if it cannot be, the token is useless to anyone

@@ -539,6 +539,44 @@ fn serve_refuses_missing_and_revoked_tokens() {
     );
 }
 
+/// A stream opened with a token ends once the token is revoked (it went on for as long
+/// as the connection lived): within a heartbeat interval, a `revoked` event naming where
+/// to resume, then the end.
+#[test]
+fn a_revoked_token_ends_its_open_event_stream() {
+    let (env, srv, t) = alice(&["db"], &["--heartbeat-ms", "100"]);
+    assert_eq!(
+        srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "a"))
+            .status,
+        201
+    );
+    let mut sse = srv.follow("/v1/runs/inc/events?follow=1", &t, None);
+    let first = sse.next().expect("the first event");
+    assert_eq!(first.id, Some(1));
+    let id = t.split('_').nth(1).unwrap();
+    let out = env.swarm(&["token", "revoke", id]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    // Appends go on (through the files): the stream does not wait for one to end.
+    let store = env.store().with_user("alice", true).unwrap();
+    crate::util::lib_append(&store, "inc", "after the revocation");
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut seen = Vec::new();
+    loop {
+        // (Heartbeats come every 100 ms: the deadline is looked at between them.)
+        assert!(Instant::now() < until, "the stream went on: {seen:?}");
+        match sse.next_or_comment() {
+            Some(Some(m)) if m.event.as_deref() == Some("revoked") => {
+                assert!(m.data.contains("\"resume_from_seq\""), "{}", m.data);
+                break;
+            }
+            Some(Some(m)) => seen.push(m.id),
+            Some(None) => {}
+            None => panic!("ended without saying why: {seen:?}"),
+        }
+    }
+    assert!(sse.next().is_none(), "the stream ends");
+}
+
 #[test]
 fn serve_hides_another_users_runs() {
     let env = Env::fast();

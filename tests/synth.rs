@@ -1417,6 +1417,27 @@ fn shared_advice_says_how_many_users_taught_it() {
     assert_eq!(tips[0].users, Some(2));
     let shown = serde_json::to_string(&p).unwrap();
     assert!(shown.contains("\"users\":2"), "{shown}");
+    // Who taught it and exactly when stay with them: no contributor ids (they linked one
+    // tenant's incidents across lessons), times cut to the UTC day.
+    const DAY_US: u64 = 86_400_000_000;
+    for s in p.iter().filter(|s| s.scope == "shared") {
+        assert!(s.item.provenance.contributors.is_empty(), "{s:?}");
+        assert_eq!(s.item.last_seen.0 % DAY_US, 0, "{s:?}");
+        assert!(s
+            .item
+            .provenance
+            .first_seen
+            .is_some_and(|t| t.0 % DAY_US == 0));
+    }
+    assert!(!shown.contains("contributors"), "{shown}");
+    let shown_tips = serde_json::to_string(&tips).unwrap();
+    assert!(!shown_tips.contains("contributors"), "{shown_tips}");
+    for t in &tips {
+        assert!(
+            t.item.corrected_at.is_none_or(|c| c.0 % DAY_US == 0),
+            "{t:?}"
+        );
+    }
     // Bob's own view of his lessons is private and carries no count.
     assert!(bob
         .patterns("high_latency_checkout")

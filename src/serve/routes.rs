@@ -248,6 +248,7 @@ async fn read(
             subject: q.subject,
             reader,
             memory: false,
+            token_id: id.token.id.clone(),
         };
         return sse::follow(app, id.store, sub).await;
     }
@@ -306,6 +307,7 @@ async fn memory_events(
         subject: None,
         reader,
         memory: true,
+        token_id: id.token.id.clone(),
     };
     sse::follow(app, id.store, sub).await
 }

@@ -86,6 +86,9 @@ pub(crate) struct Subscription {
     /// Send the memory events derived from each event (`synth::memory_events`) instead
     /// of the event; events that derive none are skipped.
     pub(crate) memory: bool,
+    /// The id of the token the stream was opened with: asked again every heartbeat
+    /// interval, the stream ends with a `revoked` event once it is revoked.
+    pub(crate) token_id: String,
 }
 
 /// One event's SSE message(s), queued for the response.
@@ -140,6 +143,7 @@ pub(crate) async fn follow(
     mut sub: Subscription,
 ) -> Result<Response, Problem> {
     let from = sub.tail.from_seq.unwrap_or(1).max(1);
+    let mut token_id = std::mem::take(&mut sub.token_id);
     let (tx, rx) = mpsc::unbounded_channel();
     let queued = Arc::new(AtomicUsize::new(0));
     let out = Out {
@@ -217,6 +221,12 @@ pub(crate) async fn follow(
             metrics,
             heartbeat: app.opts.heartbeat,
             beat: tokio::time::Instant::now() + app.opts.heartbeat,
+            live: Live {
+                next: tokio::time::Instant::now() + app.opts.heartbeat,
+                token_id: std::mem::take(&mut token_id),
+                app: app.clone(),
+            },
+            ended: false,
         },
         step,
     );
@@ -614,6 +624,17 @@ struct Stream {
     heartbeat: Duration,
     /// When the next heartbeat is due if nothing is sent before.
     beat: tokio::time::Instant,
+    /// The stream's token, asked again every heartbeat interval.
+    live: Live,
+    /// Ended by a revocation: nothing more goes out (what is queued is dropped).
+    ended: bool,
+}
+
+/// When and how a stream asks again whether its token is still live.
+struct Live {
+    next: tokio::time::Instant,
+    token_id: String,
+    app: Arc<App>,
 }
 
 impl Drop for Stream {
@@ -643,6 +664,23 @@ impl Stream {
     /// The next message to write; `None` at the end.
     async fn next_message(&mut self) -> Option<Bytes> {
         loop {
+            if self.ended {
+                return None;
+            }
+            let now = tokio::time::Instant::now();
+            if now >= self.live.next {
+                self.live.next = now + self.heartbeat;
+                if !self.live.app.tokens.is_live(&self.live.token_id) {
+                    self.ended = true;
+                    return Some(named(
+                        "revoked",
+                        &json!({
+                            "resume_from_seq": self.next,
+                            "reason": "the token this stream was opened with was revoked",
+                        }),
+                    ));
+                }
+            }
             if let Some(s) = self.pending.pop_front() {
                 self.queued.fetch_sub(1, Ordering::AcqRel);
                 self.metrics.unbuffered(1, true);

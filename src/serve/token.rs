@@ -328,6 +328,17 @@ impl TokenSet {
         Ok(())
     }
 
+    /// Whether the token `id` is still live (in the file, not revoked): a long-lived
+    /// request (an SSE stream, an NDJSON append) opened with it asks again as it runs,
+    /// so a revoked token stops there too, not only at its next request.
+    pub fn is_live(&self, id: &str) -> bool {
+        if let Err(e) = self.refresh() {
+            tracing::warn!(error = %e, "cannot reload the tokens file; keeping the last one read");
+        }
+        let l = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        l.tokens.iter().any(|t| t.id == id && t.revoked.is_none())
+    }
+
     /// The live (not revoked) record of a presented token, if it is one. Re-reads the
     /// file first when it changed; a file that cannot be read keeps the last good set
     /// (and the error is logged), so a half-edited file never opens the door.
@@ -387,6 +398,7 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         revoke(dir.path(), &t.record.id).unwrap();
         assert!(set.check(&t.token).is_none(), "revocation is seen at once");
+        assert!(!set.is_live(&t.record.id), "by id too");
         assert_eq!(list(dir.path()).unwrap().len(), 1);
     }
 

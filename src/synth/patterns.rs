@@ -105,6 +105,11 @@ pub struct ToolMistake {
     /// Ts of the successful call that gave `correction`; picks the latest one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub corrected_at: Option<Ts>,
+    /// The names of the arguments `correction` changed (added, removed or changed keys of
+    /// the call's argument object, name-like ones only), never their values: what the
+    /// structured shared scope tells other users ([`changed_arg_names`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changed_args: Vec<String>,
     /// Who showed it.
     #[serde(flatten)]
     pub provenance: Provenance,
@@ -360,6 +365,37 @@ fn render_value(v: &Value) -> String {
     truncate(&s, ARG_VALUE_BYTES_MAX)
 }
 
+/// The keys of two argument objects that differ (added, removed or changed), sorted, at
+/// most 8, keeping only name-like keys (1-32 of `A-Za-z0-9_.-`, starting with a letter or
+/// `_`): a key is shared with other users where the values never are. Empty when either
+/// side is not an object.
+pub fn changed_arg_names(failed: Option<&Value>, ok: Option<&Value>) -> Vec<String> {
+    let obj = |v: Option<&Value>| match v {
+        None | Some(Value::Null) => Some(Map::new()),
+        Some(Value::Object(m)) => Some(m.clone()),
+        Some(_) => None,
+    };
+    let (Some(a), Some(b)) = (obj(failed), obj(ok)) else {
+        return Vec::new();
+    };
+    let name_like = |k: &str| {
+        (1..=32).contains(&k.len())
+            && k.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    };
+    let mut keys: Vec<String> = a
+        .keys()
+        .chain(b.keys())
+        .filter(|k| a.get(*k) != b.get(*k) && name_like(k))
+        .map(|k| k.to_ascii_lowercase())
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys.truncate(8);
+    keys
+}
+
 /// What changed from the failed call's arguments to the successful one's, keys sorted:
 /// `added flag=value; changed x from a to b; removed y`. `None` when nothing changed.
 /// Non-object arguments are compared whole (`changed arguments from a to b`).
@@ -517,6 +553,7 @@ impl Learner {
                         if let Some(m) = self.mistakes.get_mut(&fp) {
                             m.correction = Some(c);
                             m.corrected_at = Some(e.ts);
+                            m.changed_args = changed_arg_names(failed_args.as_ref(), args);
                         }
                     }
                 }
@@ -547,6 +584,7 @@ impl Learner {
                     correction: None,
                     runs_seen: 1,
                     corrected_at: None,
+                    changed_args: Vec::new(),
                     provenance: Provenance::default(),
                 });
             if !restated {
@@ -623,11 +661,55 @@ pub struct PatternBook {
     pub patterns: BTreeMap<String, InvestigationPattern>,
     /// Mistakes by fingerprint.
     pub mistakes: BTreeMap<String, ToolMistake>,
+    /// Who taught each text of each item (a pattern's resolution, a mistake's
+    /// correction), by fingerprint: the item shows the text taught by the most distinct
+    /// contributors, then the latest, so in the shared scope one tenant cannot replace
+    /// what several others taught. (Private books have no contributors: the latest.)
+    #[serde(skip)]
+    taught: BTreeMap<(Kind, String), BTreeMap<String, Taught>>,
 }
 
-/// Whether `(ts_b, b)` is later than `(ts_a, a)`: by ts, then by text (deterministic).
-fn later(ts_a: Ts, a: &str, ts_b: Ts, b: &str) -> bool {
-    (ts_b, b) > (ts_a, a)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Resolution,
+    Correction,
+}
+
+/// Who taught one text of an item, the latest time, and (corrections) the argument names.
+#[derive(Clone, Debug, Default)]
+struct Taught {
+    users: BTreeSet<String>,
+    at: Ts,
+    args: Vec<String>,
+}
+
+impl PatternBook {
+    /// Records that `contributor` taught `text` for item `key` at `at`; returns the text
+    /// to show now and its record: most distinct contributors, then latest, then the
+    /// larger text (order-independent).
+    fn teach(
+        &mut self,
+        key: (Kind, String),
+        text: &str,
+        contributor: &str,
+        at: Ts,
+        args: &[String],
+    ) -> (String, Taught) {
+        let texts = self.taught.entry(key).or_default();
+        let t = texts.entry(text.to_string()).or_default();
+        if !contributor.is_empty() {
+            t.users.insert(contributor.to_string());
+        }
+        if at >= t.at {
+            t.at = at;
+            t.args = args.to_vec();
+        }
+        texts
+            .iter()
+            .max_by(|(xa, a), (xb, b)| (a.users.len(), a.at, xa).cmp(&(b.users.len(), b.at, xb)))
+            .map(|(x, t)| (x.clone(), t.clone()))
+            .unwrap_or_default()
+    }
 }
 
 fn words(s: &str) -> Vec<String> {
@@ -656,18 +738,15 @@ impl PatternBook {
                     q.provenance.add(&l.contributor, seen);
                     q.occurrence_count += p.occurrence_count.max(1);
                     q.confidence = confidence_for(q.occurrence_count);
-                    let take = !p.resolution_summary.is_empty()
-                        && (q.resolution_summary.is_empty()
-                            || later(
-                                q.last_seen,
-                                &q.resolution_summary,
-                                p.last_seen,
-                                &p.resolution_summary,
-                            ));
-                    if take {
-                        q.resolution_summary.clone_from(&p.resolution_summary);
-                    }
                     q.last_seen = q.last_seen.max(p.last_seen);
+                }
+            }
+            if !p.resolution_summary.is_empty() {
+                let key = (Kind::Resolution, p.fingerprint.clone());
+                let (text, _) =
+                    self.teach(key, &p.resolution_summary, &l.contributor, p.last_seen, &[]);
+                if let Some(q) = self.patterns.get_mut(&p.fingerprint) {
+                    q.resolution_summary = text;
                 }
             }
         }
@@ -683,19 +762,16 @@ impl PatternBook {
                     q.provenance.add(&l.contributor, None);
                     q.occurrence_count += m.occurrence_count;
                     q.runs_seen += m.runs_seen.max(1);
-                    if let Some(c) = m.correction.as_deref().filter(|c| !c.is_empty()) {
-                        let at = m.corrected_at.unwrap_or_default();
-                        let take = match (&q.correction, q.corrected_at) {
-                            (Some(qc), qat) if !qc.is_empty() => {
-                                later(qat.unwrap_or_default(), qc, at, c)
-                            }
-                            _ => true,
-                        };
-                        if take {
-                            q.correction = Some(c.to_string());
-                            q.corrected_at = m.corrected_at;
-                        }
-                    }
+                }
+            }
+            if let Some(c) = m.correction.as_deref().filter(|c| !c.is_empty()) {
+                let key = (Kind::Correction, m.fingerprint.clone());
+                let at = m.corrected_at.unwrap_or_default();
+                let (text, t) = self.teach(key, c, &l.contributor, at, &m.changed_args);
+                if let Some(q) = self.mistakes.get_mut(&m.fingerprint) {
+                    q.correction = Some(text);
+                    q.corrected_at = Some(t.at).filter(|&a| a != Ts::default());
+                    q.changed_args = t.args;
                 }
             }
         }
@@ -741,390 +817,4 @@ impl PatternBook {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::event::EventType;
-    use serde_json::json;
-
-    fn ev(seq: u64, agent: &str, kind: EventType, content: Value, meta: Value) -> Event {
-        Event {
-            run_id: "r".into(),
-            seq,
-            ts: Ts(seq * 1_000_000),
-            id: format!("e{seq}"),
-            agent_id: agent.into(),
-            user_id: "u".into(),
-            kind,
-            content,
-            confidence: None,
-            refs: vec![],
-            subject: None,
-            session_id: None,
-            meta: match meta {
-                Value::Object(m) => Some(m),
-                _ => None,
-            },
-        }
-    }
-
-    fn call(seq: u64, tool: &str, args: Value) -> Event {
-        ev(
-            seq,
-            "a",
-            EventType::ActionTaken,
-            json!("call"),
-            json!({"tool": tool, "args": args}),
-        )
-    }
-
-    fn fail(seq: u64, tool: &str, err: &str, args: Value) -> Event {
-        ev(
-            seq,
-            "a",
-            EventType::ActionTaken,
-            json!("call"),
-            json!({"tool": tool, "args": args, "error": err}),
-        )
-    }
-
-    /// A checkout-latency investigation, its ts shifted by `t0` seconds.
-    fn investigation(t0: u64, resolution: &str) -> Vec<Event> {
-        let mut v = vec![
-            ev(
-                1,
-                "a",
-                EventType::Hypothesis,
-                json!("pool is saturated"),
-                json!({"symptom": "high_latency_checkout"}),
-            ),
-            call(2, "get_current_time", json!({})),
-            call(3, "query_metrics", json!({"q": "p99"})),
-            call(4, "query_metrics", json!({"q": "p50"})),
-            call(5, "load_memory", json!({})),
-            call(6, "fetch_trace_exemplar", json!({})),
-            call(7, "get_logs_for_trace", json!({})),
-            ev(
-                8,
-                "b",
-                EventType::Decision,
-                json!({"text": "raise the pool size"}),
-                json!({"root_cause": "connection_pool_saturation", "resolution": resolution}),
-            ),
-        ];
-        for e in &mut v {
-            e.ts = Ts(e.ts.0 + t0 * 1_000_000);
-        }
-        v
-    }
-
-    #[test]
-    fn pattern_of_a_run_drops_noise_and_collapses_repeats() {
-        let l = learn_from_run(&investigation(0, "bumped pool to 50"));
-        let p = l.pattern.expect("pattern");
-        assert_eq!(p.symptom_type, "high_latency_checkout");
-        assert_eq!(p.root_cause_category, "connection_pool_saturation");
-        assert_eq!(
-            p.tool_sequence,
-            [
-                "query_metrics",
-                "fetch_trace_exemplar",
-                "get_logs_for_trace"
-            ]
-        );
-        assert_eq!(p.resolution_summary, "bumped pool to 50");
-        assert_eq!((p.occurrence_count, p.confidence), (1, 0.6));
-        assert_eq!(p.fingerprint.len(), 16);
-        assert_eq!(l.run_id, "r");
-    }
-
-    #[test]
-    fn two_runs_merge_and_ten_cap_at_one() {
-        let a = learn_from_run(&investigation(0, "first"));
-        let b = learn_from_run(&investigation(100, "second"));
-        assert_eq!(
-            a.pattern.as_ref().map(|p| &p.fingerprint),
-            b.pattern.as_ref().map(|p| &p.fingerprint)
-        );
-        let mut book = PatternBook::default();
-        book.merge_run(&a);
-        book.merge_run(&b);
-        let p = book.patterns.values().next().expect("one pattern");
-        assert_eq!(book.patterns.len(), 1);
-        assert_eq!((p.occurrence_count, p.confidence), (2, 0.7));
-        assert_eq!(p.resolution_summary, "second");
-        // Order-insensitive.
-        let mut rev = PatternBook::default();
-        rev.merge_run(&b);
-        rev.merge_run(&a);
-        assert_eq!(rev.patterns, book.patterns);
-
-        let mut book = PatternBook::default();
-        for i in 0..10 {
-            book.merge_run(&learn_from_run(&investigation(i, "x")));
-            let p = book.patterns.values().next().expect("one pattern");
-            assert_eq!(p.confidence, confidence_for(i + 1));
-        }
-        let p = book.patterns.values().next().expect("one pattern");
-        assert_eq!((p.occurrence_count, p.confidence), (10, 1.0));
-        assert_eq!(confidence_for(3), 0.8);
-        assert_eq!(confidence_for(5), 1.0);
-    }
-
-    #[test]
-    fn learnings_roundtrip_through_json() {
-        let l = learn_from_run(&investigation(0, "x"));
-        let s = serde_json::to_string(&l).expect("ser");
-        let back: RunLearnings = serde_json::from_str(&s).expect("de");
-        assert_eq!(back, l);
-    }
-
-    #[test]
-    fn no_pattern_without_root_cause_symptom_or_success() {
-        let mut v = investigation(0, "x");
-        v[7].meta = None;
-        assert!(learn_from_run(&v).pattern.is_none());
-
-        let mut v = investigation(0, "x");
-        v[0].meta = None;
-        assert!(learn_from_run(&v).pattern.is_none());
-        // ... unless the first hypothesis has a subject.
-        v[0].subject = Some("High latency: checkout".into());
-        let p = learn_from_run(&v).pattern.expect("pattern");
-        assert_eq!(p.symptom_type, "high_latency_checkout");
-
-        let v: Vec<Event> = investigation(0, "x")
-            .into_iter()
-            .filter(|e| e.meta.as_ref().is_none_or(|m| !m.contains_key("tool")))
-            .collect();
-        assert!(learn_from_run(&v).pattern.is_none());
-    }
-
-    #[test]
-    fn resolution_falls_back_to_last_decision_text() {
-        let mut v = investigation(0, "x");
-        if let Some(m) = v[7].meta.as_mut() {
-            m.remove("resolution");
-        }
-        let p = learn_from_run(&v).pattern.expect("pattern");
-        assert_eq!(p.resolution_summary, "raise the pool size");
-    }
-
-    #[test]
-    fn errors_normalize_and_classify() {
-        let a = normalize_error("Syntax error at line 3, column 12: near 'SELEC'");
-        let b = normalize_error("syntax error at line 7, column 1: near \"FRM\"");
-        assert_eq!(a, b);
-        assert_eq!(a, "syntax error at line <n>, column <n>: near <str>");
-        assert_eq!(
-            normalize_error("trace 4bf92f3577b34da6 / 0xDEAD not found for 123e4567-e89b-12d3-a456-426614174000 after 2.5s"),
-            "trace <hex> / <hex> not found for <uuid> after <n>s"
-        );
-        assert_eq!(normalize_error("don't  do it"), "don't do it");
-        let cases = [
-            ("parse error: unexpected token", "syntax"),
-            ("missing required argument --service", "invalid_argument"),
-            ("unknown flag: --verbose", "invalid_argument"),
-            ("403 forbidden", "permission"),
-            ("index <str> not found", "not_found"),
-            ("deadline exceeded", "timeout"),
-            ("quota exhausted", "rate_limit"),
-            ("invalid window", "invalid_argument"),
-            ("boom", "other"),
-        ];
-        for (e, want) in cases {
-            assert_eq!(classify_error(&normalize_error(e)), want, "{e}");
-        }
-    }
-
-    #[test]
-    fn mistakes_fingerprint_alike_and_self_correct() {
-        let v = vec![
-            fail(
-                1,
-                "query_logs",
-                "syntax error at line 3",
-                json!({"q": "SELEC *", "limit": 10}),
-            ),
-            fail(
-                2,
-                "query_logs",
-                "syntax error at line 7",
-                json!({"q": "SELEC *", "verbose": true}),
-            ),
-            call(
-                3,
-                "query_logs",
-                json!({"q": "SELECT *", "limit": 10, "format": "json"}),
-            ),
-            fail(4, "other_tool", "permission denied", json!({})),
-        ];
-        let l = learn_from_run(&v);
-        assert_eq!(l.mistakes.len(), 2);
-        let m = l
-            .mistakes
-            .iter()
-            .find(|m| m.tool == "query_logs")
-            .expect("m");
-        assert_eq!(m.occurrence_count, 2);
-        assert_eq!(m.category, "syntax");
-        // Latest failure's diff wins within the run.
-        assert_eq!(
-            m.correction.as_deref(),
-            Some("added format=json; added limit=10; changed q from SELEC * to SELECT *; removed verbose")
-        );
-        let o = l
-            .mistakes
-            .iter()
-            .find(|m| m.tool == "other_tool")
-            .expect("o");
-        assert_eq!(
-            (o.category.as_str(), o.correction.as_deref()),
-            ("permission", None)
-        );
-        assert_eq!(
-            describe_args_diff(Some(&json!({"a": 1})), Some(&json!({"a": 1}))),
-            None
-        );
-    }
-
-    /// A failure tracked as it happened and recorded again afterwards
-    /// (`record_tool_failure_pattern`: `meta.retrospective`) is one occurrence; a
-    /// recorded failure the run never tracked counts, and so do repeated real calls.
-    #[test]
-    fn a_recorded_failure_restating_a_tracked_one_counts_once() {
-        let retro = |mut e: Event| {
-            if let Some(m) = e.meta.as_mut() {
-                m.insert("retrospective".into(), json!(true));
-            }
-            e
-        };
-        let args = json!({"filter": "x"});
-        let v = vec![
-            fail(1, "query_metrics", "unknown field filter", args.clone()),
-            call(2, "query_metrics", json!({"resource.type": "x"})),
-            retro(fail(
-                3,
-                "query_metrics",
-                "unknown field filter",
-                args.clone(),
-            )),
-            retro(call(4, "query_metrics", json!({"resource.type": "x"}))),
-            retro(fail(5, "other_tool", "permission denied", json!({}))),
-            fail(6, "third", "timeout", json!({})),
-            fail(7, "third", "timeout", json!({})),
-        ];
-        let l = learn_from_run(&v);
-        let count = |tool: &str| {
-            l.mistakes
-                .iter()
-                .find(|m| m.tool == tool)
-                .map(|m| m.occurrence_count)
-        };
-        assert_eq!(count("query_metrics"), Some(1));
-        assert_eq!(count("other_tool"), Some(1));
-        assert_eq!(count("third"), Some(2));
-        // The detector of anti-patterns sees the calls made, not the records.
-        #[cfg(feature = "mcp")]
-        {
-            let calls: Vec<_> = v.iter().filter_map(crate::mcp::anti::tool_call).collect();
-            assert_eq!(
-                calls.iter().map(|c| c.seq).collect::<Vec<_>>(),
-                [1, 2, 6, 7]
-            );
-        }
-    }
-
-    #[test]
-    fn tool_status_overrides_error_presence() {
-        let mut e = call(1, "t", json!({}));
-        if let Some(m) = e.meta.as_mut() {
-            m.insert("tool_status".into(), json!("error"));
-        }
-        let l = learn_from_run(&[e]);
-        assert_eq!(l.mistakes.len(), 1);
-        assert_eq!(l.mistakes[0].error, "error");
-    }
-
-    #[test]
-    fn failure_buffer_keeps_last_five() {
-        let mut v: Vec<Event> = (1..=7)
-            .map(|i| fail(i, "t", &format!("bad value{i}"), json!({"k": i})))
-            .collect();
-        v.push(call(8, "t", json!({"k": 0})));
-        let l = learn_from_run(&v);
-        assert_eq!(l.mistakes.len(), 7);
-        let corrected: Vec<&str> = l
-            .mistakes
-            .iter()
-            .filter(|m| m.correction.is_some())
-            .map(|m| m.error.as_str())
-            .collect();
-        assert_eq!(corrected.len(), 5);
-        assert!(!corrected.contains(&"bad value1") && !corrected.contains(&"bad value2"));
-    }
-
-    #[test]
-    fn merge_mistakes_keeps_known_correction() {
-        let a = learn_from_run(&[
-            fail(1, "t", "unknown flag --x", json!({"x": 1})),
-            call(2, "t", json!({"y": 1})),
-        ]);
-        let b = learn_from_run(&[fail(1, "t", "unknown flag --x", json!({"x": 1}))]);
-        let mut book = PatternBook::default();
-        book.merge_run(&a);
-        book.merge_run(&b);
-        let m = book.advise("t");
-        assert_eq!(m.len(), 1);
-        assert_eq!((m[0].occurrence_count, m[0].runs_seen), (2, 2));
-        assert_eq!(m[0].correction.as_deref(), Some("removed x; added y=1"));
-        let mut rev = PatternBook::default();
-        rev.merge_run(&b);
-        rev.merge_run(&a);
-        assert_eq!(rev.mistakes, book.mistakes);
-    }
-
-    #[test]
-    fn recommend_and_advise_order() {
-        let mk = |sym: &str, rc: &str, n: u64| {
-            let mut p = InvestigationPattern {
-                symptom_type: sym.into(),
-                root_cause_category: rc.into(),
-                occurrence_count: n,
-                confidence: confidence_for(n),
-                ..Default::default()
-            };
-            p.fingerprint = fingerprint(&[sym, rc]);
-            RunLearnings {
-                pattern: Some(p),
-                ..Default::default()
-            }
-        };
-        let mut book = PatternBook::default();
-        book.merge_run(&mk("high_latency_checkout", "pool", 1));
-        book.merge_run(&mk("high_latency_checkout", "gc", 3));
-        book.merge_run(&mk("high_latency_search", "index", 5));
-        book.merge_run(&mk("disk_full", "logs", 9));
-        let got: Vec<&str> = book
-            .recommend("High latency checkout")
-            .iter()
-            .map(|p| p.root_cause_category.as_str())
-            .collect();
-        assert_eq!(got, ["gc", "pool", "index"]);
-        assert!(book.recommend("nothing_alike").is_empty());
-
-        let mut book = PatternBook::default();
-        let l = learn_from_run(&[
-            fail(1, "t", "timeout", json!({})),
-            fail(2, "t", "syntax error", json!({})),
-            fail(3, "t", "syntax error", json!({})),
-            fail(4, "u", "syntax error", json!({})),
-        ]);
-        book.merge_run(&l);
-        let got: Vec<(&str, u64)> = book
-            .advise("t")
-            .iter()
-            .map(|m| (m.category.as_str(), m.occurrence_count))
-            .collect();
-        assert_eq!(got, [("syntax", 2), ("timeout", 1)]);
-    }
-}
+mod tests;

@@ -128,31 +128,11 @@ fn slug(text: &str) -> String {
         .join("_")
 }
 
-/// The names of the arguments a correction changed (`--namespace=a -> --namespace=b` gives
-/// `namespace`), never their values.
-fn argument_names(correction: &str) -> String {
-    let mut names: Vec<String> = correction
-        .split(|c: char| c.is_whitespace() || c == ',' || c == ';')
-        .filter_map(|w| {
-            let w = w.trim_start_matches('-');
-            let name: String = w
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-                .collect();
-            // A dotted name (`resource.type=`) only before `=`: before `:` it may be a
-            // host (`db.example.com:5432`), a value.
-            let is_name = w.len() > name.len()
-                && match w[name.len()..].chars().next() {
-                    Some('=') => true,
-                    Some(':') => !name.contains('.'),
-                    _ => false,
-                };
-            (is_name && (2..=32).contains(&name.len())).then(|| name.to_ascii_lowercase())
-        })
-        .collect();
-    names.sort();
-    names.dedup();
-    names.truncate(8);
+/// What the structured shared scope says a correction changed: the names of the
+/// arguments, recorded when the run was learned (`ToolMistake::changed_args`), never the
+/// correction's text (its values: hosts, names, paths). Learnings without them say only
+/// that arguments changed.
+fn argument_names(names: &[String]) -> String {
     if names.is_empty() {
         "changed arguments".into()
     } else {
@@ -179,7 +159,10 @@ fn structured(mut l: patterns::RunLearnings) -> patterns::RunLearnings {
     for m in &mut l.mistakes {
         m.tool = slug(&m.tool);
         m.error = m.category.clone();
-        m.correction = m.correction.as_deref().map(argument_names);
+        m.correction = m
+            .correction
+            .as_ref()
+            .map(|_| argument_names(&m.changed_args));
         m.fingerprint = patterns::fingerprint(&[&m.tool, &m.error]);
     }
     l
@@ -258,7 +241,10 @@ impl Store {
 
     /// This user's settings (`<data dir>/<user>/settings.json`); defaults when absent.
     pub fn user_settings(&self) -> Result<UserSettings> {
-        let path = self.root().join(self.user()).join("settings.json");
+        let path = self
+            .root()
+            .join(self.user())
+            .join(crate::event::USER_SETTINGS_FILE);
         if !self.storage().exists(&path) {
             return Ok(UserSettings::default());
         }
@@ -439,11 +425,7 @@ impl Store {
         reader: Option<&str>,
     ) -> Result<Vec<Scoped<InvestigationPattern>>> {
         let (own, shared) = self.books_as(reader)?;
-        Ok(scoped(
-            own.recommend(symptom),
-            shared.recommend(symptom),
-            |p| p.provenance.contributors.len(),
-        ))
+        Ok(scoped(own.recommend(symptom), shared.recommend(symptom)))
     }
 
     /// Known mistakes of a tool, before calling it: the user's own, then the shared
@@ -455,24 +437,72 @@ impl Store {
     /// [`Store::advise`] for a read made as `reader` ([`Store::own_book_as`]).
     pub fn advise_as(&self, tool: &str, reader: Option<&str>) -> Result<Vec<Scoped<ToolMistake>>> {
         let (own, shared) = self.books_as(reader)?;
-        Ok(scoped(own.advise(tool), shared.advise(tool), |m| {
-            m.provenance.contributors.len()
-        }))
+        Ok(scoped(own.advise(tool), shared.advise(tool)))
     }
 }
 
-/// The user's own items, then the shared scope's.
-fn scoped<T: Clone>(own: Vec<&T>, shared: Vec<&T>, users: impl Fn(&T) -> usize) -> Vec<Scoped<T>> {
+/// What another user may learn of a shared item: how many users taught it, never who
+/// (their opaque ids link one tenant's incidents across items) nor exactly when (times
+/// are cut to the UTC day).
+pub(crate) trait Redacted {
+    /// Distinct users who taught it.
+    fn users(&self) -> usize;
+    /// Drops the contributors and coarsens the times.
+    fn redact(&mut self);
+}
+
+/// A time cut to the start of its UTC day.
+fn day(t: crate::event::ts::Ts) -> crate::event::ts::Ts {
+    const DAY_US: u64 = 86_400_000_000;
+    crate::event::ts::Ts(t.0 - t.0 % DAY_US)
+}
+
+impl Redacted for InvestigationPattern {
+    fn users(&self) -> usize {
+        self.provenance.contributors.len()
+    }
+    fn redact(&mut self) {
+        self.provenance.contributors.clear();
+        self.provenance.first_seen = self.provenance.first_seen.map(day);
+        self.last_seen = day(self.last_seen);
+    }
+}
+
+impl Redacted for ToolMistake {
+    fn users(&self) -> usize {
+        self.provenance.contributors.len()
+    }
+    fn redact(&mut self) {
+        self.provenance.contributors.clear();
+        self.provenance.first_seen = self.provenance.first_seen.map(day);
+        self.corrected_at = self.corrected_at.map(day);
+    }
+}
+
+/// The user's own items, then the shared scope's, those taught by more users first (one
+/// user alone can raise an item's confidence and occurrences, not its count of users),
+/// each redacted ([`Redacted`]).
+fn scoped<T: Clone + Redacted>(own: Vec<&T>, shared: Vec<&T>) -> Vec<Scoped<T>> {
     let mine = own.into_iter().map(|item| Scoped {
         scope: "private",
         users: None,
         item: item.clone(),
     });
-    let theirs = shared.into_iter().map(|item| Scoped {
-        scope: "shared",
-        users: Some(users(item)),
-        item: item.clone(),
-    });
+    let mut theirs: Vec<Scoped<T>> = shared
+        .into_iter()
+        .map(|item| {
+            let mut item = item.clone();
+            let users = item.users();
+            item.redact();
+            Scoped {
+                scope: "shared",
+                users: Some(users),
+                item,
+            }
+        })
+        .collect();
+    // Stable: the book's order (confidence, occurrences, fingerprint) among equals.
+    theirs.sort_by_key(|s| std::cmp::Reverse(s.users));
     mine.chain(theirs).collect()
 }
 
@@ -499,14 +529,43 @@ mod tests {
     }
 
     #[test]
-    fn corrections_keep_argument_names_and_no_hosts() {
+    fn corrections_keep_argument_names_and_no_values() {
+        use serde_json::json;
+        // A host without a dot, a person's name and a path, in the values of a call that
+        // failed and then succeeded: the shared correction names the keys only (it was
+        // parsed from the correction's text, and `target: acme-billing-db:5432` read as
+        // an argument named `acme-billing-db`).
+        let failed = json!({"target": "acme-billing-db:5432", "owner": "dana-whitfield:orders",
+            "resource.type": "gce_instance"});
+        let ok = json!({"target": "acme-billing-db-replica:5432", "owner": "dana-whitfield:orders",
+            "resource.type": "k8s_container", "--namespace": "prod", "Dana Whitfield": 1});
+        let names = crate::synth::patterns::changed_arg_names(Some(&failed), Some(&ok));
+        assert_eq!(names, ["resource.type", "target"]);
+        let shared = argument_names(&names);
+        assert_eq!(shared, "changed: resource.type, target");
+        let text = crate::synth::patterns::describe_args_diff(Some(&failed), Some(&ok)).unwrap();
+        assert!(text.contains("acme-billing-db"), "{text}");
+        let mut l = patterns::RunLearnings::default();
+        l.mistakes.push(patterns::ToolMistake {
+            tool: "query_db".into(),
+            correction: Some(text),
+            changed_args: names,
+            ..Default::default()
+        });
+        let m = &structured(l).mistakes[0];
         assert_eq!(
-            argument_names("resource.type=k8s_container --namespace=prod"),
-            "changed: namespace, resource.type"
+            m.correction.as_deref(),
+            Some("changed: resource.type, target")
         );
+        // Learnings made before the names were recorded: no names, never the text.
+        let mut old = patterns::RunLearnings::default();
+        old.mistakes.push(patterns::ToolMistake {
+            correction: Some("changed target from acme-billing-db:5432 to x:1".into()),
+            ..Default::default()
+        });
         assert_eq!(
-            argument_names("db.acme-corp.com:5432 -> db2.acme-corp.com:5432"),
-            "changed arguments"
+            structured(old).mistakes[0].correction.as_deref(),
+            Some("changed arguments")
         );
         assert_eq!(
             category("connection_leak_after_deploy", ROOT_CAUSES, "unknown"),

@@ -843,7 +843,10 @@ impl<'a> Scan<'a> {
                     };
                     let glued =
                         matches!(nx, b'.' | b'-' | b':' | b'/') && at(b, end + 1).is_ascii_digit();
-                    let boundary = !(alnum(pv) || matches!(pv, b'+' | b'.' | b'-' | b':' | b'/'));
+                    // `tel:+1...`, `phone=+1...`: a `+` number after a scheme or a key.
+                    let keyed = t.starts_with('+') && matches!(pv, b':' | b'=');
+                    let boundary =
+                        keyed || !(alnum(pv) || matches!(pv, b'+' | b'.' | b'-' | b':' | b'/'));
                     if ok && boundary && !(alnum(nx) || glued) {
                         self.push(m.start(), end, Redaction::Phone);
                     }
