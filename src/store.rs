@@ -130,7 +130,12 @@ impl Store {
         }
         self.user = user.to_string();
         self.handoff.shutdown();
+        // Every cache is keyed by run name alone: none may carry over from the user this
+        // store acted for before (another user's run of the same name).
         self.logs = Arc::new(Mutex::new(HashMap::new()));
+        self.heads = Mutex::new(HashMap::new());
+        self.closed_policies = Mutex::new(HashMap::new());
+        self.indexes = Mutex::new(HashMap::new());
         Ok(self)
     }
 

@@ -1047,3 +1047,36 @@ fn alice_store(dir: &std::path::Path) -> swarm_memory::Store {
         .unwrap()
         .with_checkpoints(dir.join("ck"), 0)
 }
+
+/// A `Store` switched to another user keeps none of the previous user's caches (they are
+/// keyed by run name alone): alice's head state and index of her run `r` were answered
+/// for bob's run `r`.
+#[test]
+fn a_store_switched_to_another_user_forgets_the_first_users_runs() {
+    let env = Env::new();
+    let bob_own = env.store().with_user("bob", true).unwrap();
+    crate::util::lib_append(&bob_own, "r", "bob's only event");
+    drop(bob_own);
+    let alice = env.store().with_user("alice", true).unwrap();
+    for i in 0..3 {
+        crate::util::lib_append(&alice, "r", &format!("alice's secret {i}"));
+    }
+    assert_eq!(alice.head_state("r").unwrap().state.head_seq, 3);
+    let by_agent = || swarm_memory::ReadOptions {
+        agent: Some("agent-1".into()),
+        ..Default::default()
+    };
+    assert_eq!(alice.read("r", by_agent()).unwrap().count(), 3);
+    let bob = alice.with_user("bob", true).unwrap();
+    assert_eq!(
+        bob.head_state("r").unwrap().state.head_seq,
+        1,
+        "bob got alice's cached head"
+    );
+    let seen: Vec<String> = bob
+        .read("r", by_agent())
+        .unwrap()
+        .map(|e| e.unwrap().content.to_string())
+        .collect();
+    assert_eq!(seen, ["\"bob's only event\""], "bob's filtered read");
+}

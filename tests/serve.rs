@@ -1067,6 +1067,54 @@ fn serve_ndjson_appends_are_acknowledged_line_by_line() {
     assert_eq!(srv.get("/v1/runs/inc/events", Some(&t)).seqs(), [1, 2, 3]);
 }
 
+/// A token revoked while its NDJSON append stream is open: the stream's next line after
+/// the token is asked again (at most a second later) is refused with 401, and nothing
+/// more is appended (the stream went on for as long as the connection lived).
+#[test]
+fn serve_ndjson_stops_at_a_revoked_token() {
+    let (env, srv, t) = alice(&["db"], &[]);
+    let mut c = TcpStream::connect(srv.addr()).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = format!(
+        "POST /v1/runs/inc/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {t}\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    let send = |c: &mut TcpStream, line: &str| {
+        let l = format!("{line}\n");
+        let _ = c.write_all(format!("{:x}\r\n{l}\r\n", l.len()).as_bytes());
+    };
+    let mut r = BufReader::new(c.try_clone().unwrap());
+    let mut ack = || -> Option<Value> {
+        let mut l = String::new();
+        while r.read_line(&mut l).ok()? > 0 {
+            if l.starts_with('{') {
+                return Some(serde_json::from_str(&l).unwrap());
+            }
+            l.clear();
+        }
+        None
+    };
+    send(&mut c, &ev("db", "one").to_string());
+    assert_eq!(ack().expect("acknowledged")["line"], 1);
+    let id = t.split('_').nth(1).unwrap();
+    assert_eq!(env.swarm(&["token", "revoke", id]).code, 0);
+    // Past the recheck interval: the next line is refused.
+    std::thread::sleep(Duration::from_millis(1100));
+    send(&mut c, &ev("db", "after the revocation").to_string());
+    let a = ack().expect("the refusal");
+    assert_eq!(
+        (a["line"].as_u64(), a["problem"]["status"].as_u64()),
+        (Some(2), Some(401)),
+        "{a}"
+    );
+    let store = env.store().with_user("alice", true).unwrap();
+    let seqs: Vec<u64> = crate::util::lib_read(&store, "inc")
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(seqs, [1]);
+}
+
 /// `GET /v1/search`: the token's user only, findings read as the token's agent (the run's
 /// policy hides what it hides from reads), facts for admin tokens only.
 /// The facts log (`@facts`) is drawn past every run's read policy: to an agent token it

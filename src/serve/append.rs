@@ -147,6 +147,9 @@ impl Target {
     }
 }
 
+/// How often an NDJSON append asks again whether its token is live.
+const TOKEN_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Answers an NDJSON request with a stream of acknowledgement lines, appending each
 /// request line as soon as it is complete.
 fn stream(target: Target, body: Body) -> Response {
@@ -184,6 +187,9 @@ async fn lines(target: &Target, body: Body, tx: &mpsc::Sender<Bytes>) -> Result<
     let mut data = body.into_data_stream();
     let (mut buf, mut n) = (Vec::new(), 0u64);
     let problem = |n: u64, p: Problem| line_of(&json!({"line": n, "problem": p}));
+    // The token is asked again as the stream runs (at most once a second): a revoked
+    // token's stream stops at its next line, not when the client hangs up.
+    let mut asked = std::time::Instant::now();
     loop {
         let chunk = match tokio::time::timeout(idle, data.next()).await {
             Err(_) => {
@@ -222,6 +228,16 @@ async fn lines(target: &Target, body: Body, tx: &mpsc::Sender<Bytes>) -> Result<
             n += 1;
             if text.len() > limit {
                 return Err(problem(n, Problem::too_large(limit as u64)));
+            }
+            // Each line is a request as far as the token's rate limit goes.
+            if let Err(p) = target.app.admit(&target.id.token.id) {
+                return Err(problem(n, p));
+            }
+            if asked.elapsed() >= TOKEN_RECHECK {
+                asked = std::time::Instant::now();
+                if !target.app.tokens.is_live(&target.id.token.id) {
+                    return Err(problem(n, Problem::unauthorized("the token was revoked")));
+                }
             }
             let stored = async {
                 check_depth(text, BODY_DEPTH_MAX)?;
