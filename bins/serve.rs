@@ -107,6 +107,7 @@ pub fn serve(
     checkpoint_dir: &Path,
     checkpoint_every: u64,
     archive_dir: &Path,
+    deny_anonymous: bool,
 ) -> anyhow::Result<ExitCode> {
     if a.tls_cert.is_some() && a.listen.is_none() && a.socket.is_some() {
         anyhow::bail!(
@@ -137,6 +138,7 @@ pub fn serve(
         shutdown_timeout: Duration::from_millis(a.shutdown_timeout_ms),
         rate_limit_per_s: a.rate_limit_per_s,
         embed_model: a.embed_model,
+        deny_anonymous,
     })?;
     Ok(ExitCode::SUCCESS)
 }
@@ -168,9 +170,18 @@ fn raise_open_file_limit() {
     }
 }
 
-pub fn token(cmd: TokenCmd, data_dir: &Path, user: &str) -> anyhow::Result<ExitCode> {
+pub fn token(
+    cmd: TokenCmd,
+    data_dir: &Path,
+    user: &str,
+    deny_anonymous: bool,
+) -> anyhow::Result<ExitCode> {
     match cmd {
         TokenCmd::Add { agent, role } => {
+            if user == swarm_memory::event::ANONYMOUS && deny_anonymous {
+                eprintln!("swarm: anonymous access is disabled (--deny-anonymous); give --user");
+                return Ok(ExitCode::from(5));
+            }
             if user == swarm_memory::event::ANONYMOUS {
                 eprintln!(
                     "warning: this token acts as the user `anonymous`, one partition shared by every anonymous token; give each tenant its own --user"

@@ -765,9 +765,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 &checkpoint_dir,
                 cli.checkpoint_every,
                 &archive_dir,
+                cli.deny_anonymous,
             )
         }
-        Cmd::Token(c) => return serve::token(c, &cli.data_dir, &cli.user),
+        Cmd::Token(c) => return serve::token(c, &cli.data_dir, &cli.user, cli.deny_anonymous),
         cmd => {
             if let Some(url) = remote::url() {
                 #[cfg(feature = "mcp")]

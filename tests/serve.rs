@@ -577,6 +577,31 @@ fn a_revoked_token_ends_its_open_event_stream() {
     assert!(sse.next().is_none(), "the stream ends");
 }
 
+/// `--deny-anonymous` reaches the server (it was taken by the CLI only): an anonymous
+/// token minted before gets a 403 on every route, and `token add` refuses to mint one.
+#[test]
+fn serve_deny_anonymous_refuses_anonymous_tokens() {
+    let env = Env::fast();
+    let anon = token(&env, "anonymous", &["db"], "agent");
+    let alice = token(&env, "alice", &["db"], "agent");
+    let srv = Server::start(&env, &["--deny-anonymous"]);
+    srv.post("/v1/runs/inc/events", Some(&anon), &ev("db", "x"))
+        .problem(403);
+    srv.get("/v1/runs", Some(&anon)).problem(403);
+    assert_eq!(
+        srv.post("/v1/runs/inc/events", Some(&alice), &ev("db", "y"))
+            .status,
+        201
+    );
+    let out = env.swarm(&["--deny-anonymous", "token", "add", "--agent", "db"]);
+    assert_eq!(out.code, 5, "{}", out.stderr);
+    assert!(
+        out.stdout.trim().is_empty(),
+        "no token minted: {}",
+        out.stdout
+    );
+}
+
 #[test]
 fn serve_hides_another_users_runs() {
     let env = Env::fast();

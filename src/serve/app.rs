@@ -53,6 +53,9 @@ pub struct ServeOptions {
     /// The embedding model's directory given on the command line (`--embed-model`);
     /// `None`: `SWARM_EMBED_MODEL`, else `<data dir>/.models/all-MiniLM-L6-v2`.
     pub embed_model: Option<PathBuf>,
+    /// Refuse tokens of the `anonymous` user (`--deny-anonymous`, `SWARM_DENY_ANONYMOUS`):
+    /// their requests get a 403, as the CLI's do.
+    pub deny_anonymous: bool,
 }
 
 /// The PEM files of `--tls-cert` and `--tls-key`.
@@ -98,7 +101,7 @@ impl App {
         let s = Store::open(&self.opts.data_dir)?
             .with_checkpoints(&self.opts.checkpoint_dir, self.opts.checkpoint_every)
             .with_archive_dir(&self.opts.archive_dir)
-            .with_user(user, true)?;
+            .with_user(user, !self.opts.deny_anonymous)?;
         let s = Arc::new(s);
         m.insert(user.to_string(), s.clone());
         Ok(s)
