@@ -47,10 +47,37 @@ pub fn success(v: Value) -> CallToolResult {
     CallToolResult::structured(v)
 }
 
+/// An error's message as a client sees it: the data directory's layout stays on the
+/// machine (behind `swarm serve` it is the server's): a failed file operation says what
+/// failed, a damaged log names its segment; the whole error goes to the log.
+pub fn public_message(e: &Error) -> String {
+    match e {
+        Error::Io { op, source, .. } => {
+            tracing::error!(error = %e, "tool failed");
+            format!("cannot {op} a file of the data directory: {source}")
+        }
+        Error::Corrupt {
+            path,
+            offset,
+            seq,
+            reason,
+        } => {
+            tracing::error!(error = %e, "tool failed");
+            let file = path
+                .file_name()
+                .map_or_else(String::new, |f| f.to_string_lossy().into_owned());
+            format!(
+                "corrupt record in {file} at byte offset {offset} (expected seq {seq}): {reason}"
+            )
+        }
+        other => other.to_string(),
+    }
+}
+
 /// The JSON of a refusal: `error` (a stable cause name), `message`, the cause's values, a
 /// `hint`, and the tool's extra fields.
 pub fn failure_json(e: &ToolError) -> Value {
-    let message = e.error.to_string();
+    let message = public_message(&e.error);
     let mut v = match &e.error {
         Error::Invalid { field, .. } => json!({
             "error": "invalid_input", "field": field,
@@ -111,6 +138,31 @@ pub fn failure(e: &ToolError) -> CallToolResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failures_do_not_show_the_data_directory() {
+        let io = ToolError::from(Error::Io {
+            op: "open",
+            path: "/srv/swarm-data/alice/inc/seg-00000000000000000001.jsonl".into(),
+            source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        });
+        let v = failure_json(&io);
+        assert_eq!(v["error"], "unavailable");
+        assert!(!v.to_string().contains("/srv/swarm-data"), "{v}");
+        let c = ToolError::from(Error::corrupt(
+            std::path::Path::new("/srv/swarm-data/alice/inc/seg-00000000000000000001.jsonl"),
+            120,
+            7,
+            "bad CRC".into(),
+        ));
+        let v = failure_json(&c);
+        let m = v["message"].as_str().unwrap();
+        assert!(
+            m.contains("seg-00000000000000000001.jsonl") && m.contains("bad CRC"),
+            "{m}"
+        );
+        assert!(!v.to_string().contains("/srv/swarm-data"), "{v}");
+    }
 
     #[test]
     fn escalation_names_its_seq_and_conflict_its_version() {

@@ -33,7 +33,7 @@ fn mcp_error(e: Error) -> McpError {
     match e {
         Error::RunNotFound(_) => McpError::resource_not_found(e.to_string(), None),
         Error::Invalid { .. } => McpError::invalid_params(e.to_string(), None),
-        other => McpError::internal_error(other.to_string(), None),
+        other => McpError::internal_error(crate::mcp::reply::public_message(&other), None),
     }
 }
 
