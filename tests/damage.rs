@@ -1132,20 +1132,8 @@ fn repair_lists_records_lost_at_the_end_of_a_sealed_segment() {
         let index = store.rebuild_index("z", |_, _| {}).unwrap();
         assert_eq!(index.head_seq, after.seq, "{how}: the index covers the gap");
         assert_eq!(read(by_agent_opts()), by_agent, "{how}: through the index");
-        for visibility in [Visible, Written] {
-            let tailed: Vec<u64> = store
-                .tail(
-                    "z",
-                    swarm_memory::TailOptions {
-                        follow: false,
-                        visibility,
-                        ..swarm_memory::TailOptions::default()
-                    },
-                )
-                .unwrap()
-                .map(|e| e.unwrap().seq)
-                .collect();
-            assert_eq!(tailed, want, "{how}: {visibility:?}");
+        for tailed in tails_read(&store, "z") {
+            assert_eq!(tailed, want, "{how}");
         }
         // The fold reaches the head.
         assert_eq!(store.head_state("z").unwrap().state.head_seq, after.seq);
@@ -1227,23 +1215,8 @@ fn lost_before_an_empty_last_segment(inside: usize) {
         .map(|e| e.unwrap().seq)
         .collect();
     assert_eq!(by_agent, (1..=58).chain([after.seq]).collect::<Vec<_>>());
-    for visibility in [
-        swarm_memory::Visibility::Visible,
-        swarm_memory::Visibility::Written,
-    ] {
-        let tailed: Vec<u64> = store
-            .tail(
-                "e",
-                swarm_memory::TailOptions {
-                    follow: false,
-                    visibility,
-                    ..swarm_memory::TailOptions::default()
-                },
-            )
-            .unwrap()
-            .map(|e| e.unwrap().seq)
-            .collect();
-        assert_eq!(tailed, want, "{visibility:?}");
+    for tailed in tails_read(&store, "e") {
+        assert_eq!(tailed, want, "both tails");
     }
 }
 
@@ -1328,23 +1301,8 @@ fn a_cut_segment_followed_by_an_emptied_one() {
             by_agent,
             "{inside}: through the index"
         );
-        for visibility in [
-            swarm_memory::Visibility::Visible,
-            swarm_memory::Visibility::Written,
-        ] {
-            let tailed: Vec<u64> = store
-                .tail(
-                    "w",
-                    swarm_memory::TailOptions {
-                        follow: false,
-                        visibility,
-                        ..swarm_memory::TailOptions::default()
-                    },
-                )
-                .unwrap()
-                .map(|e| e.unwrap().seq)
-                .collect();
-            assert_eq!(tailed, want, "{inside}: {visibility:?}");
+        for tailed in tails_read(&store, "w") {
+            assert_eq!(tailed, want, "{inside}");
         }
         assert_eq!(store.head_state("w").unwrap().state.head_seq, after.seq);
     }
@@ -1455,6 +1413,28 @@ fn fill(store: &Store, run: &str, n: usize) {
     for i in 0..n {
         lib_append(store, run, &format!("event {i} {}", "y".repeat(i % 40)));
     }
+}
+
+/// The seqs both kinds of tail (not following) read from `run`, in order.
+fn tails_read(store: &Store, run: &str) -> [Vec<u64>; 2] {
+    [
+        swarm_memory::Visibility::Visible,
+        swarm_memory::Visibility::Written,
+    ]
+    .map(|visibility| {
+        store
+            .tail(
+                run,
+                swarm_memory::TailOptions {
+                    follow: false,
+                    visibility,
+                    ..swarm_memory::TailOptions::default()
+                },
+            )
+            .unwrap()
+            .map(|e| e.unwrap().seq)
+            .collect()
+    })
 }
 
 fn by_agent_opts() -> ReadOptions {

@@ -1038,34 +1038,46 @@ fn serve_limits_each_tokens_request_rate_with_429_and_retry_after() {
     assert_eq!(srv.get("/v1/runs", Some(&other)).status, 200);
 }
 
-#[test]
-fn serve_ndjson_appends_are_acknowledged_line_by_line() {
-    let (_env, srv, t) = alice(&["db"], &[]);
+/// An NDJSON append request to run `inc` left open (chunked), and the reader of its
+/// response.
+fn ndjson_append(srv: &Server, t: &str) -> (TcpStream, BufReader<TcpStream>) {
     let mut c = TcpStream::connect(srv.addr()).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let head = format!(
         "POST /v1/runs/inc/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {t}\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
     );
     c.write_all(head.as_bytes()).unwrap();
-    // One request chunk per line; the request stays open between lines.
-    let send = |c: &mut TcpStream, line: &str| {
-        let l = format!("{line}\n");
-        let _ = c.write_all(format!("{:x}\r\n{l}\r\n", l.len()).as_bytes());
-    };
-    let mut r = BufReader::new(c.try_clone().unwrap());
-    let mut ack = || -> Option<Value> {
-        let mut l = String::new();
-        while r.read_line(&mut l).ok()? > 0 {
-            if l.starts_with("HTTP/1.1") {
-                assert!(l.starts_with("HTTP/1.1 200"), "{l}");
-            }
-            if l.starts_with('{') {
-                return Some(serde_json::from_str(&l).unwrap());
-            }
-            l.clear();
+    let r = BufReader::new(c.try_clone().unwrap());
+    (c, r)
+}
+
+/// One request chunk per line; the request stays open between lines.
+fn send_line(c: &mut TcpStream, line: &str) {
+    let l = format!("{line}\n");
+    let _ = c.write_all(format!("{:x}\r\n{l}\r\n", l.len()).as_bytes());
+}
+
+/// The next acknowledgement (or problem) line of the response; `None` at its end.
+fn next_ack(r: &mut BufReader<TcpStream>) -> Option<Value> {
+    let mut l = String::new();
+    while r.read_line(&mut l).ok()? > 0 {
+        if l.starts_with("HTTP/1.1") {
+            assert!(l.starts_with("HTTP/1.1 200"), "{l}");
         }
-        None
-    };
+        if l.starts_with('{') {
+            return Some(serde_json::from_str(&l).unwrap());
+        }
+        l.clear();
+    }
+    None
+}
+
+#[test]
+fn serve_ndjson_appends_are_acknowledged_line_by_line() {
+    let (_env, srv, t) = alice(&["db"], &[]);
+    let (mut c, mut r) = ndjson_append(&srv, &t);
+    let send = send_line;
+    let mut ack = || next_ack(&mut r);
     send(&mut c, &ev("db", "one").to_string());
     // Acknowledged while the request is still open.
     let a = ack().expect("the first line's acknowledgement");
@@ -1098,27 +1110,9 @@ fn serve_ndjson_appends_are_acknowledged_line_by_line() {
 #[test]
 fn serve_ndjson_stops_at_a_revoked_token() {
     let (env, srv, t) = alice(&["db"], &[]);
-    let mut c = TcpStream::connect(srv.addr()).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let head = format!(
-        "POST /v1/runs/inc/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {t}\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
-    );
-    c.write_all(head.as_bytes()).unwrap();
-    let send = |c: &mut TcpStream, line: &str| {
-        let l = format!("{line}\n");
-        let _ = c.write_all(format!("{:x}\r\n{l}\r\n", l.len()).as_bytes());
-    };
-    let mut r = BufReader::new(c.try_clone().unwrap());
-    let mut ack = || -> Option<Value> {
-        let mut l = String::new();
-        while r.read_line(&mut l).ok()? > 0 {
-            if l.starts_with('{') {
-                return Some(serde_json::from_str(&l).unwrap());
-            }
-            l.clear();
-        }
-        None
-    };
+    let (mut c, mut r) = ndjson_append(&srv, &t);
+    let send = send_line;
+    let mut ack = || next_ack(&mut r);
     send(&mut c, &ev("db", "one").to_string());
     assert_eq!(ack().expect("acknowledged")["line"], 1);
     let id = t.split('_').nth(1).unwrap();
