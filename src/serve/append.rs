@@ -229,9 +229,17 @@ async fn lines(target: &Target, body: Body, tx: &mpsc::Sender<Bytes>) -> Result<
             if text.len() > limit {
                 return Err(problem(n, Problem::too_large(limit as u64)));
             }
-            // Each line is a request as far as the token's rate limit goes.
-            if let Err(p) = target.app.admit(&target.id.token.id) {
-                return Err(problem(n, p));
+            // Each line after the first (the request itself was admitted) is a request as
+            // far as the token's rate limit goes: over it, the stream waits for the bucket
+            // to refill (within the request timeout), as a client told `Retry-After` would.
+            if n > 1 {
+                let waited = std::time::Instant::now();
+                while let Err(p) = target.app.admit(&target.id.token.id) {
+                    if waited.elapsed() >= idle {
+                        return Err(problem(n, p));
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
             }
             if asked.elapsed() >= TOKEN_RECHECK {
                 asked = std::time::Instant::now();

@@ -222,7 +222,7 @@ pub(crate) async fn follow(
             heartbeat: app.opts.heartbeat,
             beat: tokio::time::Instant::now() + app.opts.heartbeat,
             live: Live {
-                next: tokio::time::Instant::now() + app.opts.heartbeat,
+                next: tokio::time::Instant::now(),
                 token_id: std::mem::take(&mut token_id),
                 app: app.clone(),
             },
@@ -630,6 +630,11 @@ struct Stream {
     ended: bool,
 }
 
+/// Bounds of how often a stream asks again whether its token is live (its heartbeat
+/// interval, within these).
+const TOKEN_RECHECK_MIN: Duration = Duration::from_secs(1);
+const TOKEN_RECHECK_MAX: Duration = Duration::from_secs(5);
+
 /// When and how a stream asks again whether its token is still live.
 struct Live {
     next: tokio::time::Instant,
@@ -669,7 +674,8 @@ impl Stream {
             }
             let now = tokio::time::Instant::now();
             if now >= self.live.next {
-                self.live.next = now + self.heartbeat;
+                // At least once every 5 s, at most once a second, whatever the heartbeat.
+                self.live.next = now + self.heartbeat.clamp(TOKEN_RECHECK_MIN, TOKEN_RECHECK_MAX);
                 if !self.live.app.tokens.is_live(&self.live.token_id) {
                     self.ended = true;
                     return Some(named(

@@ -365,10 +365,10 @@ fn render_value(v: &Value) -> String {
     truncate(&s, ARG_VALUE_BYTES_MAX)
 }
 
-/// The keys of two argument objects that differ (added, removed or changed), sorted, at
-/// most 8, keeping only name-like keys (1-32 of `A-Za-z0-9_.-`, starting with a letter or
-/// `_`): a key is shared with other users where the values never are. Empty when either
-/// side is not an object.
+/// The keys both argument objects have, with different values, sorted, at most 8,
+/// keeping only name-like keys (1-32 of `A-Za-z0-9_.`, starting with a letter or `_`):
+/// a key is shared with other users where the values never are. Empty when either side
+/// is not an object.
 pub fn changed_arg_names(failed: Option<&Value>, ok: Option<&Value>) -> Vec<String> {
     let obj = |v: Option<&Value>| match v {
         None | Some(Value::Null) => Some(Map::new()),
@@ -378,16 +378,18 @@ pub fn changed_arg_names(failed: Option<&Value>, ok: Option<&Value>) -> Vec<Stri
     let (Some(a), Some(b)) = (obj(failed), obj(ok)) else {
         return Vec::new();
     };
+    // Argument names are identifiers (`namespace`, `resource.type`, `maxResults`); a
+    // key with a dash or over 32 bytes may be data (`acme-billing-db`), and a key only
+    // one of the calls has may be one the caller made up: neither is named.
     let name_like = |k: &str| {
         (1..=32).contains(&k.len())
             && k.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
             && k.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.'))
     };
     let mut keys: Vec<String> = a
         .keys()
-        .chain(b.keys())
-        .filter(|k| a.get(*k) != b.get(*k) && name_like(k))
+        .filter(|k| b.get(*k).is_some_and(|v| a.get(*k) != Some(v)) && name_like(k))
         .map(|k| k.to_ascii_lowercase())
         .collect();
     keys.sort();
@@ -665,8 +667,10 @@ pub struct PatternBook {
     /// correction), by fingerprint: the item shows the text taught by the most distinct
     /// contributors, then the latest, so in the shared scope one tenant cannot replace
     /// what several others taught. (Private books have no contributors: the latest.)
-    #[serde(skip)]
-    taught: BTreeMap<(Kind, String), BTreeMap<String, Taught>>,
+    /// (Kept in the facts snapshots with the book: a book loaded from one goes on
+    /// choosing as a book folded from the start.)
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    taught: BTreeMap<String, BTreeMap<String, Taught>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -675,11 +679,24 @@ enum Kind {
     Correction,
 }
 
+impl Kind {
+    /// The key of item `fingerprint`'s texts of this kind in [`PatternBook::taught`].
+    fn key(self, fingerprint: &str) -> String {
+        match self {
+            Kind::Resolution => format!("resolution:{fingerprint}"),
+            Kind::Correction => format!("correction:{fingerprint}"),
+        }
+    }
+}
+
 /// Who taught one text of an item, the latest time, and (corrections) the argument names.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct Taught {
+    #[serde(default)]
     users: BTreeSet<String>,
+    #[serde(default)]
     at: Ts,
+    #[serde(default)]
     args: Vec<String>,
 }
 
@@ -689,7 +706,7 @@ impl PatternBook {
     /// larger text (order-independent).
     fn teach(
         &mut self,
-        key: (Kind, String),
+        key: String,
         text: &str,
         contributor: &str,
         at: Ts,
@@ -742,7 +759,7 @@ impl PatternBook {
                 }
             }
             if !p.resolution_summary.is_empty() {
-                let key = (Kind::Resolution, p.fingerprint.clone());
+                let key = Kind::Resolution.key(&p.fingerprint);
                 let (text, _) =
                     self.teach(key, &p.resolution_summary, &l.contributor, p.last_seen, &[]);
                 if let Some(q) = self.patterns.get_mut(&p.fingerprint) {
@@ -765,7 +782,7 @@ impl PatternBook {
                 }
             }
             if let Some(c) = m.correction.as_deref().filter(|c| !c.is_empty()) {
-                let key = (Kind::Correction, m.fingerprint.clone());
+                let key = Kind::Correction.key(&m.fingerprint);
                 let at = m.corrected_at.unwrap_or_default();
                 let (text, t) = self.teach(key, c, &l.contributor, at, &m.changed_args);
                 if let Some(q) = self.mistakes.get_mut(&m.fingerprint) {

@@ -476,6 +476,16 @@ impl Redacted for ToolMistake {
         self.provenance.contributors.clear();
         self.provenance.first_seen = self.provenance.first_seen.map(day);
         self.corrected_at = self.corrected_at.map(day);
+        // A structured copy shared before the names were recorded: its names were parsed
+        // from the correction's text and may be values (hosts): not shown.
+        if self.changed_args.is_empty()
+            && self
+                .correction
+                .as_deref()
+                .is_some_and(|c| c.starts_with("changed: "))
+        {
+            self.correction = Some(argument_names(&[]));
+        }
     }
 }
 
@@ -567,6 +577,14 @@ mod tests {
             structured(old).mistakes[0].correction.as_deref(),
             Some("changed arguments")
         );
+        // A copy shared before the names were recorded, its names parsed from the text
+        // (a host among them): not shown to other users.
+        let mut leaked = patterns::ToolMistake {
+            correction: Some("changed: acme-billing-db, target".into()),
+            ..Default::default()
+        };
+        leaked.redact();
+        assert_eq!(leaked.correction.as_deref(), Some("changed arguments"));
         assert_eq!(
             category("connection_leak_after_deploy", ROOT_CAUSES, "unknown"),
             "database"

@@ -284,17 +284,6 @@ pub(crate) fn measure_text(text: &str) -> Cow<'_, str> {
             (re(r"\b([A-Za-z0-9][\w.-]*)['’]s\b"), |c| c[1].to_string()),
             // Plural acronyms name the acronym: `PGs` -> `PG`, `OSDs` -> `OSD`.
             (re(r"\b([A-Z]{2,6})s\b"), |c| c[1].to_string()),
-            // Compound durations: 3h10m, 2m30s, 1h05m20s -> seconds.
-            (
-                re(r"(?i)\b(?:(\d+)h\s?)?(?:(\d+)m(?:in)?\s?)?(?:(\d+)s)?\b"),
-                compound_duration,
-            ),
-            // An entity and its number, however written, are one identifier:
-            // `broker 3`, `broker-3`, `broker_3`, `osd.12`, `OSD 12` -> `broker-3`, `OSD-12`.
-            (
-                re(r"\b([A-Za-z]{2,})(?:[._-]|\s+#?)(\d+)([.:/-]\d|\s*%|\s*[A-Za-z]+)?"),
-                entity_number,
-            ),
             // Dates in one form, a value (`20260731`) rather than an identifier, so that
             // two dates of one thing (a certificate's expiry, a partition's row count)
             // compare as values do: `2026-07-31T23:59:59Z` -> `20260731 23:59`;
@@ -312,16 +301,29 @@ pub(crate) fn measure_text(text: &str) -> Cow<'_, str> {
                 |c| format!("{}{}", &c[1], &c[2]),
             ),
             (
-                re(&format!(r"(?i)\b(\d{{1,2}})(?:st|nd|rd|th)?\s+{MONTH}\.?,?\s+(\d{{4}})\b")),
+                re(&format!(r"(?i)\b(\d{{1,2}})(?:st|nd|rd|th)?\s+{MONTH}\.?,?\s+((?:19|20)\d{{2}})\b")),
                 |c| date_of(&c[3], &c[2], Some(&c[1])),
             ),
             (
-                re(&format!(r"(?i)\b{MONTH}\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+(\d{{4}})\b")),
+                re(&format!(r"(?i)\b{MONTH}\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+((?:19|20)\d{{2}})\b")),
                 |c| date_of(&c[3], &c[1], Some(&c[2])),
             ),
             (
-                re(&format!(r"(?i)\b{MONTH}\.?\s+(\d{{4}})\b")),
+                re(&format!(r"(?i)\b{MONTH}\.?\s+((?:19|20)\d{{2}})\b")),
                 |c| date_of(&c[2], &c[1], None),
+            ),
+            // Compound durations: 3h10m, 2m30s, 1h05m20s -> seconds (two parts at least:
+            // `10m` alone may be ten million or ten metres).
+            (
+                re(r"(?i)\b(?:(\d+)h\s?(\d+)m(?:in)?(?:\s?(\d+)s)?|(\d+)h\s?(\d+)s|(\d+)m(?:in)?\s?(\d+)s)\b"),
+                compound_duration,
+            ),
+            // An entity and its number, however written, are one identifier:
+            // `broker 3`, `broker-3`, `broker_3`, `osd.12`, `OSD 12` -> `broker-3`, `OSD-12`.
+            // (After the dates: `MAY 6, 2026` is a date, not an entity.)
+            (
+                re(r"\b([A-Za-z]{2,})(?:[._-]|\s+#?)(\d+)([.:/,-]\d|\s*%|\s*[A-Za-z]+)?"),
+                entity_number,
             ),
             // Cents are hundredths of the currency: `87,500 cents` -> `875`.
             (re(&format!(r"(?i)\b{N}\s*cents?\b")), |c| match num(&c[1]) {
@@ -416,28 +418,29 @@ fn date_of(year: &str, month: &str, day: Option<&str>) -> String {
 /// `3h10m` -> `11400 seconds`; a lone part (`3h`, `10m`, `5s`) or no match at all is
 /// left as written (`10m` may be ten million or ten metres).
 fn compound_duration(c: &Captures) -> String {
-    let part = |i: usize| c.get(i).and_then(|m| m.as_str().parse::<u64>().ok());
-    let parts = [part(1), part(2), part(3)];
-    if parts.iter().flatten().count() < 2 {
-        return c[0].to_string();
-    }
-    let [h, m, s] = parts.map(|p| p.unwrap_or(0));
-    let secs = h * 3600 + m * 60 + s;
-    let trailing = if c[0].ends_with(char::is_whitespace) {
-        " "
-    } else {
-        ""
+    let part = |i: usize| {
+        c.get(i)
+            .and_then(|m| m.as_str().parse::<u64>().ok())
+            .unwrap_or(0)
     };
-    format!("{secs} seconds{trailing}")
+    // h m [s] | h s | m s
+    let secs = (part(1) + part(4)) * 3600 + (part(2) + part(6)) * 60 + part(3) + part(5) + part(7);
+    format!("{secs} seconds")
 }
 
 /// `broker 3`, `osd.12`, `OSD 12` -> one identifier (`broker-3`, `osd-12`, `OSD-12`):
 /// only after a word that names entities (`broker`, `node`, ...: `text::ENTITY_NOUNS`)
-/// or an all-caps acronym, and never when the number is a measurement (`CPU 95%`,
+/// or an acronym of one (`ENTITY_ACRONYMS`), and never when the number is a measurement (`CPU 95%`,
 /// `TTL 300 s`), a version or an address (`TLS 1.2`, `host 10.0.0.5`), or a status code
 /// (`HTTP 503`). Written with a dash, an underscore or a dot (`broker_3`, `osd.12`,
 /// `cust_5120/2026-04`), any word and its number are one identifier already: only the
 /// separator is made a dash.
+/// Acronyms a following number names one of (`OSD 12`, `AZ 2`, `GPU 3`); after others
+/// a number is a measurement (`QPS 1200`, `TTL 300`, `USD 875`, `SLO 99`).
+const ENTITY_ACRONYMS: &[&str] = &[
+    "osd", "az", "dc", "pg", "vm", "gpu", "nic", "ssd", "hdd", "lun", "nvme",
+];
+
 fn entity_number(c: &Captures) -> String {
     let word = &c[1];
     let joined = !c[0][word.len()..].starts_with(char::is_whitespace)
@@ -450,10 +453,10 @@ fn entity_number(c: &Captures) -> String {
     let counts =
         next.len() > 3 && next.ends_with('s') && !matches!(next, "was" | "has" | "is" | "as");
     let entity = text::ENTITY_NOUNS.contains(&lower.as_str())
-        || (word.len() <= 5 && word.chars().all(|ch| ch.is_ascii_uppercase()) && !counts);
+        || (ENTITY_ACRONYMS.contains(&lower.as_str()) && !counts);
     // A longer number, or one that goes on (`partition 2026-05-08`, `host 10.0.0.5`).
     let measured = c[2].len() > 4
-        || next.starts_with(['.', ':', '/', '-'])
+        || next.starts_with(['.', ':', '/', '-', ','])
         || next.starts_with('%')
         || text::unit_of(&next.to_ascii_lowercase()).is_some()
         || text::HTTP_WORDS.contains(&lower.as_str());
@@ -572,6 +575,9 @@ mod tests {
         assert_eq!(vals("TTL 300 s"), ["300000"]);
         assert_eq!(vals("the HTTP 503 rate"), ["503"]);
         assert_eq!(vals("API 450 errors"), ["450"]);
+        for t in ["QPS 1200", "TTL 300", "USD 875", "SLO 99", "EUR 12,500"] {
+            assert!(ids(t).is_empty(), "{t}: {:?}", ids(t));
+        }
         assert!(ids("TLS 1.2 on host 10.0.0.5")
             .iter()
             .all(|i| i == "10.0.0.5"));
@@ -582,6 +588,7 @@ mod tests {
         );
         assert_eq!(vals("2m30s"), vals("150 s"));
         assert_eq!(vals("retry in 10m"), ["10m"]);
+        assert!(matches!(measure_text("no duration here"), Cow::Borrowed(_)));
         // A count of a total shares its unit.
         assert_eq!(vals("79 of 80 GB in use"), vals("79 GB / 80 GB"));
         // Dates and cents.
@@ -592,6 +599,10 @@ mod tests {
         ] {
             assert_eq!(vals(t), ["20260506"], "{t}");
         }
+        assert_eq!(vals("failed on 06 MAY 2026"), ["20260506"]);
+        assert_eq!(vals("MAY 6, 2026"), ["20260506"]);
+        // A number after a month is a year only when it is one.
+        assert_eq!(vals("since May 6 1200 requests failed"), ["1200", "6"]);
         assert_eq!(
             vals("notAfter=2026-07-31T23:59:59Z").first(),
             vals("valid until Jul 31, 2026").first()

@@ -824,6 +824,7 @@ fn phone_numbers() {
         "listen on :5432 and :8443, p99 1500ms over 86400s, 12345678 rows",
         "error rate +12.5% after 3 retries, +300 ms",
         "build 20261122 took 1234.5678 s and version 10.2.3.4567",
+        "latencies 120 450 1200 ms, ports 143 110 8080 and 1.100.200.3000",
     ] {
         assert_eq!(san().text(keep), keep);
     }
