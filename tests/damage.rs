@@ -968,11 +968,8 @@ fn one_valid_frame_after_damage_is_never_cut_as_a_torn_tail() {
 fn a_tail_steps_over_zeroed_frames_repair_quarantined_in_a_sealed_segment() {
     let mem = MemStorage::new();
     let open = || small_segments(&mem);
-    let store = open();
-    fill(&store, "z", 120);
-    drop(store);
-    let dir = Path::new("/d/anonymous/z");
-    let segs = crate::util::mem_segments(&mem, dir);
+    let (dir, segs) = filled(&mem, "z", 120);
+    let dir = dir.as_path();
     assert!(segs.len() >= 3, "{segs:?}");
     let seg = dir.join(&segs[1]);
     let mut bytes = mem.contents(&seg).unwrap();
@@ -1013,11 +1010,8 @@ fn repair_lists_records_lost_at_the_end_of_a_sealed_segment() {
     for how in ["at a frame", "inside a frame", "emptied", "first emptied"] {
         let mem = MemStorage::new();
         let open = || small_segments(&mem);
-        let store = open();
-        fill(&store, "z", 120);
-        drop(store);
-        let dir = Path::new("/d/anonymous/z");
-        let segs = crate::util::mem_segments(&mem, dir);
+        let (dir, segs) = filled(&mem, "z", 120);
+        let dir = dir.as_path();
         assert!(segs.len() >= 3, "{segs:?}");
         let base = |i: usize| swarm_memory::log::segment::parse_segment_name(&segs[i]).unwrap();
         let k = if how == "first emptied" { 0 } else { 1 };
@@ -1119,13 +1113,7 @@ fn repair_lists_records_lost_at_the_end_of_a_sealed_segment() {
         let want: Vec<u64> = (1..=after.seq)
             .filter(|s| !(lost_from..=lost_to).contains(s))
             .collect();
-        let read = |opts: ReadOptions| -> Vec<u64> {
-            store
-                .read("z", opts)
-                .unwrap()
-                .map(|e| e.unwrap().seq)
-                .collect()
-        };
+        let read = |opts: ReadOptions| seqs_read(&store, "z", opts);
         assert_eq!(read(ReadOptions::default()), want, "{how}");
         let by_agent: Vec<u64> = want.iter().copied().filter(|&s| s != lost[0].seq).collect();
         assert_eq!(read(by_agent_opts()), by_agent, "{how}");
@@ -1165,11 +1153,8 @@ fn seqs_lost_before_an_empty_last_segment_are_reported_and_repaired() {
 fn lost_before_an_empty_last_segment(inside: usize) {
     let mem = MemStorage::new();
     let open = || small_segments(&mem);
-    let store = open();
-    fill(&store, "e", 60);
-    drop(store);
-    let dir = Path::new("/d/anonymous/e");
-    let segs = crate::util::mem_segments(&mem, dir);
+    let (dir, segs) = filled(&mem, "e", 60);
+    let dir = dir.as_path();
     let n = segs.len();
     // The rotation after seq 60 created the next segment; nothing was written to it.
     mem.set_contents(&dir.join("seg-00000000000000000061.jsonl"), Vec::new());
@@ -1209,11 +1194,7 @@ fn lost_before_an_empty_last_segment(inside: usize) {
     let store = open();
     let index = store.rebuild_index("e", |_, _| {}).unwrap();
     assert_eq!(index.head_seq, after.seq, "the index covers the gap");
-    let by_agent: Vec<u64> = store
-        .read("e", by_agent_opts())
-        .unwrap()
-        .map(|e| e.unwrap().seq)
-        .collect();
+    let by_agent = seqs_read(&store, "e", by_agent_opts());
     assert_eq!(by_agent, (1..=58).chain([after.seq]).collect::<Vec<_>>());
     for tailed in tails_read(&store, "e") {
         assert_eq!(tailed, want, "both tails");
@@ -1228,11 +1209,8 @@ fn a_cut_segment_followed_by_an_emptied_one() {
     for inside in [0usize, 10] {
         let mem = MemStorage::new();
         let open = || small_segments(&mem);
-        let store = open();
-        fill(&store, "w", 160);
-        drop(store);
-        let dir = Path::new("/d/anonymous/w");
-        let segs = crate::util::mem_segments(&mem, dir);
+        let (dir, segs) = filled(&mem, "w", 160);
+        let dir = dir.as_path();
         assert!(segs.len() >= 4, "{segs:?}");
         let base = |i: usize| swarm_memory::log::segment::parse_segment_name(&segs[i]).unwrap();
         let first = dir.join(&segs[1]);
@@ -1278,13 +1256,7 @@ fn a_cut_segment_followed_by_an_emptied_one() {
         let want: Vec<u64> = (1..=after.seq)
             .filter(|s| !(lost_from..=lost_to).contains(s))
             .collect();
-        let read = |opts: ReadOptions| -> Vec<u64> {
-            store
-                .read("w", opts)
-                .unwrap()
-                .map(|e| e.unwrap().seq)
-                .collect()
-        };
+        let read = |opts: ReadOptions| seqs_read(&store, "w", opts);
         assert_eq!(read(ReadOptions::default()), want, "{inside}");
         let by_agent: Vec<u64> = want
             .iter()
@@ -1327,11 +1299,8 @@ fn losses_repaired_one_after_another_and_a_new_loss_before_an_old_one() {
     ] {
         let mem = MemStorage::new();
         let open = || small_segments(&mem);
-        let store = open();
-        fill(&store, "v", 200);
-        drop(store);
-        let dir = Path::new("/d/anonymous/v");
-        let segs = crate::util::mem_segments(&mem, dir);
+        let (dir, segs) = filled(&mem, "v", 200);
+        let dir = dir.as_path();
         assert!(segs.len() >= 6, "{segs:?}");
         let seg = |i: usize| dir.join(&segs[i]);
         type Damage<'a> = Box<dyn Fn() + 'a>;
@@ -1413,6 +1382,24 @@ fn fill(store: &Store, run: &str, n: usize) {
     for i in 0..n {
         lib_append(store, run, &format!("event {i} {}", "y".repeat(i % 40)));
     }
+}
+
+/// A store with 4 KiB segments on `mem`, `n` events written to `run` and closed: the
+/// run's directory and its segment files' names.
+fn filled(mem: &MemStorage, run: &str, n: usize) -> (std::path::PathBuf, Vec<String>) {
+    fill(&small_segments(mem), run, n);
+    let dir = Path::new("/d/anonymous").join(run);
+    let segs = crate::util::mem_segments(mem, &dir);
+    (dir, segs)
+}
+
+/// The seqs a read of `run` with `opts` returns, in order.
+fn seqs_read(store: &Store, run: &str, opts: ReadOptions) -> Vec<u64> {
+    store
+        .read(run, opts)
+        .unwrap()
+        .map(|e| e.unwrap().seq)
+        .collect()
 }
 
 /// The seqs both kinds of tail (not following) read from `run`, in order.

@@ -455,6 +455,43 @@ mod tests {
         assert_eq!(c.append("r", ev(), Durability::Sync).unwrap().seq, 3);
     }
 
+    /// A run being archived (its tombstone written, its segments removed, `SYNCED` and
+    /// `run.json` not yet): a writer that loads it in that window (a repair that passed
+    /// its archive check before the tombstone) finds no run, and creates no segment in
+    /// the archived run's directory (it created an empty first one, which the marks
+    /// showed short, and a repair then declared every seq lost there).
+    #[test]
+    fn a_run_being_archived_gets_no_new_segment() {
+        let mem = MemStorage::new();
+        let a = store(&mem, 1 << 20);
+        for _ in 0..3 {
+            a.append(
+                "r",
+                NewEvent::new("x", EventType::Evidence, "e"),
+                Durability::Sync,
+            )
+            .unwrap();
+        }
+        let log = a.writer("r", "anonymous").unwrap();
+        let dir = log.dir.clone();
+        let tomb = dir.join(crate::log::meta::ARCHIVED_FILE);
+        crate::log::storage::Storage::open(&mem, &tomb, crate::log::storage::OpenMode::CreateNew)
+            .unwrap();
+        mem.set_contents(&tomb, b"{}".to_vec());
+        for base in crate::log::segment::list_segments(&mem, &dir).unwrap() {
+            crate::log::storage::Storage::remove_file(
+                &mem,
+                &crate::log::segment::segment_path(&dir, base),
+            )
+            .unwrap();
+        }
+        let r = log.rebuild_marks();
+        assert!(matches!(r, Err(Error::RunNotFound(_))), "{r:?}");
+        assert!(crate::log::segment::list_segments(&mem, &dir)
+            .unwrap()
+            .is_empty());
+    }
+
     #[test]
     fn generated_ids_are_the_prefix_and_the_counter_in_hex() {
         let mem = MemStorage::new();

@@ -147,9 +147,6 @@ impl Target {
     }
 }
 
-/// How often an NDJSON append asks again whether its token is live.
-const TOKEN_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
-
 /// Answers an NDJSON request with a stream of acknowledgement lines, appending each
 /// request line as soon as it is complete.
 fn stream(target: Target, body: Body) -> Response {
@@ -241,7 +238,7 @@ async fn lines(target: &Target, body: Body, tx: &mpsc::Sender<Bytes>) -> Result<
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 }
             }
-            if asked.elapsed() >= TOKEN_RECHECK {
+            if asked.elapsed() >= crate::serve::token::TokenSet::RECHECK_MIN {
                 asked = std::time::Instant::now();
                 if !target.app.tokens.is_live(&target.id.token.id) {
                     return Err(problem(n, Problem::unauthorized("the token was revoked")));

@@ -630,9 +630,8 @@ struct Stream {
     ended: bool,
 }
 
-/// Bounds of how often a stream asks again whether its token is live (its heartbeat
-/// interval, within these).
-const TOKEN_RECHECK_MIN: Duration = Duration::from_secs(1);
+/// Longest a stream goes without asking again whether its token is live (it asks every
+/// heartbeat interval, within `TokenSet::RECHECK_MIN` and this).
 const TOKEN_RECHECK_MAX: Duration = Duration::from_secs(5);
 
 /// When and how a stream asks again whether its token is still live.
@@ -675,7 +674,11 @@ impl Stream {
             let now = tokio::time::Instant::now();
             if now >= self.live.next {
                 // At least once every 5 s, at most once a second, whatever the heartbeat.
-                self.live.next = now + self.heartbeat.clamp(TOKEN_RECHECK_MIN, TOKEN_RECHECK_MAX);
+                self.live.next = now
+                    + self.heartbeat.clamp(
+                        crate::serve::token::TokenSet::RECHECK_MIN,
+                        TOKEN_RECHECK_MAX,
+                    );
                 if !self.live.app.tokens.is_live(&self.live.token_id) {
                     self.ended = true;
                     return Some(named(

@@ -328,6 +328,9 @@ impl TokenSet {
         Ok(())
     }
 
+    /// How often at most a long-lived request asks [`TokenSet::is_live`] again.
+    pub const RECHECK_MIN: std::time::Duration = std::time::Duration::from_secs(1);
+
     /// Whether the token `id` is still live (in the file, not revoked): a long-lived
     /// request (an SSE stream, an NDJSON append) opened with it asks again as it runs,
     /// so a revoked token stops there too, not only at its next request.

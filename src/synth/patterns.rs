@@ -365,17 +365,22 @@ fn render_value(v: &Value) -> String {
     truncate(&s, ARG_VALUE_BYTES_MAX)
 }
 
+/// A call's arguments as an object: none (or `null`) is the empty one; `None` when they
+/// are not an object.
+fn args_object(v: Option<&Value>) -> Option<std::borrow::Cow<'_, Map<String, Value>>> {
+    match v {
+        None | Some(Value::Null) => Some(std::borrow::Cow::Owned(Map::new())),
+        Some(Value::Object(m)) => Some(std::borrow::Cow::Borrowed(m)),
+        Some(_) => None,
+    }
+}
+
 /// The keys both argument objects have, with different values, sorted, at most 8,
 /// keeping only name-like keys (1-32 of `A-Za-z0-9_.`, starting with a letter or `_`):
 /// a key is shared with other users where the values never are. Empty when either side
 /// is not an object.
 pub fn changed_arg_names(failed: Option<&Value>, ok: Option<&Value>) -> Vec<String> {
-    let obj = |v: Option<&Value>| match v {
-        None | Some(Value::Null) => Some(Map::new()),
-        Some(Value::Object(m)) => Some(m.clone()),
-        Some(_) => None,
-    };
-    let (Some(a), Some(b)) = (obj(failed), obj(ok)) else {
+    let (Some(a), Some(b)) = (args_object(failed), args_object(ok)) else {
         return Vec::new();
     };
     // Argument names are identifiers (`namespace`, `resource.type`, `maxResults`); a
@@ -402,15 +407,7 @@ pub fn changed_arg_names(failed: Option<&Value>, ok: Option<&Value>) -> Vec<Stri
 /// `added flag=value; changed x from a to b; removed y`. `None` when nothing changed.
 /// Non-object arguments are compared whole (`changed arguments from a to b`).
 pub fn describe_args_diff(failed: Option<&Value>, ok: Option<&Value>) -> Option<String> {
-    let empty = Map::new();
-    let as_obj = |v: Option<&Value>| -> Option<Map<String, Value>> {
-        match v {
-            None | Some(Value::Null) => Some(empty.clone()),
-            Some(Value::Object(m)) => Some(m.clone()),
-            Some(_) => None,
-        }
-    };
-    let (a, b) = match (as_obj(failed), as_obj(ok)) {
+    let (a, b) = match (args_object(failed), args_object(ok)) {
         (Some(a), Some(b)) => (a, b),
         _ => {
             let (fa, fb) = (failed.unwrap_or(&Value::Null), ok.unwrap_or(&Value::Null));
