@@ -39,6 +39,7 @@ pub mod metrics;
 pub mod patterns;
 pub mod quality;
 pub mod report;
+pub mod rerank;
 pub mod sanitize;
 pub mod search;
 pub mod settings;

@@ -23,6 +23,9 @@
 //! a candidate with at least one rank, so a paraphrase that shares no word with the query
 //! is found by meaning alone. Ties (equal scores) go to the newer, then to the lower fact
 //! number or (run, seq): the same store and model give the same order on every call.
+//! The first [`RERANK_TOP`] hits are then ordered again by what the question names and
+//! asks for (`synth::rerank`: its identifiers, names and dates; theories, what was ruled
+//! out, decisions, actions, causes, resolutions), in both modes.
 //! A finding whose text is the text of a fact ranked above it is left out: the fact
 //! stands for it.
 //!
@@ -42,6 +45,7 @@ use crate::event::{Event, EventType};
 use crate::query::options::ReadOptions;
 use crate::store::Store;
 use crate::synth::facts::parse_id;
+use crate::synth::rerank::{self, Candidate, RERANK_TOP};
 use crate::synth::views::{FactView, FactsQuery};
 
 /// Latest matching entries read per run.
@@ -569,7 +573,7 @@ pub fn rrf(n: usize, lists: &[&[usize]], k: f64) -> Vec<Option<f64>> {
 
 /// Ranks scored candidates: lexical alone, or fused with the embedding rank when cosines
 /// were set (`hybrid`). Drops candidates with no rank; at most `limit` hits.
-fn rank(mut cands: Vec<Hit>, hybrid: bool, limit: usize) -> Vec<Hit> {
+fn rank(query: &str, mut cands: Vec<Hit>, hybrid: bool, limit: usize) -> Vec<Hit> {
     let lexical_score = |h: &Hit| h.lexical.unwrap_or(f64::NEG_INFINITY);
     if !hybrid {
         cands.retain(|h| h.lexical.is_some());
@@ -577,6 +581,7 @@ fn rank(mut cands: Vec<Hit>, hybrid: bool, limit: usize) -> Vec<Hit> {
             h.score = h.lexical.unwrap_or(f64::NEG_INFINITY);
         }
         cands.sort_by(|a, b| order(a, b, lexical_score));
+        rerank(query, &mut cands);
         return collapse(cands, limit);
     }
     let ranked = |keep: &dyn Fn(&Hit) -> bool, by: &dyn Fn(&Hit) -> f64| -> Vec<usize> {
@@ -598,7 +603,34 @@ fn rank(mut cands: Vec<Hit>, hybrid: bool, limit: usize) -> Vec<Hit> {
         })
         .collect();
     hits.sort_by(|a, b| order(a, b, |h| h.score));
+    rerank(query, &mut hits);
     collapse(hits, limit)
+}
+
+/// Reorders the first [`RERANK_TOP`] of `hits` (best first) by what `query` asks for
+/// (`synth::rerank`); the rest keep their places after them.
+fn rerank(query: &str, hits: &mut Vec<Hit>) {
+    let n = hits.len().min(RERANK_TOP);
+    let cands: Vec<Candidate<'_>> = hits[..n]
+        .iter()
+        .map(|h| Candidate {
+            texts: h.texts(),
+            subject: h.subject(),
+            kind: match &h.found {
+                Found::Fact { fact } => &fact.kind,
+                Found::Finding { entry } => entry.kind.as_str(),
+            },
+        })
+        .collect();
+    let Some(order) = rerank::reorder(query, &cands) else {
+        return;
+    };
+    let mut head: Vec<Option<Hit>> = hits.drain(..n).map(Some).collect();
+    let reordered: Vec<Hit> = order
+        .into_iter()
+        .map(|pos| head[pos].take().expect("a permutation"))
+        .collect();
+    hits.splice(0..0, reordered);
 }
 
 /// The first `limit` of `hits` (best first), leaving out a finding whose text is the
@@ -697,7 +729,7 @@ pub fn search(store: &Store, q: &SearchQuery<'_>, ranker: Ranker<'_>) -> Result<
             facts_considered,
             findings_considered,
             texts_embedded: 0,
-            hits: rank(all, false, limit),
+            hits: rank(text, all, false, limit),
         },
         Ranker::Hybrid(model) => {
             let texts_embedded = score_embedding(model, text, &mut all)?;
@@ -708,7 +740,7 @@ pub fn search(store: &Store, q: &SearchQuery<'_>, ranker: Ranker<'_>) -> Result<
                 facts_considered,
                 findings_considered,
                 texts_embedded,
-                hits: rank(all, true, limit),
+                hits: rank(text, all, true, limit),
             }
         }
     })
@@ -745,13 +777,13 @@ mod tests {
 
     fn lexical(q: &str, mut cands: Vec<Hit>) -> Vec<Hit> {
         score_lexical(&words(q), &mut cands);
-        rank(cands, false, 10)
+        rank(q, cands, false, 10)
     }
 
     fn hybrid(t: &Table, q: &str, mut cands: Vec<Hit>) -> Vec<Hit> {
         score_lexical(&words(q), &mut cands);
         score_embedding(t, q, &mut cands).unwrap();
-        rank(cands, true, 10)
+        rank(q, cands, true, 10)
     }
 
     #[test]

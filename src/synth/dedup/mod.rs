@@ -46,7 +46,7 @@ use crate::synth::text::{self, Dim, Signature};
 
 mod ann;
 mod semantic;
-mod slots;
+pub(crate) mod slots;
 
 pub use semantic::SemanticConfig;
 
