@@ -23,9 +23,9 @@
 //! a candidate with at least one rank, so a paraphrase that shares no word with the query
 //! is found by meaning alone. Ties (equal scores) go to the newer, then to the lower fact
 //! number or (run, seq): the same store and model give the same order on every call.
-//! The first [`RERANK_TOP`] hits are then ordered again by what the question names and
-//! asks for (`synth::rerank`: its identifiers, names and dates; theories, what was ruled
-//! out, decisions, actions, causes, resolutions), in both modes.
+//! The first [`RERANK_TOP`] hits are then ordered again by what the question asks for
+//! (`synth::rerank`: theories, what was ruled out, decisions, actions, causes,
+//! resolutions), in both modes.
 //! A finding whose text is the text of a fact ranked above it is left out: the fact
 //! stands for it.
 //!
@@ -615,7 +615,6 @@ fn rerank(query: &str, hits: &mut Vec<Hit>) {
         .iter()
         .map(|h| Candidate {
             texts: h.texts(),
-            subject: h.subject(),
             kind: match &h.found {
                 Found::Fact { fact } => &fact.kind,
                 Found::Finding { entry } => entry.kind.as_str(),
