@@ -57,12 +57,12 @@ fn intent_patterns() -> &'static [(Intent, Regex)] {
         // The first that matches decides: "which causes were ruled out" is about what was
         // ruled out, not about the cause.
         vec![
-            (Intent::RuledOut, re(r"\b(ruled?[- ]out|rules out|eliminat\w*|exclud\w*|dismiss\w*|discard\w*|rejected|disprov\w*|refut\w*|fell apart|fall apart|did ?n[o']t hold|does ?n[o']t hold|not the cause|innocent|cleared)\b")),
+            (Intent::RuledOut, re(r"\b(ruled?[- ]out|rules out|eliminat\w*|exclud\w*|dismiss\w*|disprov\w*|refut\w*|fell apart|fall apart|did ?n[o']t hold|does ?n[o']t hold|not the cause|innocent)\b")),
             (Intent::Hypothesis, re(r"\b(theor(y|ies)|hypothes\w*|suspected|suspects|(we|they|you|i|team|agents?) suspect|suspicions?|guess\w*|speculat\w*|floated|conjectur\w*|working assumption|hunch\w*|possible (cause|explanation|reason)s?|candidates? for the cause)\b")),
-            (Intent::Decision, re(r"\b(decid\w*|decision\w*|agreed|chose|chosen|approv\w*|settled on (doing|a plan)|plan(ned)? to)\b")),
-            (Intent::Action, re(r"\b(what did (we|they|you|i|anyone|someone) do|actions?( taken)?|mitigation steps?|steps? taken|was done|were done)\b")),
+            (Intent::Decision, re(r"\b(decid\w*|decision\w*|agreed|chose|chosen|approved (the|a|an|to)|settled on (doing|a plan)|plan(ned)? to)\b")),
+            (Intent::Action, re(r"\b(what did (we|they|you|i|anyone|someone) do|actions? (taken|did)|what actions|mitigation steps?|steps? taken|was done|were done)\b")),
             (Intent::Cause, re(r"\b(root[- ]cause|in the end|turn(s|ed)? out|ultimately|actual(ly)? cause|real cause|settle[d]? on|conclu\w*|explanation|why did|what caused|caused)\b")),
-            (Intent::Resolution, re(r"\b(resolved|over yet|is (it|the \w+( \w+)?) over|closed|all clear|back to normal|recovered|fixed yet)\b")),
+            (Intent::Resolution, re(r"\b(resolved|over yet|is (it|the \w+( \w+)?) over|closed out|incident closed|all clear|cleared|back to normal|recovered|fixed yet)\b")),
         ]
     })
 }
@@ -98,9 +98,9 @@ pub struct Candidate<'a> {
 }
 
 /// The new order of `cands` (the first hits of the fused rank, best first) for `query`:
-/// a permutation of their positions. `None` when the question states no intent (the
-/// order stands).
-pub fn reorder(query: &str, cands: &[Candidate<'_>]) -> Option<Vec<usize>> {
+/// a permutation of their positions, each with its new score. `None` when the question
+/// states no intent (the order stands).
+pub fn reorder(query: &str, cands: &[Candidate<'_>]) -> Option<Vec<(usize, f64)>> {
     let want = intent(query)?;
     let mut scored: Vec<(f64, usize)> = cands
         .iter()
@@ -115,7 +115,12 @@ pub fn reorder(query: &str, cands: &[Candidate<'_>]) -> Option<Vec<usize>> {
         })
         .collect();
     scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    Some(scored.into_iter().map(|(_, pos)| pos).collect())
+    Some(
+        scored
+            .into_iter()
+            .map(|(score, pos)| (pos, score))
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -176,7 +181,7 @@ mod tests {
                 "evidence",
             ),
         ];
-        let first = |q: &str| reorder(q, &cands).map(|o| o[0]);
+        let first = |q: &str| reorder(q, &cands).map(|o| o[0].0);
         assert_eq!(
             first("what theories were there about the queue backlog?"),
             Some(2)
@@ -184,6 +189,9 @@ mod tests {
         assert_eq!(first("which explanations were eliminated?"), Some(3));
         assert_eq!(first("is the backlog resolved?"), Some(1));
         assert_eq!(first("what caused the backlog in the end?"), Some(0));
+        // Symptoms are no intent: a rejected connection, an alert's approval service.
+        assert_eq!(first("why were connections rejected?"), None);
+        assert_eq!(first("is the approval service slow?"), None);
         // "suspect" as an adjective is no question about theories.
         assert_eq!(
             first("how much light does the suspect transceiver get?"),
@@ -201,8 +209,8 @@ mod tests {
         cands.push(cand("Maybe the batch size is behind it.", "hypothesis"));
         let order = reorder("what was suspected?", &cands[RERANK_TOP - 30..]).unwrap();
         // Thirty places below the top: the intent bonus alone does not lift it first.
-        assert_ne!(order[0], 30);
+        assert_ne!(order[0].0, 30);
         let order = reorder("what was suspected?", &cands[RERANK_TOP - 5..]).unwrap();
-        assert_eq!(order[0], 5);
+        assert_eq!(order[0].0, 5);
     }
 }

@@ -115,7 +115,9 @@ pub enum Found {
 #[derive(Clone, Debug, Serialize)]
 pub struct Hit {
     /// Rank score, higher is better: the lexical score in lexical mode, the fused
-    /// reciprocal-rank score in hybrid mode.
+    /// reciprocal-rank score in hybrid mode; for the first hits of a question that
+    /// states an intent, the second stage's: `1/(60 + place)` plus its bonus for the
+    /// first hits, `1/(60 + place)` for the rest, so the scores fall down the list.
     pub score: f64,
     /// Lexical score (share of the query's rarity-weighted words, plus a tenth of the
     /// confidence), when the candidate holds a query word.
@@ -627,9 +629,17 @@ fn rerank(query: &str, hits: &mut Vec<Hit>) {
     let mut head: Vec<Option<Hit>> = hits.drain(..n).map(Some).collect();
     let reordered: Vec<Hit> = order
         .into_iter()
-        .map(|pos| head[pos].take().expect("a permutation"))
+        .map(|(pos, score)| {
+            let mut h = head[pos].take().expect("a permutation");
+            h.score = score;
+            h
+        })
         .collect();
     hits.splice(0..0, reordered);
+    // The hits after them on the same scale, so scores fall down the whole list.
+    for (place, h) in hits.iter_mut().enumerate().skip(n) {
+        h.score = 1.0 / (RRF_K + (place + 1) as f64);
+    }
 }
 
 /// The first `limit` of `hits` (best first), leaving out a finding whose text is the

@@ -280,6 +280,28 @@ pub(crate) fn measure_text(text: &str) -> Cow<'_, str> {
         const N: &str = r"(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)";
         const MONTH: &str = r"(jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)";
         let v: Vec<Rule> = vec![
+            // Number words as digits: `forty-five` -> `45`, `twenty` -> `20`, `three
+            // hundred` -> `300`, `eleven hundred` -> `1100`; `one` only before a ratio's
+            // `in` (`one in five`): alone it is rarely a count.
+            (
+                re(&format!(r"(?i)(^|[^\w.-])({NUMBER_WORD})(?:\s+(hundred|thousand))?([^\w.-]|$)")),
+                number_words,
+            ),
+            (
+                re(r"(?i)(^|[^\w.-])one((?:\s+[a-z]+)?\s+(?:in|out\s+of)\s+(?:every\s+|each\s+|a\s+)?(?:\d|hundred\b|thousand\b|million\b))"),
+                |c| format!("{}1{}", &c[1], &c[2]),
+            ),
+            // A decimal without its leading zero: `.612` -> `0.612`.
+            (re(r"(^|[\s(=:~<>/,])\.(\d+)\b"), |c| format!("{}0.{}", &c[1], &c[2])),
+            // A ratio as a percentage: `8 in 1000`, `1 flaky in 200`, `2 in 10k`, `3 per
+            // thousand`, `62 in every 1000` -> `0.8%`, `0.5% flaky`, ...; not a part of an
+            // identifier (`eu-west-1 in 2 AZs`, `10.0.0.5 in 2 racks`), an entity's number
+            // (`broker 3 in 10 racks`, `HTTP 503 in 1000`), a year (`3 outages in 2026`),
+            // nor before a unit (`3 in 5 minutes`, `79 out of 80 GB`).
+            (
+                re(&format!(r"(?i)(^|[^\w.:/-])((?:[a-z]+\s+)?){N}((?:\s+[a-z]+)?)\s+(in|per|out\s+of)\s+(?:every\s+|each\s+|a\s+)?(\d{{1,3}}(?:,\d{{3}})+|\d+(?:\.\d+)?k?|hundred|thousand|million)(\s+(?:thousand|million))?((?:\s+[a-z]+)?)([^\w.:/-]|$)")),
+                ratio,
+            ),
             // Possessives: `broker-3's disk` names `broker-3`, `checkout's p99` `checkout`.
             (re(r"\b([A-Za-z0-9][\w.-]*)['’]s\b"), |c| c[1].to_string()),
             // Plural acronyms name the acronym: `PGs` -> `PG`, `OSDs` -> `OSD`.
@@ -378,6 +400,12 @@ pub(crate) fn measure_text(text: &str) -> Cow<'_, str> {
                 )),
                 |c| rate(c, 1.0 / 60.0),
             ),
+            (
+                re(&format!(
+                    r"(?i)\b{N}((?:\s+[a-z]+)?)\s*(?:/\s?h(?:r|our)?|per\s+h(?:ou)?r|every\s+hour)\b"
+                )),
+                |c| rate(c, 1.0 / 3600.0),
+            ),
             // Versions: v2.14.0 -> 2.14.0.
             (re(r"(?i)\bv(\d+\.\d+(?:\.\d+)*)\b"), |c| c[1].to_string()),
             // host:port -> host port N.
@@ -467,6 +495,117 @@ fn entity_number(c: &Captures) -> String {
     }
 }
 
+/// Number words of two to ninety-nine (a unit after a tens word: `forty-five`,
+/// `forty five`), as a regex alternation.
+const NUMBER_WORD: &str = "(?:twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety)(?:[- ](?:one|two|three|four|five|six|seven|eight|nine))?|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|sixteen|seventeen|eighteen|nineteen";
+
+/// The value of a number word of two to ninety-nine, or `one`.
+fn number_word(w: &str) -> Option<u32> {
+    const UNITS: [&str; 20] = [
+        "zero",
+        "one",
+        "two",
+        "three",
+        "four",
+        "five",
+        "six",
+        "seven",
+        "eight",
+        "nine",
+        "ten",
+        "eleven",
+        "twelve",
+        "thirteen",
+        "fourteen",
+        "fifteen",
+        "sixteen",
+        "seventeen",
+        "eighteen",
+        "nineteen",
+    ];
+    const TENS: [&str; 8] = [
+        "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety",
+    ];
+    let w = w.to_ascii_lowercase();
+    let mut parts = w.split(['-', ' ']).filter(|p| !p.is_empty());
+    let first = parts.next()?;
+    let unit = |p: &str| UNITS.iter().position(|u| *u == p).map(|i| i as u32);
+    match TENS.iter().position(|t| *t == first) {
+        Some(t) => {
+            let tens = 20 + 10 * t as u32;
+            match parts.next() {
+                Some(u) => unit(u).filter(|&u| (1..10).contains(&u)).map(|u| tens + u),
+                None => Some(tens),
+            }
+        }
+        None => unit(first),
+    }
+}
+
+fn number_words(c: &Captures) -> String {
+    let scale = match c.get(3).map(|m| m.as_str().to_ascii_lowercase()) {
+        Some(w) if w == "hundred" => 100,
+        Some(_) => 1000,
+        None => 1,
+    };
+    match number_word(&c[2]) {
+        Some(n) => format!("{}{}{}", &c[1], n * scale, &c[4]),
+        None => c[0].to_string(),
+    }
+}
+
+/// `N [word] in|per|out of [every] M [word]` as a percentage (see [`measure_text`]).
+fn ratio(c: &Captures) -> String {
+    let keep = || c[0].to_string();
+    let before = c[2].trim().to_ascii_lowercase();
+    if !before.is_empty()
+        && (text::ENTITY_NOUNS.contains(&before.as_str())
+            || text::HTTP_WORDS.contains(&before.as_str())
+            || ENTITY_ACRONYMS.contains(&before.to_ascii_uppercase().as_str()))
+    {
+        return keep();
+    }
+    let after = c[8].trim().to_ascii_lowercase();
+    const SPANS: [&str; 10] = [
+        "week", "weeks", "month", "months", "year", "years", "us", "µs", "ns", "runs_per",
+    ];
+    if text::unit_of(&after).is_some() || SPANS.contains(&after.as_str()) {
+        return keep();
+    }
+    let m = c[6].to_ascii_lowercase();
+    let year = m.len() == 4 && (m.starts_with("19") || m.starts_with("20"));
+    if year && c[5].eq_ignore_ascii_case("in") {
+        return keep();
+    }
+    let scale = match c.get(7).map(|x| x.as_str().trim().to_ascii_lowercase()) {
+        Some(w) if w == "thousand" => 1e3,
+        Some(w) if w == "million" => 1e6,
+        _ => 1.0,
+    };
+    let total = match m.as_str() {
+        "hundred" => Some(100.0),
+        "thousand" => Some(1000.0),
+        "million" => Some(1e6),
+        _ => match m.strip_suffix('k') {
+            Some(k) => num(k).map(|x| x * 1000.0),
+            None => num(&m),
+        },
+    }
+    .map(|t| t * scale);
+    match (num(&c[3]), total) {
+        (Some(n), Some(t)) if t >= 2.0 && n <= t => format!(
+            "{}{}{}%{}{}{}",
+            &c[1],
+            &c[2],
+            text::num_key(n / t * 100.0),
+            &c[4],
+            &c[8],
+            &c[9]
+        ),
+        _ => keep(),
+    }
+}
+
 fn scaled_of(c: &Captures, f: f64) -> String {
     match num(&c[1]) {
         Some(x) => text::num_key(x * f),
@@ -553,6 +692,60 @@ mod tests {
         assert_eq!(m("502 burst 11:10-11:35Z"), "502 burst 11:10 to 11:35");
         assert_eq!(m("80 GB at 14:00"), "80 GB at 14:00");
         assert_eq!(m("the 7-day retention"), "the 7 day retention");
+    }
+
+    #[test]
+    fn number_words_ratios_and_bare_decimals_are_values() {
+        let m = |t: &str| measure_text(t).into_owned();
+        assert_eq!(
+            m("pool enlarged from twenty to forty-five machines"),
+            "pool enlarged from 20 to 45 machines"
+        );
+        assert_eq!(m("about eleven hundred merchants"), "about 1100 merchants");
+        assert_eq!(m("ndcg back to .607"), "ndcg back to 0.607");
+        assert_eq!(m("8 in 1000 customers declined"), "0.8% customers declined");
+        assert_eq!(
+            m("unit tests fine, like 1 flaky in 200"),
+            "unit tests fine, like 0.5% flaky"
+        );
+        assert_eq!(m("3 per thousand requests"), "0.3% requests");
+        assert_eq!(m("roughly one in five runs"), "roughly 20% runs");
+        assert_eq!(m("2 in 10k sessions"), "0.02% sessions");
+        assert_eq!(m("six in a thousand bounces"), "0.6% bounces");
+        assert_eq!(m("about one message in eighty"), "about 1.25% message");
+        assert_eq!(m("fourteen per hour"), m("14/h"));
+        // Left alone: identifiers, entity numbers, years, units, spans, other phrases.
+        for t in [
+            "deployed to eu-west-1 in 2 zones",
+            "broker-2 in 3 racks",
+            "release 1.2.3 in 4 clusters",
+            "host 10.0.0.5 in 2 racks",
+            "broker 3 in 10 racks",
+            "HTTP 503 in 1000 requests",
+            "2 incidents in 2025",
+            "2 failures in 3 months",
+            "3 restarts in 4 h",
+            "p99 was 900 ms an hour ago",
+        ] {
+            assert!(!m(t).contains('%'), "{t}: {}", m(t));
+        }
+        assert_eq!(m("79 out of 80 GB"), "79 GB of 80 GB");
+        assert_eq!(
+            m("1 in 10 thousand requests"),
+            m("one in ten thousand requests")
+        );
+        assert_eq!(m("pod-ten and ten.internal"), "pod-ten and ten.internal");
+        assert_eq!(m("one instance in eu-west-1"), "one instance in eu-west-1");
+        assert_eq!(m("the one in production"), "the one in production");
+        assert!(!m("p99 was 900 ms an hour ago").contains("persec"));
+        // Not a ratio: a count in a span of time, a rate per unit.
+        assert_eq!(m("3 in 5 minutes"), "3 in 5 minutes");
+        assert_eq!(m("one broker is down"), "one broker is down");
+        let vals = |t: &str| Slots::of(t).sig.value_keys;
+        assert_eq!(
+            vals("0.8% of legit customers declined"),
+            vals("8 in 1000 legit customers declined")
+        );
     }
 
     #[test]
