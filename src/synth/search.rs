@@ -612,6 +612,9 @@ fn rank(query: &str, mut cands: Vec<Hit>, hybrid: bool, limit: usize) -> Vec<Hit
 /// Reorders the first [`RERANK_TOP`] of `hits` (best first) by what `query` asks for
 /// (`synth::rerank`); the rest keep their places after them.
 fn rerank(query: &str, hits: &mut Vec<Hit>) {
+    let Some(want) = rerank::intent(query) else {
+        return;
+    };
     let n = hits.len().min(RERANK_TOP);
     let cands: Vec<Candidate<'_>> = hits[..n]
         .iter()
@@ -623,9 +626,7 @@ fn rerank(query: &str, hits: &mut Vec<Hit>) {
             },
         })
         .collect();
-    let Some(order) = rerank::reorder(query, &cands) else {
-        return;
-    };
+    let order = rerank::reorder(want, RRF_K, &cands);
     let mut head: Vec<Option<Hit>> = hits.drain(..n).map(Some).collect();
     let reordered: Vec<Hit> = order
         .into_iter()

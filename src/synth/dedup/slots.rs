@@ -566,8 +566,8 @@ fn ratio(c: &Captures) -> String {
         return keep();
     }
     let after = c[8].trim().to_ascii_lowercase();
-    const SPANS: [&str; 10] = [
-        "week", "weeks", "month", "months", "year", "years", "us", "µs", "ns", "runs_per",
+    const SPANS: [&str; 9] = [
+        "week", "weeks", "month", "months", "year", "years", "us", "µs", "ns",
     ];
     if text::unit_of(&after).is_some() || SPANS.contains(&after.as_str()) {
         return keep();
