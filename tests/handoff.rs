@@ -372,3 +372,103 @@ fn many_local_threads_and_handed_appends_share_groups_and_get_their_own_answers(
     assert!(b.handoff_counters().handed > 0, "nothing was handed off");
     assert!(a.handoff_counters().committed as usize >= acked.len());
 }
+
+/// Reads one length-prefixed message from the committer's socket.
+fn read_frame(s: &mut std::os::unix::net::UnixStream) -> Option<serde_json::Value> {
+    use std::io::Read;
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).ok()?;
+    let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+    s.read_exact(&mut body).ok()?;
+    serde_json::from_slice(&body).ok()
+}
+
+/// The commit loop reads every connection itself: a batch larger than it reads from one
+/// connection in a turn (1 MiB) arrives whole while other processes' appends go on; a
+/// request that is not JSON is refused on its connection only; a length over the limit
+/// and a request cut by its sender's exit end their connections with nothing written;
+/// and the committer goes on serving everyone else.
+#[test]
+fn the_commit_loop_serves_large_bad_and_cut_requests_without_stalling_others() {
+    use std::os::unix::net::UnixStream;
+    let env = Env::new();
+    let run = "loop";
+    let a = committer_store(&env, run);
+    let b = Arc::new(env.store());
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads = appenders(&b, run, 3, &stop, |t, i| {
+        NewEvent::new(
+            "agent-1",
+            EventType::Evidence,
+            format!("small {t}.{i}").as_str(),
+        )
+    });
+    // 40 events of 60 KiB: about 2.4 MB in one request.
+    let c = env.store();
+    let big: Vec<NewEvent> = (0..40)
+        .map(|i| {
+            let text = format!("big {i} {}", "x".repeat(60 << 10));
+            NewEvent::new("agent-2", EventType::Evidence, text.as_str())
+        })
+        .collect();
+    lib_append(&c, run, "c first");
+    let stored = c.append_batch(run, big, None, Durability::Sync).unwrap();
+    assert_eq!(stored.len(), 40);
+    assert!(
+        c.handoff_counters().handed >= 1,
+        "the big batch was handed over"
+    );
+    // Raw clients.
+    let path = socket(&env, run);
+    let mut bad = UnixStream::connect(&path).unwrap();
+    let hello = read_frame(&mut bad).expect("hello");
+    assert_eq!(hello["user"], "anonymous");
+    let junk = b"not json";
+    bad.write_all(&(junk.len() as u32).to_le_bytes()).unwrap();
+    bad.write_all(junk).unwrap();
+    let refused = read_frame(&mut bad).expect("an answer");
+    assert!(refused.get("refused").is_some(), "{refused}");
+    let mut huge = UnixStream::connect(&path).unwrap();
+    read_frame(&mut huge).expect("hello");
+    huge.write_all(&u32::MAX.to_le_bytes()).unwrap();
+    assert!(read_frame(&mut huge).is_none(), "closed without an answer");
+    let mut cut = UnixStream::connect(&path).unwrap();
+    read_frame(&mut cut).expect("hello");
+    let req = json!({"user": "anonymous", "expect_seq": null, "events": []}).to_string();
+    cut.write_all(&(req.len() as u32 + 100).to_le_bytes())
+        .unwrap();
+    cut.write_all(req.as_bytes()).unwrap();
+    drop(cut);
+    // The refused connection still works.
+    bad.write_all(&(junk.len() as u32).to_le_bytes()).unwrap();
+    bad.write_all(junk).unwrap();
+    assert!(read_frame(&mut bad).unwrap().get("refused").is_some());
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::Relaxed);
+    let acked: Vec<Event> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    assert!(
+        acked.len() > 3,
+        "the small appends went on: {}",
+        acked.len()
+    );
+    let all = lib_read(&a, run);
+    check_sequence(&all);
+    // a's three, c's first and its 40 big ones, and the small ones: nothing of the raw
+    // clients' requests.
+    assert_eq!(all.len(), 3 + 1 + 40 + acked.len());
+    for e in stored.iter().chain(&acked) {
+        assert_eq!(&all[e.seq as usize - 1], e, "as acknowledged");
+    }
+    let big: Vec<&Event> = all
+        .iter()
+        .filter(|e| content_of(e).starts_with("big "))
+        .collect();
+    assert_eq!(big.len(), 40);
+    assert!(
+        big.windows(2).all(|w| w[1].seq == w[0].seq + 1),
+        "one batch, together"
+    );
+}

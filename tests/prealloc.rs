@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use swarm_memory::log::segment::{self, content_end};
 use swarm_memory::log::storage::OpenMode;
-use swarm_memory::{Durability, Event, LogOptions, MemStorage, Storage, Store};
+use swarm_memory::{Durability, Event, LogOptions, MemStorage, NewEvent, Storage, Store};
 
 use crate::util::{check_frames, lib_read, new_ev};
 
@@ -100,7 +100,8 @@ fn check_run_after(
 }
 
 /// The active segment is preallocated: its file is longer than its frames and the rest
-/// is zeros; readers, verify and run info count only the frames.
+/// is zeros; readers, verify and run info count only the frames. Small groups keep a
+/// small fill ahead (at least 32 KiB), large ones up to the chunk (1 MiB here).
 #[test]
 fn the_active_segment_is_zero_filled_ahead() {
     let mem = MemStorage::new();
@@ -116,8 +117,31 @@ fn the_active_segment_is_zero_filled_ahead() {
     }
     let seg = &segments(&mem, run)[0];
     let (len, end) = (file_len(&mem, seg), frames_end(&mem, seg));
-    assert!(len >= end + (256 << 10), "no fill ahead: {len} vs {end}");
+    assert!(len >= end + (32 << 10), "no fill ahead: {len} vs {end}");
+    assert!(
+        len <= end + (64 << 10) + 4096,
+        "small groups, small fill: {len} vs {end}"
+    );
     assert_eq!(check_frames("seg", &mem.contents(seg).unwrap()), 20);
+    // A batch of about 200 KiB: its fill is the whole chunk.
+    let big: Vec<NewEvent> = (0..100)
+        .map(|i| new_ev(None, &format!("big {i} {}", "y".repeat(2000))))
+        .collect();
+    acked.extend(
+        store
+            .append_batch(run, big, None, Durability::Sync)
+            .unwrap(),
+    );
+    let (len, end) = (file_len(&mem, seg), frames_end(&mem, seg));
+    assert!(
+        len >= end + (512 << 10),
+        "a large group's fill: {len} vs {end}"
+    );
+    assert!(
+        len <= end + (1 << 20) + 4096,
+        "at most the chunk: {len} vs {end}"
+    );
+    assert_eq!(check_frames("seg", &mem.contents(seg).unwrap()), 21);
     assert_eq!(lib_read(&store, run), acked);
     let rep = store.verify(run, |_| {}).unwrap();
     assert!(rep.ok && rep.torn_tail.is_none(), "{rep:?}");

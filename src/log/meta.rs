@@ -64,8 +64,9 @@ pub struct LogOptions {
     pub segment_bytes: u64,
     /// Longest time a `batch`-mode append stays unsynced.
     pub batch_interval_ms: u64,
-    /// Bytes of zero fill a writer keeps ahead of the active segment's last frame (0: no
-    /// preallocation). Default: `SWARM_PREALLOC_BYTES`, or 1 MiB; at most 64 MiB.
+    /// The most zero fill a writer keeps ahead of the active segment's last frame (0: no
+    /// preallocation). Default: `SWARM_PREALLOC_BYTES`, or [`PREALLOC_BYTES_DEFAULT`]; at
+    /// most 64 MiB.
     pub prealloc_bytes: u64,
 }
 
@@ -79,17 +80,21 @@ impl Default for LogOptions {
     }
 }
 
+/// The default preallocation chunk: the most zero fill a writer keeps ahead (it keeps
+/// less for small groups, `RunLog::preallocate`).
+pub const PREALLOC_BYTES_DEFAULT: u64 = 1 << 20;
+
 /// Largest preallocation chunk.
 pub const PREALLOC_BYTES_MAX: u64 = 64 << 20;
 
-/// `SWARM_PREALLOC_BYTES`, or 1 MiB (read once per process).
+/// `SWARM_PREALLOC_BYTES`, or [`PREALLOC_BYTES_DEFAULT`] (read once per process).
 fn prealloc_bytes_from_env() -> u64 {
     static BYTES: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *BYTES.get_or_init(|| {
         std::env::var("SWARM_PREALLOC_BYTES")
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
-            .map_or(1 << 20, |b| b.min(PREALLOC_BYTES_MAX))
+            .map_or(PREALLOC_BYTES_DEFAULT, |b| b.min(PREALLOC_BYTES_MAX))
     })
 }
 

@@ -8,10 +8,10 @@
 //! becomes its *committer*: it holds `<data>/<user>/.commit/<run>.lock` (`flock`,
 //! released by the kernel when the process dies) and listens on `<run>.sock` beside it.
 //! Every other process of the same user hands its `sync` appends to it over that
-//! socket: a reader thread per connection checks each request again and queues it; one
-//! commit thread appends everything queued with one call through the committer's own
+//! socket: one thread, the commit loop, reads every connection (`epoll`), checks each
+//! request again, appends what it gathered with one call through the committer's own
 //! writer (one `pwrite` and one `fdatasync` for the lot) and writes each answer once
-//! durable. The committer's own `sync` appends join the same queue. The log, its locks
+//! durable. The committer's own `sync` appends join the same group. The log, its locks
 //! and its invariants are unchanged: the committer is an ordinary writer, and any
 //! process may still append directly (a `none` or `batch` append, a run's first append,
 //! `SWARM_HANDOFF=0`).
@@ -28,7 +28,7 @@
 //! the stored batch, made durable, rather than storing it again. So a lost answer costs a
 //! scan, never a duplicate or a loss.
 //!
-//! # Wire format
+//! # Wire format (`wire.rs`)
 //! Each message is a little-endian `u32` length and that many bytes of JSON. The
 //! committer first sends a [`Hello`]; then each request ([`Handed`]) gets one
 //! [`Answer`]. Messages are at most [`MESSAGE_BYTES_MAX`]; the socket lives in the user's
@@ -41,6 +41,7 @@
 
 use std::collections::HashMap;
 use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -48,19 +49,23 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::{Error, Result};
 use crate::event::{Checked, Event, GENERATED_ID_PREFIX};
 use crate::log::meta::{Durability, META_FILE};
 use crate::log::storage::{OpenMode, StorageFile};
 use crate::store::Store;
 
+#[cfg(test)]
+use self::wire::write_msg;
+pub(crate) use self::wire::MESSAGE_BYTES_MAX;
+use self::wire::{
+    encode_msg, read_msg, read_msg_timed, send_all, write_msg_within, Answer, Handed, HandedRef,
+    Hello, WireError, WIRE_VERSION,
+};
+
 /// The directory of every run's committer lock (`<run>.lock`, held for as long as it
 /// commits) and socket (`<run>.sock`), under the user's directory.
 pub(crate) const RENDEZVOUS_DIR: &str = ".commit";
-/// Largest message either way.
-pub(crate) const MESSAGE_BYTES_MAX: usize = 64 << 20;
 /// Most connections a committer serves at once (one thread each); more get appended
 /// directly.
 const CONNECTIONS_MAX: usize = 256;
@@ -75,252 +80,9 @@ const ANSWER_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest socket path `bind` takes (108 bytes with the final NUL on Linux).
 const SOCKET_PATH_MAX: usize = 107;
-const WIRE_VERSION: u32 = 1;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Sent by the committer when it accepts a connection.
-#[derive(Serialize, Deserialize)]
-struct Hello {
-    v: u32,
-    user: String,
-    /// The last seq its writer has seen: a lost answer is searched for after it.
-    head: u64,
-    pid: u32,
-}
-
-/// A handed-off atomic batch.
-#[derive(Serialize, Deserialize)]
-struct Handed {
-    user: String,
-    expect_seq: Option<u64>,
-    events: Vec<Checked>,
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum Answer {
-    Stored(Vec<Event>),
-    Refused(WireError),
-}
-
-/// An [`Error`] on the wire.
-#[derive(Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-enum WireError {
-    Invalid {
-        field: String,
-        reason: String,
-    },
-    RunNotFound {
-        run: String,
-    },
-    SeqConflict {
-        run: String,
-        expected: u64,
-        actual: u64,
-    },
-    Forbidden {
-        why: String,
-    },
-    Conflict {
-        why: String,
-    },
-    Escalated {
-        subject: String,
-        escalation: u64,
-    },
-    Corrupt {
-        path: PathBuf,
-        offset: u64,
-        seq: u64,
-        reason: String,
-    },
-    Poisoned {
-        run: String,
-    },
-    External {
-        why: String,
-    },
-    Io {
-        op: String,
-        path: PathBuf,
-        message: String,
-    },
-}
-
-impl From<Error> for WireError {
-    fn from(e: Error) -> WireError {
-        match e {
-            Error::Invalid { field, reason } => WireError::Invalid { field, reason },
-            Error::RunNotFound(run) => WireError::RunNotFound { run },
-            Error::SeqConflict {
-                run,
-                expected,
-                actual,
-            } => WireError::SeqConflict {
-                run,
-                expected,
-                actual,
-            },
-            Error::Forbidden(why) => WireError::Forbidden { why },
-            Error::Conflict(why) => WireError::Conflict { why },
-            Error::Escalated {
-                subject,
-                escalation,
-            } => WireError::Escalated {
-                subject,
-                escalation,
-            },
-            Error::Corrupt {
-                path,
-                offset,
-                seq,
-                reason,
-            } => WireError::Corrupt {
-                path,
-                offset,
-                seq,
-                reason,
-            },
-            Error::Poisoned(run) => WireError::Poisoned { run },
-            Error::External(why) => WireError::External { why },
-            Error::Io { op, path, source } => WireError::Io {
-                op: op.to_string(),
-                path,
-                message: source.to_string(),
-            },
-        }
-    }
-}
-
-impl From<WireError> for Error {
-    fn from(e: WireError) -> Error {
-        match e {
-            WireError::Invalid { field, reason } => Error::Invalid { field, reason },
-            WireError::RunNotFound { run } => Error::RunNotFound(run),
-            WireError::SeqConflict {
-                run,
-                expected,
-                actual,
-            } => Error::SeqConflict {
-                run,
-                expected,
-                actual,
-            },
-            WireError::Forbidden { why } => Error::Forbidden(why),
-            WireError::Conflict { why } => Error::Conflict(why),
-            WireError::Escalated {
-                subject,
-                escalation,
-            } => Error::Escalated {
-                subject,
-                escalation,
-            },
-            WireError::Corrupt {
-                path,
-                offset,
-                seq,
-                reason,
-            } => Error::Corrupt {
-                path,
-                offset,
-                seq,
-                reason,
-            },
-            WireError::Poisoned { run } => Error::Poisoned(run),
-            WireError::External { why } => Error::External(why),
-            WireError::Io { op, path, message } => Error::Io {
-                op: "append (in the committing process)",
-                path,
-                source: std::io::Error::other(format!("{op}: {message}")),
-            },
-        }
-    }
-}
-
-/// A message as it goes on the wire; `None` when over [`MESSAGE_BYTES_MAX`].
-fn encode_msg(msg: &impl Serialize) -> Option<Vec<u8>> {
-    let mut buf = vec![0u8; 4];
-    serde_json::to_writer(&mut buf, msg).ok()?;
-    let n = buf.len() - 4;
-    if n > MESSAGE_BYTES_MAX {
-        return None;
-    }
-    buf[..4].copy_from_slice(&(n as u32).to_le_bytes());
-    Some(buf)
-}
-
-fn write_msg(s: &UnixStream, msg: &impl Serialize) -> std::io::Result<()> {
-    let buf = encode_msg(msg)
-        .ok_or_else(|| std::io::Error::other(format!("message over {MESSAGE_BYTES_MAX} bytes")))?;
-    send_all(s, &buf)
-}
-
-/// Writes all of `buf` with `send(MSG_NOSIGNAL)`: a peer that went away is an `EPIPE`
-/// error, never a `SIGPIPE`, which kills a process that does not ignore it (Rust's
-/// runtime ignores it, but a host that embeds the library may not). A write timeout
-/// (`SO_SNDTIMEO`) ends it with `WouldBlock`, as `write_all` does.
-fn send_all(s: &UnixStream, mut buf: &[u8]) -> std::io::Result<()> {
-    while !buf.is_empty() {
-        match rustix::net::send(s, buf, rustix::net::SendFlags::NOSIGNAL) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => buf = &buf[n..],
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
-}
-
-/// [`read_msg`], waiting at most `limit` for it to begin.
-fn read_msg_timed(s: &UnixStream, limit: Duration) -> std::io::Result<Option<Vec<u8>>> {
-    let ts = rustix::event::Timespec {
-        tv_sec: limit.as_secs() as i64,
-        tv_nsec: limit.subsec_nanos() as i64,
-    };
-    let mut fds = [rustix::event::PollFd::new(s, rustix::event::PollFlags::IN)];
-    if rustix::event::poll(&mut fds, Some(&ts))? == 0 {
-        return Err(std::io::ErrorKind::TimedOut.into());
-    }
-    read_msg(s)
-}
-
-/// The next message, or `None` at the end of the stream before one began.
-fn read_msg(mut s: &UnixStream) -> std::io::Result<Option<Vec<u8>>> {
-    // Wait in `poll` for input, not in `recv`: a Unix socket wakes every thread sleeping
-    // in `recv` on it when the other side consumes what this side sent (write space),
-    // so each message would cost a wake-up for nothing; `poll` filters by event.
-    loop {
-        let mut fds = [rustix::event::PollFd::new(s, rustix::event::PollFlags::IN)];
-        match rustix::event::poll(&mut fds, None) {
-            Ok(_) => break,
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    let mut len = [0u8; 4];
-    let mut got = 0;
-    while got < 4 {
-        match s.read(&mut len[got..]) {
-            Ok(0) if got == 0 => return Ok(None),
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    let n = u32::from_le_bytes(len) as usize;
-    if n > MESSAGE_BYTES_MAX {
-        return Err(std::io::Error::other(format!(
-            "message of {n} bytes, limit {MESSAGE_BYTES_MAX}"
-        )));
-    }
-    let mut body = vec![0u8; n];
-    s.read_exact(&mut body)?;
-    Ok(Some(body))
 }
 
 /// How this process appends durably to one run.
@@ -414,40 +176,39 @@ impl Routes {
     }
 }
 
-/// The committing side: a listener thread, one reading thread per connection, and one
-/// commit thread that appends everything queued with one call (one `pwrite`, one
-/// `fdatasync`) and writes the answers.
+/// The committing side: one thread, the commit loop, that waits in `epoll` on the
+/// listening socket, every connection and a wake-up `eventfd` for this process's own
+/// appends; reads what every ready connection sent, checks it, and appends the lot with
+/// one call (one `pwrite`, one `fdatasync`), then writes the answers. It then looks at
+/// the sockets again without waiting: what arrived during the fsync is the next group.
+/// (A reader thread per connection, before, cost every handed-off append one more
+/// wake-up: the reader's, then the commit thread's, then the client's.)
 pub(crate) struct Committer {
     socket: PathBuf,
     stop: AtomicBool,
-    /// Every connection's stream (to end their reads on stop) and thread.
-    conns: Mutex<Vec<(UnixStream, JoinHandle<()>)>>,
-    listener: Mutex<Option<JoinHandle<()>>>,
-    /// The listening socket (a second handle), shut down to end the listener's
-    /// `accept`: its path may no longer be this committer's by then.
-    listening: Mutex<Option<UnixListener>>,
     commit: Mutex<Option<JoinHandle<()>>>,
     queue: Mutex<Queue>,
-    queued: Condvar,
+    /// Wakes the commit loop in `epoll_wait`: an append of this process, or the stop.
+    wake: OwnedFd,
     /// Held for the committer's life.
     lock: Mutex<Option<Box<dyn StorageFile>>>,
     /// The store's [`HandoffCounters::committed`].
     committed: Arc<AtomicU64>,
 }
 
-/// Requests read whole, waiting for the commit thread.
+/// This process's own appends, waiting for the commit loop.
 #[derive(Default)]
 struct Queue {
     pending: Vec<Pending>,
     closing: bool,
-    /// The commit thread sleeps on `queued`: the next push wakes it. While it commits,
-    /// pushes skip the wake-up (a `futex` call each, most of a local append's overhead
-    /// with many threads); it takes the queue again before it would sleep.
+    /// The commit loop waits in `epoll_wait`: the next push rings its `eventfd`. While
+    /// it commits, pushes skip the wake-up (a system call each, most of a local append's
+    /// overhead with many threads); it takes the queue again before it would wait.
     waiting: bool,
 }
 
 impl Queue {
-    /// Queues a request; true when the commit thread must be woken for it.
+    /// Queues a request; true when the commit loop must be woken for it.
     fn push(&mut self, p: Pending) -> bool {
         self.pending.push(p);
         std::mem::replace(&mut self.waiting, false)
@@ -489,9 +250,39 @@ fn wake_pair(list: &[Arc<LocalSlot>], first: usize) {
     }
 }
 
-/// Ends a committer whose commit thread panicked: without it, everything queued and every
-/// client would wait forever. Clients see their connection end (and recover their
-/// batch); this process's own queued appends get an error.
+/// The commit loop's `epoll` tokens: its `eventfd`, the listening socket, then one per
+/// connection.
+const WAKE: u64 = 0;
+const LISTENING: u64 = 1;
+/// Most bytes the commit loop reads from one connection in one turn (the rest waits for
+/// the next turn: `epoll` reports it again), so that no client holds the others' group.
+const READ_PER_TURN: usize = 1 << 20;
+/// How long the loop leaves the listening socket alone after `accept` failed (out of
+/// file descriptors, say): not a busy loop.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(10);
+
+/// A connection of a handing process, in the commit loop.
+struct Conn {
+    stream: Arc<UnixStream>,
+    /// Bytes read that are not a whole message yet.
+    buf: Vec<u8>,
+}
+
+/// The commit loop's own state: the sockets, and the group it gathers.
+struct Gather {
+    epoll: OwnedFd,
+    listener: UnixListener,
+    /// Until when the listening socket is out of the `epoll` set.
+    accept_paused: Option<Instant>,
+    conns: HashMap<u64, Conn>,
+    next_token: u64,
+    group: Vec<Pending>,
+    scratch: Vec<u8>,
+}
+
+/// Ends a committer whose commit loop panicked: without it, everything queued and every
+/// client would wait forever. Clients see their connection end as the loop's state
+/// unwinds (and recover their batch); this process's own queued appends get an error.
 struct CommitGuard<'a>(&'a Committer);
 
 impl Drop for CommitGuard<'_> {
@@ -500,7 +291,11 @@ impl Drop for CommitGuard<'_> {
             return;
         }
         let c = self.0;
-        let _ = std::fs::remove_file(&c.socket);
+        c.stop.store(true, Ordering::Release);
+        let mut held = lock(&c.lock);
+        if held.is_some() {
+            let _ = std::fs::remove_file(&c.socket);
+        }
         let pending = {
             let mut q = lock(&c.queue);
             q.closing = true;
@@ -509,26 +304,14 @@ impl Drop for CommitGuard<'_> {
         for p in pending {
             fail_local(p.reply);
         }
-        {
-            // No connection accepted from here on (one waiting in the backlog would be
-            // greeted, and its request never answered).
-            let conns = lock(&c.conns);
-            c.stop.store(true, Ordering::Release);
-            if let Some(l) = lock(&c.listening).as_ref() {
-                let _ = rustix::net::shutdown(l, rustix::net::Shutdown::Both);
-            }
-            for (s, _) in conns.iter() {
-                let _ = s.shutdown(std::net::Shutdown::Both);
-            }
-        }
         // Another process may commit for the run now (this one appends directly).
-        if let Some(l) = lock(&c.lock).take() {
+        if let Some(l) = held.take() {
             let _ = l.unlock();
         }
     }
 }
 
-/// Answers a local append queued or in flight when the commit thread panicked: its
+/// Answers a local append queued or in flight when the commit loop panicked: its
 /// outcome is unknown, as after a timeout. (A socket's reply is left to the connection's
 /// end: the client recovers its batch.)
 fn fail_local(reply: Reply) {
@@ -588,10 +371,18 @@ fn answer_all(answers: Vec<(Reply, Result<Vec<Event>>)>) {
             Err(e) => Answer::Refused(e.into()),
         };
         // A write that fails (a connection gone, or a client that stopped reading) ends
-        // the connection: its reader ends too.
-        if write_msg(&s, &answer).is_err() {
+        // the connection: the loop sees its end at its next turn.
+        if write_msg_within(&s, &answer, ANSWER_WRITE_TIMEOUT).is_err() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
+    }
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
+    move |source| Error::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
     }
 }
 
@@ -603,179 +394,277 @@ impl Committer {
         held: Box<dyn StorageFile>,
         committed: Arc<AtomicU64>,
     ) -> Result<Arc<Committer>> {
+        use rustix::event::{epoll, eventfd, EventfdFlags};
         // A committer that died left its socket behind; the lock says it is gone.
         let _ = std::fs::remove_file(&socket);
-        let listener = UnixListener::bind(&socket).map_err(|source| Error::Io {
-            op: "bind",
-            path: socket.clone(),
-            source,
-        })?;
+        let listener = UnixListener::bind(&socket).map_err(io_err("bind", &socket))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(io_err("bind", &socket))?;
+        let wake = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+            .map_err(|e| io_err("eventfd", &socket)(e.into()))?;
+        let ep = epoll::create(epoll::CreateFlags::CLOEXEC)
+            .map_err(|e| io_err("epoll", &socket)(e.into()))?;
+        for (fd, token) in [(wake.as_fd(), WAKE), (listener.as_fd(), LISTENING)] {
+            epoll::add(
+                &ep,
+                fd,
+                epoll::EventData::new_u64(token),
+                epoll::EventFlags::IN,
+            )
+            .map_err(|e| io_err("epoll", &socket)(e.into()))?;
+        }
         let c = Arc::new(Committer {
             socket,
             stop: AtomicBool::new(false),
-            conns: Mutex::new(Vec::new()),
-            listener: Mutex::new(None),
-            listening: Mutex::new(listener.try_clone().ok()),
             commit: Mutex::new(None),
             queue: Mutex::new(Queue::default()),
-            queued: Condvar::new(),
+            wake,
             lock: Mutex::new(Some(held)),
             committed,
         });
-        let spawn_err = |source| Error::Io {
-            op: "spawn",
-            path: c.socket.clone(),
-            source,
+        let gather = Gather {
+            epoll: ep,
+            listener,
+            accept_paused: None,
+            conns: HashMap::new(),
+            next_token: LISTENING + 1,
+            group: Vec::new(),
+            scratch: vec![0; 64 << 10],
         };
-        let (me, st, r) = (c.clone(), store.clone(), run.to_string());
+        let (me, r) = (c.clone(), run.to_string());
         let h = std::thread::Builder::new()
             .name("swarm-commit".into())
-            .spawn(move || me.commit_loop(&st, &r))
-            .map_err(spawn_err)?;
+            .spawn(move || me.commit_loop(&store, &r, gather))
+            .map_err(io_err("spawn", &c.socket))?;
         *lock(&c.commit) = Some(h);
-        let (me, run) = (c.clone(), run.to_string());
-        let h = std::thread::Builder::new()
-            .name("swarm-commit-accept".into())
-            .spawn(move || me.accept(listener, store, run));
-        match h {
-            Ok(h) => *lock(&c.listener) = Some(h),
-            Err(e) => {
-                c.stop();
-                return Err(spawn_err(e));
-            }
-        }
         Ok(c)
     }
 
-    fn accept(self: Arc<Self>, listener: UnixListener, store: Arc<Store>, run: String) {
-        for s in listener.incoming() {
-            if self.stop.load(Ordering::Acquire) {
-                break;
+    /// Wakes the commit loop.
+    fn ring(&self) {
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+    }
+
+    /// Gathers and commits groups until the committer stops: then commits what it
+    /// gathered and this process's queue, answers, and ends (its connections close:
+    /// a client whose request was not read whole sees the end and recovers it).
+    fn commit_loop(&self, store: &Store, run: &str, mut g: Gather) {
+        use rustix::event::{epoll, Timespec};
+        let _guard = CommitGuard(self);
+        let mut ready: Vec<epoll::Event> = Vec::with_capacity(CONNECTIONS_MAX + 2);
+        loop {
+            if let Some(until) = g.accept_paused {
+                if Instant::now() >= until {
+                    g.accept_paused = None;
+                    let _ = epoll::add(
+                        &g.epoll,
+                        &g.listener,
+                        epoll::EventData::new_u64(LISTENING),
+                        epoll::EventFlags::IN,
+                    );
+                }
             }
-            let Ok(s) = s else {
-                // Out of file descriptors, say: not a busy loop.
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
+            // Wait only with nothing gathered and nothing queued.
+            let wait = g.group.is_empty() && {
+                let mut q = lock(&self.queue);
+                q.waiting = q.pending.is_empty() && !q.closing;
+                q.waiting
             };
-            let mut conns = lock(&self.conns);
-            // Under the lock `stop` takes: a connection is either registered before the
-            // stop (and its reads ended by it) or never served.
-            if self.stop.load(Ordering::Acquire) {
-                break;
+            let timeout = match (wait, g.accept_paused) {
+                (false, _) => Some(Duration::ZERO),
+                (true, None) => None,
+                (true, Some(until)) => Some(until.saturating_duration_since(Instant::now())),
+            };
+            let ts = timeout.map(|t| Timespec {
+                tv_sec: t.as_secs() as i64,
+                tv_nsec: t.subsec_nanos() as i64,
+            });
+            ready.clear();
+            match epoll::wait(
+                &g.epoll,
+                rustix::buffer::spare_capacity(&mut ready),
+                ts.as_ref(),
+            ) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => panic!("epoll_wait on a committer's sockets: {e}"),
             }
-            conns.retain(|(_, h)| !h.is_finished());
-            if conns.len() >= CONNECTIONS_MAX {
+            let stopping = self.stop.load(Ordering::Acquire);
+            for ev in &ready {
+                let data = ev.data;
+                match data.u64() {
+                    WAKE => {
+                        let mut b = [0u8; 8];
+                        let _ = rustix::io::read(&self.wake, &mut b);
+                    }
+                    _ if stopping => {}
+                    LISTENING => self.accept_all(store, run, &mut g),
+                    token => self.read_conn(store, token, &mut g),
+                }
+            }
+            let closing = {
+                let mut q = lock(&self.queue);
+                q.waiting = false;
+                g.group.append(&mut q.pending);
+                q.closing
+            };
+            if !g.group.is_empty() {
+                let group = std::mem::take(&mut g.group);
+                self.commit(store, run, group);
+            }
+            if closing {
+                return;
+            }
+        }
+    }
+
+    /// Accepts every waiting connection: greets it and watches it.
+    fn accept_all(&self, store: &Store, run: &str, g: &mut Gather) {
+        use rustix::event::epoll;
+        loop {
+            let s = match g.listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "a committer cannot accept connections");
+                    let _ = epoll::delete(&g.epoll, &g.listener);
+                    g.accept_paused = Some(Instant::now() + ACCEPT_PAUSE);
+                    return;
+                }
+            };
+            if g.conns.len() >= CONNECTIONS_MAX {
                 // Dropped: the other side appends directly.
                 continue;
             }
-            let Ok(reader) = s.try_clone() else { continue };
-            let (me, store, run) = (self.clone(), store.clone(), run.clone());
-            let spawned = std::thread::Builder::new()
-                .name("swarm-commit-conn".into())
-                .spawn(move || me.serve(&store, &run, s));
-            match spawned {
-                Ok(h) => conns.push((reader, h)),
-                Err(e) => tracing::warn!(error = %e, "cannot start a committer thread"),
+            // Any seq stored before the hello (the durable mark's, read without waiting
+            // for the writer, which may be waiting for `LOCK`): a lost answer's batch
+            // comes after.
+            let head = store
+                .writer(run, store.user())
+                .map_or(0, |l| l.durable_seq());
+            let hello = Hello {
+                v: WIRE_VERSION,
+                user: store.user().to_string(),
+                head,
+                pid: std::process::id(),
+            };
+            if s.set_nonblocking(true).is_err()
+                || write_msg_within(&s, &hello, ANSWER_WRITE_TIMEOUT).is_err()
+            {
+                continue;
+            }
+            let token = g.next_token;
+            g.next_token += 1;
+            let watched = epoll::add(
+                &g.epoll,
+                &s,
+                epoll::EventData::new_u64(token),
+                epoll::EventFlags::IN,
+            );
+            if watched.is_ok() {
+                g.conns.insert(
+                    token,
+                    Conn {
+                        stream: Arc::new(s),
+                        buf: Vec::new(),
+                    },
+                );
             }
         }
     }
 
-    /// Reads one connection's requests whole, checks each and queues it for the commit
-    /// thread, which answers it.
-    fn serve(&self, store: &Store, run: &str, s: UnixStream) {
-        // Any seq stored before the hello (the durable mark's, read without waiting for
-        // the writer, which may be waiting for `LOCK`): a lost answer's batch comes after.
-        let head = store
-            .writer(run, store.user())
-            .map_or(0, |l| l.durable_seq());
-        let hello = Hello {
-            v: WIRE_VERSION,
-            user: store.user().to_string(),
-            head,
-            pid: std::process::id(),
-        };
-        // A client that stops reading must not stall the commit thread, which writes
-        // every answer: after this long the connection is shut, and the client, which
-        // sees it end without an answer, finds its batch stored (`recover_since`).
-        if s.set_write_timeout(Some(ANSWER_WRITE_TIMEOUT)).is_err()
-            || write_msg(&s, &hello).is_err()
-        {
+    /// Reads what a connection sent; checks every whole request and gathers it (or
+    /// answers its refusal). A connection that ended, failed or sent a message over the
+    /// limit is closed: its partial request is never written.
+    fn read_conn(&self, store: &Store, token: u64, g: &mut Gather) {
+        // (An event for a connection closed earlier in this turn.)
+        let Some(c) = g.conns.get_mut(&token) else {
             return;
+        };
+        let mut end = false;
+        let mut got = 0;
+        while got < READ_PER_TURN {
+            match (&*c.stream).read(&mut g.scratch) {
+                Ok(0) => {
+                    end = true;
+                    break;
+                }
+                Ok(n) => {
+                    c.buf.extend_from_slice(&g.scratch[..n]);
+                    got += n;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    end = true;
+                    break;
+                }
+            }
         }
-        let s = Arc::new(s);
-        loop {
-            let body = match read_msg(&s) {
-                Ok(Some(b)) => b,
-                // The other side left, or the committer stops: nothing read, nothing
-                // written.
-                Ok(None) | Err(_) => return,
+        let mut at = 0;
+        while let Some(len) = c.buf.get(at..at + 4) {
+            let n = u32::from_le_bytes(len.try_into().expect("four bytes")) as usize;
+            if n > MESSAGE_BYTES_MAX {
+                end = true;
+                break;
+            }
+            let Some(body) = c.buf.get(at + 4..at + 4 + n) else {
+                break;
             };
-            let checked = serde_json::from_slice::<Handed>(&body)
+            at += 4 + n;
+            let checked = serde_json::from_slice::<Handed>(body)
                 .map_err(|e| Error::invalid("handoff", format!("bad request: {e}")))
                 .and_then(|h| Ok((store.check_handed(h.user, h.events)?, h.expect_seq)));
             match checked {
-                Ok((batch, expect_seq)) => {
-                    let wake = lock(&self.queue).push(Pending {
-                        reply: Reply::Socket(s.clone()),
-                        batch,
-                        expect_seq,
-                    });
-                    if wake {
-                        self.queued.notify_one();
-                    }
-                }
+                Ok((batch, expect_seq)) => g.group.push(Pending {
+                    reply: Reply::Socket(c.stream.clone()),
+                    batch,
+                    expect_seq,
+                }),
                 Err(e) => {
-                    if write_msg(&s, &Answer::Refused(e.into())).is_err() {
-                        return;
+                    let refused = Answer::Refused(e.into());
+                    if write_msg_within(&c.stream, &refused, ANSWER_WRITE_TIMEOUT).is_err() {
+                        end = true;
+                        break;
                     }
                 }
             }
+        }
+        c.buf.drain(..at);
+        if end {
+            let _ = rustix::event::epoll::delete(&g.epoll, &*c.stream);
+            g.conns.remove(&token);
         }
     }
 
-    /// Commits what is queued, as one group, until the committer stops and the queue is
-    /// empty.
-    fn commit_loop(&self, store: &Store, run: &str) {
-        let _guard = CommitGuard(self);
-        loop {
-            let group = {
-                let mut q = lock(&self.queue);
-                while q.pending.is_empty() && !q.closing {
-                    q.waiting = true;
-                    q = self.queued.wait(q).unwrap_or_else(|e| e.into_inner());
-                }
-                q.waiting = false;
-                if q.pending.is_empty() {
-                    return;
-                }
-                std::mem::take(&mut q.pending)
-            };
-            let (replies, batches): (Vec<Reply>, Vec<_>) = group
-                .into_iter()
-                .map(|p| (p.reply, Ok((p.batch, p.expect_seq))))
-                .unzip();
-            let mut in_flight = InFlight(replies);
-            #[cfg(test)]
-            if lock(&PANIC_IN_NEXT_COMMIT)
-                .take_if(|p| *p == self.socket)
-                .is_some()
-            {
-                panic!("a commit panics (injected by a test)");
-            }
-            let results = store.append_many_checked(run, batches, Durability::Sync);
-            let replies = std::mem::take(&mut in_flight.0);
-            if results.iter().any(|r| matches!(r, Err(Error::Poisoned(_)))) {
-                // This process cannot commit any more: nobody new connects to it; the
-                // connected ones append directly on its refusals.
-                let _ = std::fs::remove_file(&self.socket);
-            }
-            self.committed
-                .fetch_add(results.len() as u64, Ordering::Relaxed);
-            // Answered here, not by a second thread: one tried (the next group's fsync
-            // overlapping the last one's answers) made smaller groups and was 10-25 %
-            // slower on two cores.
-            answer_all(replies.into_iter().zip(results).collect());
+    /// Appends a group with one call and answers each of its requests.
+    fn commit(&self, store: &Store, run: &str, group: Vec<Pending>) {
+        let (replies, batches): (Vec<Reply>, Vec<_>) = group
+            .into_iter()
+            .map(|p| (p.reply, Ok((p.batch, p.expect_seq))))
+            .unzip();
+        let mut in_flight = InFlight(replies);
+        #[cfg(test)]
+        if lock(&PANIC_IN_NEXT_COMMIT)
+            .take_if(|p| *p == self.socket)
+            .is_some()
+        {
+            panic!("a commit panics (injected by a test)");
         }
+        let results = store.append_many_checked(run, batches, Durability::Sync);
+        let replies = std::mem::take(&mut in_flight.0);
+        if results.iter().any(|r| matches!(r, Err(Error::Poisoned(_)))) {
+            // This process cannot commit any more: nobody new connects to it; the
+            // connected ones append directly on its refusals.
+            let _ = std::fs::remove_file(&self.socket);
+        }
+        self.committed
+            .fetch_add(results.len() as u64, Ordering::Relaxed);
+        // Answered here, not by a second thread: one tried (the next group's fsync
+        // overlapping the last one's answers) made smaller groups and was 10-25 %
+        // slower on two cores.
+        answer_all(replies.into_iter().zip(results).collect());
     }
 
     /// Commits an append of this process in the same groups as the handed-off ones
@@ -799,7 +688,7 @@ impl Committer {
             })
         };
         if wake {
-            self.queued.notify_one();
+            self.ring();
         }
         let mut r = lock(&slot.result);
         loop {
@@ -815,42 +704,21 @@ impl Committer {
         }
     }
 
-    /// Stops accepting, ends every connection's next read, commits and answers what was
-    /// read, and lets the lock go (after removing the socket, so that the next
-    /// committer's socket is never removed).
+    /// Stops: removes the socket (nobody new connects), reads nothing more, commits and
+    /// answers what was read whole and queued, closes every connection, and lets the
+    /// lock go.
     fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
         {
-            let _conns = lock(&self.conns);
-            self.stop.store(true, Ordering::Release);
-        }
-        if let Some(h) = lock(&self.listener).take() {
-            // Wakes the listener's `accept` (it sees `stop` and returns). Not by
-            // connecting to the socket's path: a committer whose writer was poisoned, or
-            // whose commit thread panicked, removed it, and another may listen there.
-            match lock(&self.listening).take() {
-                Some(l) => {
-                    let _ = rustix::net::shutdown(&l, rustix::net::Shutdown::Both);
-                }
-                None => {
-                    let _ = UnixStream::connect(&self.socket);
-                }
+            // Only while this committer holds the run's lock is the socket its own: after
+            // a panic it let the lock go, and another committer may listen there now.
+            let held = lock(&self.lock);
+            if held.is_some() {
+                let _ = std::fs::remove_file(&self.socket);
             }
-            let _ = h.join();
-        }
-        // Only while this committer holds the run's lock is the socket its own: after a
-        // panic it let the lock go, and another committer may listen there now.
-        if lock(&self.lock).is_some() {
-            let _ = std::fs::remove_file(&self.socket);
-        }
-        let conns: Vec<(UnixStream, JoinHandle<()>)> = lock(&self.conns).drain(..).collect();
-        for (s, _) in &conns {
-            let _ = s.shutdown(std::net::Shutdown::Read);
-        }
-        for (_, h) in conns {
-            let _ = h.join();
         }
         lock(&self.queue).closing = true;
-        self.queued.notify_all();
+        self.ring();
         if let Some(h) = lock(&self.commit).take() {
             let _ = h.join();
         }
@@ -933,7 +801,7 @@ impl Handing {
             },
         };
         let since = head.max(self.acked.load(Ordering::Acquire));
-        if send_all(&s, &msg).is_err() {
+        if send_all(&s, &msg, None).is_err() {
             return Sent::Lost(since);
         }
         let body = match read_msg(&s) {
@@ -963,14 +831,6 @@ impl Handing {
             Answer::Refused(e) => Sent::Answered(Err(e.into())),
         }
     }
-}
-
-/// [`Handed`], borrowed.
-#[derive(Serialize)]
-struct HandedRef<'a> {
-    user: &'a str,
-    expect_seq: Option<u64>,
-    events: &'a [Checked],
 }
 
 impl Store {
@@ -1155,3 +1015,4 @@ impl Store {
 
 #[cfg(test)]
 mod tests;
+mod wire;

@@ -15,7 +15,7 @@ fn send_all_writes_a_large_message_whole() {
         b.read_to_end(&mut got).unwrap();
         got
     });
-    super::send_all(&a, &msg).unwrap();
+    super::send_all(&a, &msg, None).unwrap();
     drop(a);
     assert!(reader.join().unwrap() == want);
 }
@@ -202,6 +202,6 @@ fn a_panicking_commit_thread_hangs_nothing() {
 fn send_all_to_a_closed_peer_is_an_error() {
     let (a, b) = UnixStream::pair().unwrap();
     drop(b);
-    let e = super::send_all(&a, b"hello").unwrap_err();
+    let e = super::send_all(&a, b"hello", None).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
 }
