@@ -340,3 +340,76 @@ fn mcp_over_http_a_session_answers_only_its_token() {
     let (st, _, body) = call("DELETE", &alice, Some(&sid), None);
     assert_eq!(st, 204, "{body}");
 }
+
+/// An MCP session's open stream ends once its token is revoked (within the server's
+/// once-a-second sweep), and the session's next request is refused (401): a stream
+/// opened before the revocation does not go on carrying resource updates.
+#[test]
+fn mcp_over_http_a_revoked_tokens_open_stream_ends() {
+    use std::io::Read;
+    let env = Env::fast();
+    let srv = Server::start(&env, &[]);
+    let alice = token(&env, "alice", &["lead"], "agent");
+    let post = |sid: Option<&str>, body: serde_json::Value| {
+        let mut r = srv
+            .http
+            .post(&format!("{}/mcp", srv.url))
+            .set("Authorization", &format!("Bearer {alice}"))
+            .set("Content-Type", "application/json")
+            .set("Accept", "application/json, text/event-stream");
+        if let Some(s) = sid {
+            r = r
+                .set("mcp-session-id", s)
+                .set("mcp-protocol-version", "2025-06-18");
+        }
+        match r.send_string(&body.to_string()) {
+            Ok(r) => (r.status(), r.header("mcp-session-id").map(str::to_string)),
+            Err(ureq::Error::Status(s, _)) => (s, None),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let init = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "t", "version": "1"}}});
+    let (st, sid) = post(None, init);
+    assert_eq!(st, 200);
+    let sid = sid.expect("a session id");
+    let inited = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    assert!((200..300).contains(&post(Some(&sid), inited).0));
+    // The session's server-to-client stream, read to its end on another thread.
+    let stream = srv
+        .http
+        .get(&format!("{}/mcp", srv.url))
+        .set("Authorization", &format!("Bearer {alice}"))
+        .set("Accept", "text/event-stream")
+        .set("mcp-session-id", &sid)
+        .set("mcp-protocol-version", "2025-06-18")
+        .call()
+        .expect("the stream opens");
+    assert_eq!(stream.status(), 200);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut r = stream.into_reader();
+        let mut buf = [0u8; 4096];
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        let _ = tx.send(());
+    });
+    // Still open a moment later.
+    assert!(
+        rx.recv_timeout(std::time::Duration::from_millis(1500))
+            .is_err(),
+        "the stream ended before the revocation"
+    );
+    let id = alice.split('_').nth(1).unwrap();
+    let out = env.swarm(&["token", "revoke", id]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    rx.recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the stream of a revoked token's session ended");
+    let list = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    assert_eq!(post(Some(&sid), list).0, 401);
+}

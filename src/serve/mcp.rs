@@ -78,16 +78,75 @@ pub fn router(app: Arc<App>) -> Router {
         sessions.clone(),
         config,
     );
+    let gate = Gate {
+        app,
+        sessions,
+        owners: Default::default(),
+    };
+    tokio::spawn(end_revoked_sessions(gate.clone()));
     Router::new()
         .route_service("/mcp", service)
-        .layer(axum::middleware::from_fn_with_state(
-            Gate {
-                app,
-                sessions,
-                owners: Default::default(),
-            },
-            admit,
-        ))
+        .layer(axum::middleware::from_fn_with_state(gate, admit))
+}
+
+/// Closes, once a second, every MCP session whose token was revoked (or left the tokens
+/// file): its open stream ends, and with it the resource updates it was sent. (Its
+/// requests are refused from the revocation on by [`admit`]; a stream opened before it
+/// would otherwise run until the client leaves.) Forgets the owners of sessions rmcp
+/// closed. Ends at the server's shutdown.
+async fn end_revoked_sessions(g: Gate) {
+    use rmcp::transport::streamable_http_server::session::SessionManager;
+    let mut stop = g.app.shutdown.clone();
+    let mut tick = tokio::time::interval(crate::serve::token::TokenSet::RECHECK_MIN);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let owned: Vec<(String, String)> = g
+            .owners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(s, t)| (s.clone(), t.clone()))
+            .collect();
+        if owned.is_empty() {
+            continue;
+        }
+        let app = g.app.clone();
+        let tokens: std::collections::HashSet<String> =
+            owned.iter().map(|(_, t)| t.clone()).collect();
+        // (`is_live` may re-read the tokens file.)
+        let dead = tokio::task::spawn_blocking(move || {
+            tokens
+                .into_iter()
+                .filter(|t| !app.tokens.is_live(t))
+                .collect::<std::collections::HashSet<String>>()
+        })
+        .await
+        .unwrap_or_default();
+        let live: Vec<rmcp::transport::common::server_side_http::SessionId> =
+            g.sessions.sessions.read().await.keys().cloned().collect();
+        for (sid, token) in owned {
+            let open = live.iter().find(|k| k.as_ref() == sid.as_str());
+            if dead.contains(&token) {
+                if let Some(id) = open {
+                    if let Err(e) = g.sessions.close_session(id).await {
+                        tracing::warn!(error = %e, "cannot close the MCP session of a revoked token");
+                    } else {
+                        tracing::info!(token = %token, "MCP session of a revoked token closed");
+                    }
+                }
+            } else if open.is_some() {
+                continue;
+            }
+            g.owners
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&sid);
+        }
+    }
 }
 
 /// The server's checks before rmcp sees the request (see the module's doc).
