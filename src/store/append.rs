@@ -332,8 +332,13 @@ impl Store {
     pub(super) fn after_append(&self, log: &Arc<RunLog>, run: &str) {
         if log.claim_prune() {
             // Off the append path, with the built-in summariser; a concurrent pruner in
-            // another process makes this one fail its CAS harmlessly.
-            let store = self.same_config();
+            // another process makes this one fail its CAS harmlessly. Through this
+            // store's writers: the summary's own append then finds this prune running
+            // and starts none of its own (with writers of its own it started one that
+            // nobody waited for, and a process that exited then left that summary
+            // written past the durable mark: `Store::wait_background`).
+            let mut store = self.same_config();
+            store.logs = self.logs.clone();
             let run_id = run.to_string();
             let log = log.clone();
             let spawned = std::thread::Builder::new()

@@ -66,8 +66,8 @@ use self::wire::{
 /// The directory of every run's committer lock (`<run>.lock`, held for as long as it
 /// commits) and socket (`<run>.sock`), under the user's directory.
 pub(crate) const RENDEZVOUS_DIR: &str = ".commit";
-/// Most connections a committer serves at once (one thread each); more get appended
-/// directly.
+/// Most connections a committer serves at once; more are closed at once, and their
+/// processes append directly.
 const CONNECTIONS_MAX: usize = 256;
 /// Most idle connections a handing process keeps per run.
 const IDLE_MAX: usize = 64;
@@ -549,8 +549,9 @@ impl Committer {
                 head,
                 pid: std::process::id(),
             };
+            // (A new connection's buffer is empty: the hello never waits.)
             if s.set_nonblocking(true).is_err()
-                || write_msg_within(&s, &hello, ANSWER_WRITE_TIMEOUT).is_err()
+                || write_msg_within(&s, &hello, Duration::ZERO).is_err()
             {
                 continue;
             }
@@ -623,8 +624,10 @@ impl Committer {
                     expect_seq,
                 }),
                 Err(e) => {
+                    // Not waited for: a client that sends refused requests without reading
+                    // their answers must not stall everyone's commits (its connection ends).
                     let refused = Answer::Refused(e.into());
-                    if write_msg_within(&c.stream, &refused, ANSWER_WRITE_TIMEOUT).is_err() {
+                    if write_msg_within(&c.stream, &refused, Duration::ZERO).is_err() {
                         end = true;
                         break;
                     }
@@ -632,6 +635,10 @@ impl Committer {
             }
         }
         c.buf.drain(..at);
+        if c.buf.is_empty() && c.buf.capacity() > READ_PER_TURN {
+            // (A large batch's buffer is not kept for the connection's life.)
+            c.buf = Vec::new();
+        }
         if end {
             let _ = rustix::event::epoll::delete(&g.epoll, &*c.stream);
             g.conns.remove(&token);
@@ -704,11 +711,18 @@ impl Committer {
         }
     }
 
-    /// Stops: removes the socket (nobody new connects), reads nothing more, commits and
-    /// answers what was read whole and queued, closes every connection, and lets the
-    /// lock go.
+    /// Stops: reads nothing more, commits and answers what was read whole and queued,
+    /// closes every connection and the listening socket (a client connecting then is
+    /// refused and appends directly), removes the socket's path, and lets the lock go.
     fn stop(&self) {
-        self.stop.store(true, Ordering::Release);
+        {
+            // Both at once: the loop, which reads nothing once it sees `stop`, ends in
+            // the turn it sees them (level-triggered, it would spin in between).
+            let mut q = lock(&self.queue);
+            q.closing = true;
+            self.stop.store(true, Ordering::Release);
+        }
+        self.ring();
         {
             // Only while this committer holds the run's lock is the socket its own: after
             // a panic it let the lock go, and another committer may listen there now.
@@ -717,8 +731,6 @@ impl Committer {
                 let _ = std::fs::remove_file(&self.socket);
             }
         }
-        lock(&self.queue).closing = true;
-        self.ring();
         if let Some(h) = lock(&self.commit).take() {
             let _ = h.join();
         }

@@ -205,3 +205,50 @@ fn send_all_to_a_closed_peer_is_an_error() {
     let e = super::send_all(&a, b"hello", None).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
 }
+
+/// A committing store's appends start automatic prunes through its commit loop, whose
+/// summaries start none of their own: once `wait_background` (what a command-line
+/// writer calls before it exits) returns, no prune runs, so a process that exits then
+/// leaves no summary written past the durable mark. (The summary's own append started a
+/// prune of its own, on writers nobody waited for: CI's `check_run` found such a frame
+/// after every process had exited.) Every round's run verifies clean.
+#[test]
+fn after_wait_background_no_prune_is_left_running() {
+    use crate::event::{EventType, NewEvent};
+    use crate::log::meta::Durability;
+    use crate::store::Store;
+    let policy: crate::fold::rules::Policy =
+        serde_json::from_str(r#"{"prune_max_entries": 3}"#).unwrap();
+    let mut pruned = 0;
+    for _ in 0..6 {
+        let dir = tempfile::tempdir().unwrap();
+        let run = "pruned";
+        let a = Store::open(dir.path()).unwrap();
+        let start = NewEvent::new("lead", EventType::Decision, "start");
+        a.append(run, start, Durability::Sync).unwrap();
+        a.set_policy(run, "lead", &policy).unwrap();
+        for i in 0..15 {
+            let text = format!("reading {i}");
+            let ev = NewEvent::new("metrics", EventType::Evidence, text.as_str());
+            a.append(run, ev, Durability::Sync).unwrap();
+        }
+        assert!(
+            matches!(
+                super::lock(&a.handoff.map).get(run),
+                Some(super::Route::Commit(_))
+            ),
+            "the store commits for the run"
+        );
+        assert!(a.wait_background(std::time::Duration::from_secs(30)));
+        drop(a);
+        let b = Store::open(dir.path()).unwrap();
+        let rep = b.verify(run, |_| {}).unwrap();
+        assert!(rep.ok && rep.unsynced_records == 0, "{rep:?}");
+        let read = b
+            .read(run, crate::query::options::ReadOptions::default())
+            .unwrap()
+            .map(|e| e.unwrap());
+        pruned += read.filter(|e| e.kind == EventType::Summary).count();
+    }
+    assert!(pruned > 0, "no automatic prune ran");
+}
