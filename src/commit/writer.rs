@@ -1012,8 +1012,9 @@ impl RunLog {
     /// group's worth of extra fsync time per [`REFILL_GROUPS`] groups at any load, and
     /// few writers (small groups, where latency is watched) refill a little at a time.
     /// (A fixed 512 KiB refill made the group after it take 0.6-1 ms instead of 0.12 at
-    /// 16 writer processes: their p99. A fixed 64 KiB one cost 64 threads 5-10 % of their
-    /// rate: a journal commit every 7 fsyncs.)
+    /// 16 writer processes: their p99. A fixed 64 KiB one puts a journal commit in every
+    /// 7th fsync at 64 threads; their ratio to `none` fell to 0.71-0.74 in 3 runs, partly
+    /// because `none` got faster.)
     fn preallocate(&self, w: &mut Writer, need: u64, group: u64, path: &Path) {
         let chunk = self.prealloc_bytes;
         let cap = self.meta.segment_bytes;
