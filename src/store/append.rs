@@ -14,6 +14,27 @@ use crate::log::meta::{self, Durability};
 use crate::query::options::ReadOptions;
 use crate::store::Store;
 
+/// A batch `check_batch` accepted, on its way to the writer.
+pub(crate) struct CheckedBatch {
+    pub events: Vec<Checked>,
+    pub expect_seq: Option<u64>,
+    /// Each event's encoded JSON tail ([`Checked::encode_tail`]) when the appending
+    /// thread encoded them already (a committer's own appends: `store::handoff`), so
+    /// that the committing thread, which every append of the run waits on, does not;
+    /// empty otherwise.
+    pub tails: Vec<Vec<u8>>,
+}
+
+impl CheckedBatch {
+    pub(crate) fn new(events: Vec<Checked>, expect_seq: Option<u64>) -> CheckedBatch {
+        CheckedBatch {
+            events,
+            expect_seq,
+            tails: Vec::new(),
+        }
+    }
+}
+
 impl Store {
     /// Appends one event. With `ev.expect_seq` it is a compare-and-swap on the run's
     /// last seq. Creates the run if it does not exist.
@@ -51,9 +72,14 @@ impl Store {
         batches: Vec<(Vec<NewEvent>, Option<u64>)>,
         durability: Durability,
     ) -> Vec<Result<Vec<Event>>> {
-        let checked: Vec<Result<(Vec<Checked>, Option<u64>)>> = batches
+        let checked: Vec<Result<CheckedBatch>> = batches
             .into_iter()
-            .map(|(events, expect)| Ok((self.check_batch(run, events, expect)?, expect)))
+            .map(|(events, expect)| {
+                Ok(CheckedBatch::new(
+                    self.check_batch(run, events, expect)?,
+                    expect,
+                ))
+            })
             .collect();
         self.append_many_checked(run, checked, durability)
     }
@@ -63,7 +89,7 @@ impl Store {
     pub(crate) fn append_many_checked(
         &self,
         run: &str,
-        checked: Vec<Result<(Vec<Checked>, Option<u64>)>>,
+        checked: Vec<Result<CheckedBatch>>,
         durability: Durability,
     ) -> Vec<Result<Vec<Event>>> {
         // (`check_batch` refused the engine's logs already: no batch to show the gate.)
@@ -74,7 +100,9 @@ impl Store {
             // Each batch on its own then, to get its own error.
             return checked
                 .into_iter()
-                .map(|c| c.and_then(|(b, e)| self.append_checked(run, b, e, durability)))
+                .map(|c| {
+                    c.and_then(|b| self.append_checked(run, b.events, b.expect_seq, durability))
+                })
                 .collect();
         };
         let mut out: Vec<Option<Result<Vec<Event>>>> = Vec::with_capacity(checked.len());
@@ -84,9 +112,16 @@ impl Store {
         let mut retries: Vec<Option<Vec<Checked>>> = Vec::new();
         for c in checked {
             match c {
-                Ok((batch, expect)) => {
+                Ok(CheckedBatch {
+                    events: batch,
+                    expect_seq: expect,
+                    tails,
+                }) => {
                     retries.push(batch.iter().all(|c| c.id.is_some()).then(|| batch.clone()));
-                    reqs.push(Request::new(batch, expect, durability));
+                    let mut req = Request::new(batch, expect, durability);
+                    // (Empty: encoded by the writer, `RunLog::append_many`.)
+                    req.tails = tails;
+                    reqs.push(req);
                     out.push(None);
                 }
                 Err(e) => out.push(Some(Err(e))),
