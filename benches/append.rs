@@ -21,7 +21,8 @@
 //! Environment: `SWARM_BENCH_SECS` (default 3) measured seconds per cell;
 //! `SWARM_BENCH_PEERS` (default `swarm,jsonl,sqlite,redis,local`; `local` is the three
 //! one-process cells `none1,nonebatch,sync64`, where `sync64` runs the 64-thread `none`
-//! cell beside it and `none64` runs that one alone; `swarm-noprealloc` adds the process
+//! cell beside it, the two alternating in 4 slices of the window each, and `none64` runs
+//! that one alone; `swarm-noprealloc` adds the process
 //! cells with preallocated segments turned off) and `SWARM_BENCH_PROCS` (default
 //! `1,4,16`) select cells;
 //! `SWARM_BENCH_DIR` the parent of the temporary data directory; `SWARM_BENCH_REDIS` the
@@ -42,6 +43,8 @@ use swarm_memory::{Durability, Event, EventType, NewEvent, Store, Ts};
 const PROCS: [usize; 3] = [1, 4, 16];
 /// Threads of the single-process durable cell.
 const SYNC_THREADS: usize = 64;
+/// The 64-thread `none` and `sync` cells run in this many alternating slices each.
+const SYNC64_SLICES: usize = 4;
 /// Events per call in the batch-API `none` cell.
 const NONE_BATCH_EVENTS: usize = 1000;
 /// Target size of one event as stored (JSON), in bytes.
@@ -867,27 +870,71 @@ fn main() {
             );
         }
 
-        // 64 threads, one event per call: `none` (the ceiling without the disk), then
-        // `sync` (group commit: how close it gets to that ceiling).
-        if local || want("sync64") || want("none64") {
-            local_cell(
-                format!("swarm_none_{SYNC_THREADS}t"),
-                "swarm-memory `none`, 1 event/call".into(),
-                format!("{SYNC_THREADS} threads"),
-                1,
-                "none-64",
-                &mut one_event("none-64", SYNC_THREADS, Durability::None),
-            );
-        }
-        if local || want("sync64") {
-            local_cell(
-                format!("swarm_sync_{SYNC_THREADS}t"),
-                "swarm-memory `sync`, 1 event/call".into(),
-                format!("{SYNC_THREADS} threads"),
-                1,
-                "sync-64",
-                &mut one_event("sync-64", SYNC_THREADS, Durability::Sync),
-            );
+        // 64 threads, one event per call: `none` (the ceiling without the disk) and
+        // `sync` (group commit: how close it gets to that ceiling), in alternating slices
+        // of the window (`SYNC64_SLICES`), each cell the sum of its slices: this VM's CPU
+        // cost per event drifts by up to 1.5x within a minute, and two cells measured one
+        // after the other compared a slow-state `sync` with a fast-state `none` (or the
+        // reverse) as often as not.
+        let with_sync = local || want("sync64");
+        if with_sync || want("none64") {
+            let mut modes = vec![("none-64", Durability::None)];
+            if with_sync {
+                modes.push(("sync-64", Durability::Sync));
+            }
+            let slices = if with_sync { SYNC64_SLICES } else { 1 };
+            let slice = Cfg {
+                secs: cfg.secs / slices as f64,
+                warmup: cfg.warmup,
+            };
+            // Per mode: events, latencies, fsyncs and CPU ns (each scaled to its slice's
+            // measured window).
+            let mut acc: Vec<(u64, Vec<u64>, f64, f64)> =
+                modes.iter().map(|_| (0, Vec::new(), 0.0, 0.0)).collect();
+            for (run, d) in &modes {
+                store.append(run, new_event("setup"), *d).unwrap();
+            }
+            for _ in 0..slices {
+                for (i, (run, d)) in modes.iter().enumerate() {
+                    let (f0, c0, t0) = (store.sync_counters(run).fsyncs, cpu_ns(), Instant::now());
+                    let (events, lat) = run_threads(SYNC_THREADS, &slice, |t| {
+                        let s = store.clone();
+                        let ev = new_event(&format!("agent-{t:02}"));
+                        let (run, d) = (*run, *d);
+                        move || {
+                            s.append(run, ev.clone(), d).unwrap();
+                            1
+                        }
+                    });
+                    let scale = slice.secs / t0.elapsed().as_secs_f64();
+                    let a = &mut acc[i];
+                    a.0 += events;
+                    a.1.extend(lat);
+                    a.2 += (store.sync_counters(run).fsyncs - f0) as f64 * scale;
+                    a.3 += (cpu_ns() - c0) as f64 * scale;
+                }
+            }
+            for ((_, d), (events, mut lat, fsyncs, cpu)) in modes.iter().zip(acc) {
+                lat.sort_unstable();
+                let mode = if *d == Durability::Sync {
+                    "sync"
+                } else {
+                    "none"
+                };
+                let c = Cell {
+                    key: format!("swarm_{mode}_{SYNC_THREADS}t"),
+                    label: format!("swarm-memory `{mode}`, 1 event/call"),
+                    writers: format!("{SYNC_THREADS} threads"),
+                    events,
+                    secs: cfg.secs,
+                    lat_ns: lat,
+                    events_per_call: 1,
+                    fsyncs: (fsyncs >= 1.0).then_some(fsyncs as u64),
+                    cpu_ns: Some(cpu as u64),
+                };
+                report(&c);
+                cells.push(c);
+            }
         }
     }
 
