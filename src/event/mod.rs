@@ -333,10 +333,11 @@ pub fn check_id(field: &str, s: &str) -> Result<()> {
 pub const USER_SETTINGS_FILE: &str = "settings.json";
 
 /// Checks a run id: an identifier that cannot name anything outside the data directory,
-/// nor the user's settings file beside its runs.
+/// nor the user's settings file beside its runs (in any case: on a case-insensitive file
+/// system `Settings.json` is that file too).
 pub fn check_run_id(s: &str) -> Result<()> {
     check_path_id("run", s)?;
-    if s == USER_SETTINGS_FILE {
+    if s.eq_ignore_ascii_case(USER_SETTINGS_FILE) {
         return Err(Error::invalid(
             "run",
             format!("{s:?} is reserved for the user's settings"),

@@ -235,8 +235,11 @@ fn run_ids_cannot_escape() {
         "-rf",
         "a b",
         "settings.json",
+        "Settings.json",
+        "SETTINGS.JSON",
     ] {
         assert!(check_run_id(bad).is_err(), "{bad}");
     }
     check_run_id("incident-2026.11.22").unwrap();
+    check_run_id("settings.json.old").unwrap();
 }
