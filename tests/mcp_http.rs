@@ -80,6 +80,18 @@ fn stdio_scenario_on(name: &str, bridge: bool, socket: bool) -> Option<Value> {
     Some(serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}")))
 }
 
+/// An MCP `initialize` request (id 1) of protocol version 2025-06-18.
+fn mcp_initialize() -> serde_json::Value {
+    serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "t", "version": "1"}}})
+}
+
+/// The client's `notifications/initialized`, which follows a successful `initialize`.
+fn mcp_initialized() -> serde_json::Value {
+    serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
+}
+
 /// Every one of the 20 tools over streamable HTTP, with the stdio test's checks (CAS
 /// conflicts, an escalation, forbidden agents, the memory tools, resources).
 #[test]
@@ -159,9 +171,7 @@ fn mcp_over_http_refuses_reader_tokens_and_bodies_over_the_limit() {
     let srv = Server::start(&env, &["--body-limit-bytes", "4096"]);
     let reader = token(&env, "alice", &["sre"], "reader");
     let agent = token(&env, "alice", &["sre"], "agent");
-    let init = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                   "clientInfo": {"name": "t", "version": "1"}}});
+    let init = mcp_initialize();
     let r = srv.post("/mcp", Some(&reader), &init);
     assert_eq!(r.status, 403, "{}", r.body);
     assert!(r.body.contains("reader role"), "{}", r.body);
@@ -255,7 +265,7 @@ fn swarm_mcp_bridge_names_a_refused_token_and_mcp_needs_an_agent() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    let init = mcp_initialize().to_string();
     let mut stdin = child.stdin.take().unwrap();
     writeln!(stdin, "{init}").unwrap();
     writeln!(stdin, "not json").unwrap();
@@ -320,13 +330,11 @@ fn mcp_over_http_a_session_answers_only_its_token() {
             Err(e) => panic!("{e}"),
         }
     };
-    let init = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                   "clientInfo": {"name": "t", "version": "1"}}});
+    let init = mcp_initialize();
     let (st, sid, body) = call("POST", &alice, None, Some(init));
     assert_eq!(st, 200, "{body}");
     let sid = sid.expect("a session id");
-    let inited = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let inited = mcp_initialized();
     let (st, _, body) = call("POST", &alice, Some(&sid), Some(inited));
     assert!((200..300).contains(&st), "{st} {body}");
     let list = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
@@ -368,13 +376,11 @@ fn mcp_over_http_a_revoked_tokens_open_stream_ends() {
             Err(e) => panic!("{e}"),
         }
     };
-    let init = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                   "clientInfo": {"name": "t", "version": "1"}}});
+    let init = mcp_initialize();
     let (st, sid) = post(None, init);
     assert_eq!(st, 200);
     let sid = sid.expect("a session id");
-    let inited = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let inited = mcp_initialized();
     assert!((200..300).contains(&post(Some(&sid), inited).0));
     // The session's server-to-client stream, read to its end on another thread.
     let stream = srv
