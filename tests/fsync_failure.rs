@@ -94,32 +94,60 @@ fn failed_fsync_under_concurrency() {
             let mem = mem.clone();
             std::thread::spawn(move || {
                 let mut acked: Vec<Event> = Vec::new();
+                // Refused `Poisoned`: the append wrote nothing (a handing process then
+                // appends the batch itself).
+                let mut refused: Vec<String> = Vec::new();
                 let mut failed = false;
                 for i in 0..100 {
                     if t == 0 && i == 30 {
                         mem.fail_syncs(1);
                     }
-                    match store.append(run, new_ev(None, &format!("t{t} {i}")), Durability::Sync) {
+                    let content = format!("t{t} {i}");
+                    match store.append(run, new_ev(None, &content), Durability::Sync) {
                         Ok(e) => {
                             assert!(!failed, "thread {t}: acknowledged after a failure");
                             acked.push(e);
                         }
-                        Err(Error::Io { .. } | Error::Poisoned(_)) => failed = true,
+                        Err(Error::Poisoned(_)) => {
+                            failed = true;
+                            refused.push(content);
+                        }
+                        Err(Error::Io { op, .. }) => {
+                            assert_eq!(op, "fsync");
+                            failed = true;
+                        }
                         Err(e) => panic!("{e}"),
                     }
                 }
                 // Thread 0 armed the failure before its own append: the next fsync
                 // covering that append fails or finds the writer poisoned.
                 assert!(failed || t != 0, "thread 0 never saw the failure");
-                acked
+                (acked, refused)
             })
         })
         .collect();
-    let acked: Vec<Event> = handles
-        .into_iter()
-        .flat_map(|h| h.join().unwrap())
-        .collect();
+    let (acked, refused): (Vec<Vec<Event>>, Vec<Vec<String>>) =
+        handles.into_iter().map(|h| h.join().unwrap()).unzip();
+    let acked: Vec<Event> = acked.into_iter().flatten().collect();
     drop(store);
+    // Everything written, before any crash: no append refused `Poisoned` is there.
+    let written: Vec<Event> = open(&mem)
+        .read(
+            run,
+            ReadOptions {
+                visibility: Visibility::Written,
+                ..ReadOptions::default()
+            },
+        )
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    for c in refused.iter().flatten() {
+        assert!(
+            !written.iter().any(|e| e.content.as_str() == Some(c)),
+            "{c:?} was refused `Poisoned` (nothing written), yet it is in the log"
+        );
+    }
     mem.crash(|_, _| 0);
     let store = open(&mem);
     let all: Vec<Event> = store

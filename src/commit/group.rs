@@ -121,7 +121,8 @@ impl RunLog {
                 }
                 if self.poisoned.load(Ordering::Acquire) {
                     forget(&mut s, &me);
-                    return Err(Error::Poisoned(self.run_id.clone()));
+                    // (Its frame is written.)
+                    return Err(self.outcome_unknown());
                 }
             }
             if asked || !s.leader {
@@ -176,7 +177,7 @@ impl RunLog {
                 let poisoned = self.poisoned.load(Ordering::Acquire);
                 if poisoned && own.is_some() {
                     own = None;
-                    result = Err(Error::Poisoned(self.run_id.clone()));
+                    result = Err(self.outcome_unknown());
                 }
                 let uncovered = s.waiters.iter().any(|((e, _, _), _)| durable < *e);
                 if poisoned || (own.is_none() && !uncovered) {
@@ -200,8 +201,12 @@ impl RunLog {
                         .find(|((e, _, _), w)| durable < *e && w.thread.id() != me)
                         .map(|(_, w)| w.clone());
                     if let Some(next) = next {
-                        drop(s);
+                        // Set under the mutex: whoever settles `next` (an fsync of a
+                        // rotation, a poisoning) does so under it too, so its thread sees
+                        // the lead before it can see `done` and leave without it (the
+                        // run's appends would wait for a leader for ever).
                         next.lead.store(true, Ordering::Release);
+                        drop(s);
                         next.thread.unpark();
                         return result;
                     }
@@ -302,11 +307,13 @@ impl RunLog {
         let durable = s.durable;
         let mut wake = Vec::new();
         s.waiters.retain(|((end, _, _), w)| {
+            // (A waiter's frame is written: an error is an unknown outcome, never
+            // `Poisoned`.)
             if durable >= *end {
-            } else if let Some(e) = failed {
+            } else if let Some(e) = failed.filter(|e| !matches!(e, Error::Poisoned(_))) {
                 *lock(&w.result) = Some(Err(io_copy(e)));
-            } else if poisoned {
-                *lock(&w.result) = Some(Err(Error::Poisoned(self.run_id.clone())));
+            } else if poisoned || failed.is_some() {
+                *lock(&w.result) = Some(Err(self.outcome_unknown()));
             } else {
                 return true;
             }
@@ -489,9 +496,24 @@ impl RunLog {
             s = self.sync_cv.wait(s).unwrap_or_else(|e| e.into_inner());
         }
         if self.poisoned.load(Ordering::Acquire) {
-            return Err(Error::Poisoned(self.run_id.clone()));
+            return Err(self.outcome_unknown());
         }
         Ok(())
+    }
+
+    /// The error of an append whose frame was written when the writer got poisoned (an
+    /// fsync of the run failed): whether it reached the disk is unknown. Not `Poisoned`,
+    /// which says the append wrote nothing (a handing process then appends the batch
+    /// itself, and would find this frame in the page cache and acknowledge it after an
+    /// fsync of its own that cannot see the error).
+    pub(super) fn outcome_unknown(&self) -> Error {
+        Error::Io {
+            op: "fsync",
+            path: self.dir.clone(),
+            source: std::io::Error::other(
+                "an fsync of this run failed in this process: whether this append reached the disk is unknown (read the run, or append again with the same id)",
+            ),
+        }
     }
 
     pub(super) fn note_batch_write(

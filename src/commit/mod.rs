@@ -395,6 +395,8 @@ mod tests {
 
     use crate::log::meta::{Durability, LogOptions};
 
+    use super::Slot;
+
     /// A flush extends its cover over the whole frames another process wrote after this
     /// process's last one (and stops before a torn one).
     #[test]
@@ -424,6 +426,52 @@ mod tests {
         // A torn frame after them is not covered.
         seg.write_all_at(b"{\"crc\":\"0", to.off).unwrap();
         assert_eq!(log.whole_frames_after(&seg, &path, own, 1), (to, 3));
+    }
+
+    /// An append whose frame is written when the writer is poisoned (another thread's
+    /// fsync of the run failed) gets an `fsync` error saying its outcome is unknown, never
+    /// `Poisoned`, which says it wrote nothing: a handing process retries a `Poisoned`
+    /// batch itself and would find this frame and acknowledge it after an fsync of its
+    /// own, blind to the error. An append refused before its write stays `Poisoned`.
+    #[test]
+    fn a_written_append_of_a_poisoned_writer_has_an_unknown_outcome() {
+        let mem = MemStorage::new();
+        let s = store(&mem, 1 << 20);
+        let ev = || NewEvent::new("x", EventType::Evidence, "e");
+        let e = s.append("r", ev(), Durability::None).unwrap();
+        let log = s.writer("r", "anonymous").unwrap();
+        let (end, seg) = {
+            let st = super::lock(&log.sync);
+            let (p, _, f) = st.written.clone().unwrap();
+            (p, f)
+        };
+        log.poisoned
+            .store(true, std::sync::atomic::Ordering::Release);
+        // (Not durable: `none` never syncs.)
+        match log.wait_durable(end, e.seq, &seg) {
+            Err(Error::Io { op, source, .. }) => {
+                assert_eq!(op, "fsync");
+                assert!(source.to_string().contains("unknown"), "{source}");
+            }
+            other => panic!("want an unknown outcome, got {other:?}"),
+        }
+        // A waiter settled by another thread's poisoned fsync round gets the same.
+        let w = Slot::waiter();
+        {
+            let mut st = super::lock(&log.sync);
+            st.waiters.push(((end, e.seq, seg.clone()), w.clone()));
+            let woken = log.settle_waiters(&mut st, None);
+            assert_eq!(woken.len(), 1);
+        }
+        assert!(w.done.load(std::sync::atomic::Ordering::Acquire));
+        let r = super::lock(&w.result).take().expect("a result");
+        assert!(
+            matches!(r, Err(Error::Io { op: "fsync", .. })),
+            "{:?}",
+            r.err()
+        );
+        let r = s.append("r", ev(), Durability::Sync);
+        assert!(matches!(r, Err(Error::Poisoned(_))), "{r:?}");
     }
 
     /// A write group that panics (a bug) answers its appends `Poisoned` (no hang), poisons

@@ -75,8 +75,11 @@ const IDLE_MAX: usize = 64;
 /// How long a process appends directly after it could not hand over, before it looks
 /// for a committer again (or becomes one).
 const DIRECT_FOR: Duration = Duration::from_millis(200);
-/// Longest a committer waits to write an answer to a client that does not read.
-const ANSWER_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a committer spends writing one group's answers to clients that do not read
+/// them (each connection past it gets one try that does not wait, and is shut if its
+/// answer does not fit): however many such clients there are, the next group waits at
+/// most this long for them.
+const ANSWERS_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Longest a process waits for a committer's hello before appending directly.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest socket path `bind` takes (108 bytes with the final NUL on Linux).
@@ -369,6 +372,7 @@ fn answer_all(answers: Vec<(Reply, Result<Vec<Event>>)>) {
         }
         wake_pair(&list, 0);
     }
+    let deadline = Instant::now() + ANSWERS_WRITE_TIMEOUT;
     for (s, r) in sockets {
         let answer = match r {
             Ok(events) => Answer::Stored(events),
@@ -376,7 +380,8 @@ fn answer_all(answers: Vec<(Reply, Result<Vec<Event>>)>) {
         };
         // A write that fails (a connection gone, or a client that stopped reading) ends
         // the connection: the loop sees its end at its next turn.
-        if write_msg_within(&s, &answer, ANSWER_WRITE_TIMEOUT).is_err() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if write_msg_within(&s, &answer, left).is_err() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
     }
@@ -673,7 +678,11 @@ impl Committer {
         }
         let results = store.append_many_checked(run, batches, Durability::Sync);
         let replies = std::mem::take(&mut in_flight.0);
-        if results.iter().any(|r| matches!(r, Err(Error::Poisoned(_)))) {
+        // (An fsync error poisons the writer too: the appends it wrote got it.)
+        if results
+            .iter()
+            .any(|r| matches!(r, Err(Error::Poisoned(_) | Error::Io { op: "fsync", .. })))
+        {
             // This process cannot commit any more: nobody new connects to it; the
             // connected ones append directly on its refusals.
             let _ = std::fs::remove_file(&self.socket);

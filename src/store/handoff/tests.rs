@@ -252,3 +252,76 @@ fn after_wait_background_no_prune_is_left_running() {
     }
     assert!(pruned > 0, "no automatic prune ran");
 }
+
+/// Clients that send a batch whose answer overflows their socket buffer and then never
+/// read cannot hold the run's appends for long: a group's answers get one deadline
+/// together (`ANSWERS_WRITE_TIMEOUT`), not 5 s each, and each stalled connection is shut.
+/// Another process's appends go back to the committer within 4 s (1.1 s measured; 5.1 s
+/// before, when each stalled answer had 5 s: it appended directly meanwhile), and the
+/// stalled batches are stored once each.
+#[test]
+fn clients_that_do_not_read_their_answers_do_not_stall_the_run() {
+    use crate::event::{EventType, NewEvent};
+    use crate::log::meta::Durability;
+    use crate::store::Store;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let run = "stalled";
+    let ev = |c: String| NewEvent::new("agent-1", EventType::Evidence, c.as_str());
+    let a = Store::open(dir.path()).unwrap();
+    for i in 0..3 {
+        a.append(run, ev(format!("a setup {i}")), Durability::Sync)
+            .unwrap();
+    }
+    let (_, _, socket) = a.rendezvous(run).unwrap();
+    assert!(socket.exists(), "a commits");
+    // Three raw clients, each with a batch of about 2 MB (its answer is larger than a
+    // Unix socket's buffer), none of which reads its answer.
+    let mut stalled = Vec::new();
+    for c in 0..3 {
+        let s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        super::read_msg(&s).unwrap().expect("hello");
+        let events: Vec<NewEvent> = (0..32)
+            .map(|i| ev(format!("stalled {c}.{i} {}", "x".repeat(60 << 10))))
+            .collect();
+        let req = super::Handed {
+            user: "anonymous".into(),
+            expect_seq: None,
+            events: a.check_batch(run, events, None).unwrap(),
+        };
+        super::write_msg(&s, &req).unwrap();
+        stalled.push(s);
+    }
+    // Another process appends until the committer takes one of its appends again
+    // (while the committer is held, a process appends directly after the hello's 2 s).
+    let b = Store::open(dir.path()).unwrap();
+    let t = Instant::now();
+    let mut n = 0;
+    while b.handoff_counters().handed == 0 && t.elapsed() < Duration::from_secs(10) {
+        b.append(run, ev(format!("b {n}")), Durability::Sync)
+            .unwrap();
+        n += 1;
+    }
+    let took = t.elapsed();
+    assert!(
+        b.handoff_counters().handed >= 1 && took < Duration::from_secs(4),
+        "the committer took no append for {took:?} behind clients that do not read"
+    );
+    let log: Vec<crate::event::Event> = a
+        .read(run, crate::query::options::ReadOptions::default())
+        .unwrap()
+        .map(|e| e.unwrap())
+        .collect();
+    for c in 0..3 {
+        let n = log
+            .iter()
+            .filter(|e| {
+                e.content
+                    .as_str()
+                    .is_some_and(|s| s.starts_with(&format!("stalled {c}.")))
+            })
+            .count();
+        assert_eq!(n, 32, "client {c}'s batch stored once, whole");
+    }
+    drop(stalled);
+}

@@ -12,8 +12,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::Error;
 use crate::event::{Checked, Event};
 
-/// Largest message either way.
-pub(crate) const MESSAGE_BYTES_MAX: usize = 64 << 20;
+/// Largest message either way: twice a batch's limit (`BATCH_BYTES_MAX`, 8 MiB of
+/// encoded events), which covers a batch's request and its answer. A larger batch is
+/// appended directly; a connection's partial message never holds more than this.
+pub(crate) const MESSAGE_BYTES_MAX: usize = 16 << 20;
 pub(super) const WIRE_VERSION: u32 = 1;
 
 /// Sent by the committer when it accepts a connection.
