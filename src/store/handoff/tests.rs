@@ -325,3 +325,57 @@ fn clients_that_do_not_read_their_answers_do_not_stall_the_run() {
     }
     drop(stalled);
 }
+
+/// Partial messages are bounded over all connections (`BUFFERED_MAX`, 16 MiB in unit
+/// tests): two clients that each send most of a 12 MiB message and stop hold at most
+/// that much; the one whose bytes would pass it is ended, the other stays connected,
+/// and appends go on.
+#[test]
+fn partial_messages_are_bounded_over_all_connections() {
+    use crate::event::{EventType, NewEvent};
+    use crate::log::meta::Durability;
+    use crate::store::Store;
+    use std::io::{Read, Write};
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let run = "trickle";
+    let ev = |c: &str| NewEvent::new("agent-1", EventType::Evidence, c);
+    let a = Store::open(dir.path()).unwrap();
+    for i in 0..3 {
+        a.append(run, ev(&format!("a {i}")), Durability::Sync)
+            .unwrap();
+    }
+    let (_, _, socket) = a.rendezvous(run).unwrap();
+    let body = vec![b'x'; 10 << 20];
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        let mut s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        super::read_msg(&s).unwrap().expect("hello");
+        s.write_all(&(12u32 << 20).to_le_bytes()).unwrap();
+        s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+        // The second client's writes fail once the committer ends its connection.
+        let _ = s.write_all(&body);
+        clients.push(s);
+    }
+    // Ended: its read sees the end (or a reset); the other is still open (no data, the
+    // read times out).
+    let ended = |s: &mut std::os::unix::net::UnixStream| {
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut b = [0u8; 1];
+        match s.read(&mut b) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        }
+    };
+    let states: Vec<bool> = clients.iter_mut().map(ended).collect();
+    assert_eq!(states, vec![false, true], "the second connection is ended");
+    a.append(run, ev("after"), Durability::Sync).unwrap();
+    let b = Store::open(dir.path()).unwrap();
+    b.append(run, ev("b after"), Durability::Sync).unwrap();
+    assert_eq!(b.handoff_counters().handed, 1, "the committer still serves");
+}
