@@ -292,8 +292,12 @@ impl RunLog {
         let untaken = || slots.iter().any(|(_, s)| !s.taken.load(Ordering::Acquire));
         let all_sync = slots.iter().all(|(_, s)| s.sync);
         loop {
-            // Asked to lead the next data fsync: checked first, so that a hand-off is
-            // never dropped (the fsync leader is the only one who sets `done` meanwhile).
+            // Asked to lead the next data fsync: checked first, and again once every
+            // slot is done, so that a hand-off is never dropped. (The lead may be set
+            // between the first check and `done`: the fsync leader sets it under the sync
+            // mutex, but a rotation's fsync or a poisoning can settle the slot right
+            // after; leaving without it, every later `sync` append of the run would wait
+            // for a leader for ever.)
             if slots
                 .iter()
                 .any(|(_, s)| s.lead.swap(false, Ordering::AcqRel))
@@ -303,6 +307,12 @@ impl RunLog {
                 continue;
             }
             if slots.iter().all(|(_, s)| s.done.load(Ordering::Acquire)) {
+                if slots
+                    .iter()
+                    .any(|(_, s)| s.lead.swap(false, Ordering::AcqRel))
+                {
+                    let _ = self.lead_fsyncs(None, true);
+                }
                 break;
             }
             if untaken() {

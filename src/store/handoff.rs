@@ -660,9 +660,11 @@ impl Committer {
         }
         c.buf.drain(..at);
         g.buffered -= at;
-        if c.buf.is_empty() && c.buf.capacity() > READ_PER_TURN {
-            // (A large batch's buffer is not kept for the connection's life.)
-            c.buf = Vec::new();
+        if c.buf.capacity() > READ_PER_TURN && c.buf.len() < c.buf.capacity() / 4 {
+            // A large batch's buffer is not kept for the connection's life, nor behind
+            // the few bytes of the next message (`buffered` counts bytes held, and the
+            // capacity stays within twice them).
+            c.buf.shrink_to(c.buf.len());
         }
         if end {
             let _ = rustix::event::epoll::delete(&g.epoll, &*c.stream);
