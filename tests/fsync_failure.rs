@@ -4,11 +4,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use swarm_memory::{
-    Durability, Error, Event, LogOptions, MemStorage, ReadOptions, Store, Visibility,
-};
+use swarm_memory::{Durability, Error, Event, LogOptions, MemStorage, Store};
 
-use crate::util::{check_sequence, lib_append, lib_read, new_ev};
+use crate::util::{check_sequence, lib_append, lib_read, lib_read_written, new_ev};
 
 fn open(mem: &MemStorage) -> Store {
     Store::open_with(
@@ -131,17 +129,7 @@ fn failed_fsync_under_concurrency() {
     let acked: Vec<Event> = acked.into_iter().flatten().collect();
     drop(store);
     // Everything written, before any crash: no append refused `Poisoned` is there.
-    let written: Vec<Event> = open(&mem)
-        .read(
-            run,
-            ReadOptions {
-                visibility: Visibility::Written,
-                ..ReadOptions::default()
-            },
-        )
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let written: Vec<Event> = lib_read_written(&open(&mem), run);
     for c in refused.iter().flatten() {
         assert!(
             !written.iter().any(|e| e.content.as_str() == Some(c)),
@@ -150,17 +138,7 @@ fn failed_fsync_under_concurrency() {
     }
     mem.crash(|_, _| 0);
     let store = open(&mem);
-    let all: Vec<Event> = store
-        .read(
-            run,
-            ReadOptions {
-                visibility: Visibility::Written,
-                ..ReadOptions::default()
-            },
-        )
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let all: Vec<Event> = lib_read_written(&store, run);
     check_sequence(&all);
     for a in &acked {
         assert_eq!(

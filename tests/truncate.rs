@@ -11,10 +11,10 @@ use std::sync::Arc;
 use swarm_memory::log::storage::OpenMode;
 use swarm_memory::{
     Durability, Error, Event, EventType, FsStorage, LogOptions, MemStorage, ReadOptions, Storage,
-    Store, Visibility,
+    Store,
 };
 
-use crate::util::{frame_boundaries, lib_read, new_ev, Env};
+use crate::util::{frame_boundaries, lib_read, lib_read_written, new_ev, Env};
 
 fn read_file(s: &dyn Storage, p: &Path) -> Vec<u8> {
     let f = s.open(p, OpenMode::Read).expect("open");
@@ -174,17 +174,7 @@ fn sweep(storage: Arc<dyn Storage>, root: &Path, mem: Option<&MemStorage>) {
         drop(store);
         if let Some(mem) = mem {
             mem.crash(|_, _| 0);
-            let written: Vec<Event> = open()
-                .read(
-                    run,
-                    ReadOptions {
-                        visibility: Visibility::Written,
-                        ..ReadOptions::default()
-                    },
-                )
-                .unwrap()
-                .collect::<Result<_, _>>()
-                .unwrap();
+            let written: Vec<Event> = lib_read_written(&open(), run);
             assert_eq!(
                 written, want,
                 "cut at {cut}: the repair or an acknowledged append did not survive a power loss"

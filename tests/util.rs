@@ -423,6 +423,22 @@ pub fn lib_read(store: &Store, run: &str) -> Vec<Event> {
         .expect("read event")
 }
 
+/// Every event written to `run`, the ones past the visible mark included (what a reader
+/// would see if the marks said so: a power loss test's view of the file).
+pub fn lib_read_written(store: &Store, run: &str) -> Vec<Event> {
+    store
+        .read(
+            run,
+            ReadOptions {
+                visibility: swarm_memory::Visibility::Written,
+                ..ReadOptions::default()
+            },
+        )
+        .expect("read")
+        .collect::<Result<_, _>>()
+        .expect("read event")
+}
+
 /// SplitMix64: a tiny seeded generator, so a failing run can be replayed from its seed.
 pub struct Rng(u64);
 

@@ -8,24 +8,12 @@ use std::sync::{Arc, Mutex};
 
 use swarm_memory::log::frame;
 use swarm_memory::log::storage::{OpenMode, StorageFile};
-use swarm_memory::{
-    Durability, Event, LogOptions, MemStorage, ReadOptions, Storage, Store, Visibility,
-};
+use swarm_memory::{Durability, Event, LogOptions, MemStorage, Storage, Store};
 
 use crate::util::{lib_append, lib_read, new_ev, Env};
 
 fn written(store: &Store, run: &str) -> Vec<Event> {
-    store
-        .read(
-            run,
-            ReadOptions {
-                visibility: Visibility::Written,
-                ..ReadOptions::default()
-            },
-        )
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap()
+    crate::util::lib_read_written(store, run)
 }
 
 /// The frame a `sync`-mode writer that died between its write and its fsync leaves
