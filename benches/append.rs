@@ -443,6 +443,21 @@ fn run_procs(peer: Peer, procs: usize, target: &str, tmp: &Path, cfg: &Cfg) -> C
     }
 }
 
+/// Thread `t`'s op in the one-process cells: one event per call to `run`, as `d`.
+fn one_append(
+    store: &Arc<Store>,
+    run: &'static str,
+    d: Durability,
+    t: usize,
+) -> impl FnMut() -> usize + Send + 'static {
+    let s = store.clone();
+    let ev = new_event(&format!("agent-{t:02}"));
+    move || {
+        s.append(run, ev.clone(), d).unwrap();
+        1
+    }
+}
+
 /// Runs `threads` threads in this process, each with its own op, released together.
 fn run_threads<F>(threads: usize, cfg: &Cfg, make_op: impl Fn(usize) -> F) -> (u64, Vec<u64>)
 where
@@ -819,14 +834,7 @@ fn main() {
             let cfg = &cfg;
             move || {
                 store.append(run, new_event("setup"), d).unwrap();
-                run_threads(threads, cfg, |i| {
-                    let s = store.clone();
-                    let ev = new_event(&format!("agent-{i:02}"));
-                    move || {
-                        s.append(run, ev.clone(), d).unwrap();
-                        1
-                    }
-                })
+                run_threads(threads, cfg, |i| one_append(&store, run, d, i))
             }
         };
 
@@ -897,15 +905,8 @@ fn main() {
             for _ in 0..slices {
                 for (i, (run, d)) in modes.iter().enumerate() {
                     let (f0, c0, t0) = (store.sync_counters(run).fsyncs, cpu_ns(), Instant::now());
-                    let (events, lat) = run_threads(SYNC_THREADS, &slice, |t| {
-                        let s = store.clone();
-                        let ev = new_event(&format!("agent-{t:02}"));
-                        let (run, d) = (*run, *d);
-                        move || {
-                            s.append(run, ev.clone(), d).unwrap();
-                            1
-                        }
-                    });
+                    let (events, lat) =
+                        run_threads(SYNC_THREADS, &slice, |t| one_append(&store, run, *d, t));
                     let scale = slice.secs / t0.elapsed().as_secs_f64();
                     let a = &mut acc[i];
                     a.0 += events;

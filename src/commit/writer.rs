@@ -216,6 +216,11 @@ impl RunLog {
         id
     }
 
+    /// An fsync of the run failed in this process: its writer refuses every append.
+    pub(crate) fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
     /// The seq of the run's durable mark (0 when unknown): stored before now.
     pub(crate) fn durable_seq(&self) -> u64 {
         self.synced_marks().durable_seq
@@ -292,12 +297,13 @@ impl RunLog {
         let untaken = || slots.iter().any(|(_, s)| !s.taken.load(Ordering::Acquire));
         let all_sync = slots.iter().all(|(_, s)| s.sync);
         loop {
-            // Asked to lead the next data fsync: checked first, and again once every
-            // slot is done, so that a hand-off is never dropped. (The lead may be set
-            // between the first check and `done`: the fsync leader sets it under the sync
-            // mutex, but a rotation's fsync or a poisoning can settle the slot right
-            // after; leaving without it, every later `sync` append of the run would wait
-            // for a leader for ever.)
+            // `done` is read *before* the lead, so that a hand-off is never dropped: the
+            // fsync leader sets `lead` under the sync mutex, and whoever settles the slot
+            // (its fsync, a rotation's, a poisoning) does so under it later; a thread that
+            // saw `done` sees the lead set before it. (Read the other way round, the lead
+            // could come between the two reads: the thread left without it, and every
+            // later `sync` append of the run waited for a leader for ever.)
+            let done = slots.iter().all(|(_, s)| s.done.load(Ordering::Acquire));
             if slots
                 .iter()
                 .any(|(_, s)| s.lead.swap(false, Ordering::AcqRel))
@@ -306,13 +312,7 @@ impl RunLog {
                 let _ = self.lead_fsyncs(None, true);
                 continue;
             }
-            if slots.iter().all(|(_, s)| s.done.load(Ordering::Acquire)) {
-                if slots
-                    .iter()
-                    .any(|(_, s)| s.lead.swap(false, Ordering::AcqRel))
-                {
-                    let _ = self.lead_fsyncs(None, true);
-                }
+            if done {
                 break;
             }
             if untaken() {

@@ -221,11 +221,8 @@ impl Queue {
 
 struct Pending {
     reply: Reply,
-    batch: Vec<Checked>,
-    expect_seq: Option<u64>,
-    /// The events' encoded tails when the appending thread encoded them (its own
-    /// process's appends), else empty.
-    tails: Vec<Vec<u8>>,
+    /// (Its tails encoded by the appending thread for this process's own appends.)
+    batch: CheckedBatch,
 }
 
 /// Where a queued request's outcome goes.
@@ -643,9 +640,7 @@ impl Committer {
             match checked {
                 Ok((batch, expect_seq)) => g.group.push(Pending {
                     reply: Reply::Socket(c.stream.clone()),
-                    batch,
-                    expect_seq,
-                    tails: Vec::new(),
+                    batch: CheckedBatch::new(batch, expect_seq),
                 }),
                 Err(e) => {
                     // Not waited for: a client that sends refused requests without reading
@@ -676,17 +671,8 @@ impl Committer {
 
     /// Appends a group with one call and answers each of its requests.
     fn commit(&self, store: &Store, run: &str, group: Vec<Pending>) {
-        let (replies, batches): (Vec<Reply>, Vec<_>) = group
-            .into_iter()
-            .map(|p| {
-                let batch = CheckedBatch {
-                    events: p.batch,
-                    expect_seq: p.expect_seq,
-                    tails: p.tails,
-                };
-                (p.reply, Ok(batch))
-            })
-            .unzip();
+        let (replies, batches): (Vec<Reply>, Vec<_>) =
+            group.into_iter().map(|p| (p.reply, Ok(p.batch))).unzip();
         let mut in_flight = InFlight(replies);
         #[cfg(test)]
         if lock(&PANIC_IN_NEXT_COMMIT)
@@ -697,10 +683,12 @@ impl Committer {
         }
         let results = store.append_many_checked(run, batches, Durability::Sync);
         let replies = std::mem::take(&mut in_flight.0);
-        // (An fsync error poisons the writer too: the appends it wrote got it.)
-        if results
-            .iter()
-            .any(|r| matches!(r, Err(Error::Poisoned(_) | Error::Io { op: "fsync", .. })))
+        // (Asked of the writer: its refusals are `Poisoned`, but the appends it wrote
+        // before an fsync failed get that fsync's error.)
+        if results.iter().any(Result::is_err)
+            && store
+                .writer(run, store.user())
+                .is_ok_and(|l| l.is_poisoned())
         {
             // This process cannot commit any more: nobody new connects to it; the
             // connected ones append directly on its refusals.
@@ -734,9 +722,11 @@ impl Committer {
             }
             q.push(Pending {
                 reply: Reply::Local(slot.clone()),
-                batch,
-                expect_seq,
-                tails,
+                batch: CheckedBatch {
+                    events: batch,
+                    expect_seq,
+                    tails,
+                },
             })
         };
         if wake {
