@@ -622,6 +622,68 @@ mod tests {
         assert_eq!(s.append("r", ev, Durability::Sync).unwrap().seq, 321);
     }
 
+    /// A repair in a process whose threads append `sync` to the same run: its
+    /// `log_damaged` event is made durable while it holds the writer, so it must not wait
+    /// for the fsync leader, whose next write needs the writer (they waited for each
+    /// other for ever).
+    #[test]
+    fn a_repair_beside_sync_appends_in_the_same_process_ends() {
+        use crate::log::frame::{self, Decoded};
+        use crate::log::segment;
+        let mem = MemStorage::new();
+        let s = Arc::new(store(&mem, 1 << 20));
+        let ev = |t: usize, i: u32| {
+            NewEvent::new(
+                &format!("a{t}"),
+                EventType::Evidence,
+                format!("finding {i}"),
+            )
+        };
+        for i in 0..5 {
+            s.append("r", ev(0, i), Durability::Sync).unwrap();
+        }
+        // A bit of the third frame flipped on disk; this process's writer has passed it.
+        let seg = segment::segment_path(&s.run_dir("r").unwrap(), 1);
+        let mut bytes = mem.contents_without_fill(&seg).unwrap();
+        let mut bounds = vec![0];
+        while let Decoded::Frame { len, .. } = frame::decode(&bytes[*bounds.last().unwrap()..]) {
+            bounds.push(bounds.last().unwrap() + len);
+        }
+        bytes[bounds[2] + 20] ^= 0x10;
+        let fill = mem.contents(&seg).unwrap().len() - bytes.len();
+        bytes.extend(std::iter::repeat_n(0, fill));
+        mem.set_contents(&seg, bytes);
+        // Threads of their own, not scoped: on a deadlock the test fails, not hangs.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let appenders: Vec<_> = (0..6)
+            .map(|t| {
+                let (s, stop) = (s.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut i = 0;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        s.append("r", ev(t, i), Durability::Sync).unwrap();
+                        i += 1;
+                    }
+                })
+            })
+            .collect();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s2 = s.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let _ = tx.send(s2.repair_all("r").map(|v| v.len()));
+        });
+        let r = rx.recv_timeout(std::time::Duration::from_secs(20));
+        let r = r.expect("the repair did not end within 20 s");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for a in appenders {
+            a.join().unwrap();
+        }
+        assert_eq!(r.unwrap(), 1, "one log_damaged event");
+        let seqs = seqs(&s, "r", Visibility::Visible);
+        assert!(!seqs.contains(&3) && seqs.len() > 5, "{seqs:?}");
+    }
+
     /// An fsync fails while other threads' fsyncs may be in flight: no append is
     /// acknowledged unless it survives a power loss, and the writer stays poisoned.
     #[test]

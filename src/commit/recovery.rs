@@ -574,7 +574,7 @@ impl RunLog {
             .next()
             .ok_or_else(|| Error::invalid("log_damaged", "no outcome"))??;
         if let (Some(seg), Some(last)) = (&outcome.seg, outcome.events.last()) {
-            self.wait_durable(outcome.end, last.seq, seg)?;
+            self.sync_holding_writer(outcome.end, last.seq, seg)?;
         }
         Ok(outcome.events)
     }
