@@ -1244,13 +1244,17 @@ fn leaky_investigation(s: &Store, run: &str) {
     );
     append(s, run, h);
     for (status, args) in [
+        // Argument names changed between the calls: one ordinary, the others data that
+        // only look like names (a listed name, a key).
         (
             "error",
-            json!({"filter": "metric.type=latency", "token": "x"}),
+            json!({"filter": "metric.type=latency", "token": "x", "timeout_ms": 100,
+                   "whitfield": "read", "sk_live_51HxYzAbCdEf12GhIjKl34Mn": 1}),
         ),
         (
             "ok",
-            json!({"filter": "metric.type=latency", "resource_type": "k8s_container"}),
+            json!({"filter": "metric.type=latency", "resource_type": "k8s_container", "timeout_ms": 500,
+                   "whitfield": "write", "sk_live_51HxYzAbCdEf12GhIjKl34Mn": 2}),
         ),
     ] {
         let mut e = NewEvent::new("metrics", EventType::Evidence, "queried");
@@ -1301,7 +1305,11 @@ fn the_shared_scope_carries_no_tenant_secret() {
         "555 0132",
         "555-0132",
         "Whitfield",
+        "whitfield",
         "Dana",
+        "sk_live",
+        "51HxYzAb",
+        "51hxyzab",
         "cron job",
         "bob",
         "inc-7",
@@ -1342,6 +1350,10 @@ fn the_shared_scope_carries_no_tenant_secret() {
         assert!(
             shown.contains("query_metrics"),
             "{mode:?}: the lesson is shared: {shown}"
+        );
+        assert!(
+            shown.contains("timeout_ms"),
+            "{mode:?}: an ordinary argument name is shared: {shown}"
         );
         for secret in secrets {
             assert!(

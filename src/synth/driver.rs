@@ -409,6 +409,8 @@ pub(crate) fn sanitize_learnings(
         m.tool = s.text(&m.tool);
         m.error = s.text(&m.error);
         m.correction = m.correction.as_deref().map(|c| s.text(c));
+        // (Not text the sanitizer rewrites in place: a name it would change is dropped.)
+        m.changed_args = crate::synth::sanitize::shareable_arg_names(s, &m.changed_args);
         m.fingerprint = patterns::fingerprint(&[&m.tool, &m.error]);
     }
     l

@@ -13,7 +13,7 @@ use crate::synth::driver::{sanitize_learnings, SynthOptions, LEARNED_SUBJECT, SH
 use crate::synth::facts::{FactsFold, Record, FACTS_RUN};
 use crate::synth::findings::{engine_event, to_value};
 use crate::synth::patterns::{self, InvestigationPattern, PatternBook, ToolMistake};
-use crate::synth::sanitize::{SanitizeContext, Sanitizer};
+use crate::synth::sanitize::{arg_name_is_data, shareable_arg_names, SanitizeContext, Sanitizer};
 use crate::synth::settings::{SharePatterns, UserSettings};
 
 /// Largest settings file read.
@@ -476,6 +476,17 @@ impl Redacted for ToolMistake {
         self.provenance.contributors.clear();
         self.provenance.first_seen = self.provenance.first_seen.map(day);
         self.corrected_at = self.corrected_at.map(day);
+        // Copies shared before the names went through the sanitizer: the shape rule.
+        if self.changed_args.iter().any(|n| arg_name_is_data(n)) {
+            self.changed_args.retain(|n| !arg_name_is_data(n));
+            if self
+                .correction
+                .as_deref()
+                .is_some_and(|c| c.starts_with("changed: "))
+            {
+                self.correction = Some(argument_names(&self.changed_args));
+            }
+        }
         // A structured copy shared before the names were recorded: its names were parsed
         // from the correction's text and may be values (hosts): not shown.
         if self.changed_args.is_empty()
@@ -585,6 +596,30 @@ mod tests {
         };
         leaked.redact();
         assert_eq!(leaked.correction.as_deref(), Some("changed arguments"));
+        // A copy shared before its names went through the sanitizer: names shaped like
+        // data (a key, an account number) are not shown; the others are.
+        let mut leaked = patterns::ToolMistake {
+            correction: Some(
+                "changed: acct_55501324, sk_live_51hxyzabcdef12ghijkl34mn, timeout_ms".into(),
+            ),
+            changed_args: vec![
+                "acct_55501324".into(),
+                "sk_live_51hxyzabcdef12ghijkl34mn".into(),
+                "timeout_ms".into(),
+            ],
+            ..Default::default()
+        };
+        leaked.redact();
+        assert_eq!(leaked.changed_args, ["timeout_ms"]);
+        assert_eq!(leaked.correction.as_deref(), Some("changed: timeout_ms"));
+        // Before sharing: what the sanitizer changes goes too (a word of a listed name).
+        let s = Sanitizer::new(SanitizeContext {
+            names: vec!["Dana Whitfield".into()],
+            ..Default::default()
+        });
+        let names =
+            ["whitfield", "resource.type", "x_3f9a0c1b2d4e5f60718293a4b5"].map(String::from);
+        assert_eq!(shareable_arg_names(&s, &names), ["resource.type"]);
         assert_eq!(
             category("connection_leak_after_deploy", ROOT_CAUSES, "unknown"),
             "database"

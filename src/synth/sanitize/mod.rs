@@ -207,6 +207,33 @@ impl Redaction {
     }
 }
 
+/// The argument names of a correction fit to go to the shared scope: a name the
+/// sanitizer changes (the user's id, a word of a listed name, a key or token it detects)
+/// is dropped, and so is one shaped like data rather than a name (`arg_name_is_data`).
+/// Names are recorded lowercased, so a case-sensitive detector (`AKIA...`) may miss one:
+/// the shape rule catches those.
+pub(crate) fn shareable_arg_names(s: &Sanitizer, names: &[String]) -> Vec<String> {
+    names
+        .iter()
+        .filter(|n| !arg_name_is_data(n) && s.text(n) == **n)
+        .cloned()
+        .collect()
+}
+
+/// An argument name shaped like data: four digits in a row (ids, keys, phone numbers),
+/// or a part between `_` and `.` over 20 characters (a token, a hash). Checked again
+/// where other users read shared copies (`ToolMistake::redact`), which may predate it.
+pub(crate) fn arg_name_is_data(name: &str) -> bool {
+    let mut run = 0;
+    for c in name.chars() {
+        run = if c.is_ascii_digit() { run + 1 } else { 0 };
+        if run >= 4 {
+            return true;
+        }
+    }
+    name.split(['_', '.']).any(|part| part.len() > 20)
+}
+
 /// What the sanitizer knows about the user whose record is being shared.
 #[derive(Clone, Debug, Default)]
 pub struct SanitizeContext {
