@@ -13,7 +13,7 @@ use crate::synth::driver::{sanitize_learnings, SynthOptions, LEARNED_SUBJECT, SH
 use crate::synth::facts::{FactsFold, Record, FACTS_RUN};
 use crate::synth::findings::{engine_event, to_value};
 use crate::synth::patterns::{self, InvestigationPattern, PatternBook, ToolMistake};
-use crate::synth::sanitize::{arg_name_is_data, shareable_arg_names, SanitizeContext, Sanitizer};
+use crate::synth::sanitize::{arg_name_is_data, SanitizeContext, Sanitizer};
 use crate::synth::settings::{SharePatterns, UserSettings};
 
 /// Largest settings file read.
@@ -619,7 +619,10 @@ mod tests {
         });
         let names =
             ["whitfield", "resource.type", "x_3f9a0c1b2d4e5f60718293a4b5"].map(String::from);
-        assert_eq!(shareable_arg_names(&s, &names), ["resource.type"]);
+        assert_eq!(
+            crate::synth::sanitize::shareable_arg_names(&s, &names),
+            ["resource.type"]
+        );
         assert_eq!(
             category("connection_leak_after_deploy", ROOT_CAUSES, "unknown"),
             "database"
