@@ -628,7 +628,6 @@ mod tests {
     /// other for ever).
     #[test]
     fn a_repair_beside_sync_appends_in_the_same_process_ends() {
-        use crate::log::frame::{self, Decoded};
         use crate::log::segment;
         let mem = MemStorage::new();
         let s = Arc::new(store(&mem, 1 << 20));
@@ -645,10 +644,7 @@ mod tests {
         // A bit of the third frame flipped on disk; this process's writer has passed it.
         let seg = segment::segment_path(&s.run_dir("r").unwrap(), 1);
         let mut bytes = mem.contents_without_fill(&seg).unwrap();
-        let mut bounds = vec![0];
-        while let Decoded::Frame { len, .. } = frame::decode(&bytes[*bounds.last().unwrap()..]) {
-            bounds.push(bounds.last().unwrap() + len);
-        }
+        let bounds = frame_bounds(&bytes);
         bytes[bounds[2] + 20] ^= 0x10;
         let fill = mem.contents(&seg).unwrap().len() - bytes.len();
         bytes.extend(std::iter::repeat_n(0, fill));
@@ -682,6 +678,96 @@ mod tests {
         assert_eq!(r.unwrap(), 1, "one log_damaged event");
         let seqs = seqs(&s, "r", Visibility::Visible);
         assert!(!seqs.contains(&3) && seqs.len() > 5, "{seqs:?}");
+    }
+
+    /// The frame boundaries of a segment's bytes.
+    fn frame_bounds(bytes: &[u8]) -> Vec<usize> {
+        use crate::log::frame::{self, Decoded};
+        let mut bounds = vec![0];
+        while let Decoded::Frame { len, .. } = frame::decode(&bytes[*bounds.last().unwrap()..]) {
+            bounds.push(bounds.last().unwrap() + len);
+        }
+        bounds
+    }
+
+    /// A live writer of another process, whose view ends where `swarm repair` later cut
+    /// the segment and sealed it (the last frame, acknowledged, was damaged): its next
+    /// append goes on after the `log_damaged` event, never into the sealed segment (where
+    /// it reused the seq declared lost, and was taken as durable unsynced, the published
+    /// mark being past it). (Review, 2026-11-29.)
+    #[test]
+    fn a_live_writer_goes_on_after_a_repair_of_another_process() {
+        use crate::log::segment;
+        let mem = MemStorage::new();
+        let (a, b) = (store(&mem, 1 << 20), store(&mem, 1 << 20));
+        let ev = |i: u32| NewEvent::new("x", EventType::Evidence, format!("e{i}"));
+        for i in 0..4 {
+            b.append("r", ev(i), Durability::Sync).unwrap();
+        }
+        assert_eq!(a.append("r", ev(4), Durability::Sync).unwrap().seq, 5);
+        let seg = segment::segment_path(&a.run_dir("r").unwrap(), 1);
+        let mut bytes = mem.contents_without_fill(&seg).unwrap();
+        let bounds = frame_bounds(&bytes);
+        bytes[bounds[4] + 60] ^= 0x01;
+        let fill = mem.contents(&seg).unwrap().len() - bytes.len();
+        bytes.extend(std::iter::repeat_n(0, fill));
+        mem.set_contents(&seg, bytes);
+        // log_damaged{5..=5} is seq 6, in a new segment.
+        let repaired = store(&mem, 1 << 20).repair_all("r").unwrap();
+        assert_eq!(repaired.len(), 1);
+        assert_eq!(repaired[0].seq, 6);
+        let acked = b.append("r", ev(10), Durability::Sync).unwrap();
+        assert_eq!(acked.seq, 7, "the live writer goes on after the repair");
+        assert_eq!(a.append("r", ev(11), Durability::Sync).unwrap().seq, 8);
+        drop((a, b));
+        // Acknowledged means fsynced: it survives a power loss.
+        mem.crash(|_, _| 0);
+        let s = store(&mem, 1 << 20);
+        assert_eq!(seqs(&s, "r", Visibility::Visible), [1, 2, 3, 4, 6, 7, 8]);
+        assert_eq!(s.append("r", ev(12), Durability::Sync).unwrap().seq, 9);
+    }
+
+    /// A torn tail after a quarantined range in the same (last) segment is cut as any
+    /// torn tail: the scan's note of where valid records follow the quarantined damage
+    /// is not taken for the tail's (it refused the run's appends, and `swarm repair`
+    /// could not mend it). (Review, 2026-11-29.)
+    #[test]
+    fn a_torn_tail_after_a_quarantined_range_is_cut() {
+        use crate::log::segment;
+        let mem = MemStorage::new();
+        let a = store(&mem, 1 << 20);
+        let ev = |i: u32| NewEvent::new("x", EventType::Evidence, format!("e{i}"));
+        for i in 0..6 {
+            a.append("r", ev(i), Durability::Sync).unwrap();
+        }
+        let seg = segment::segment_path(&a.run_dir("r").unwrap(), 1);
+        let fill = |bytes: &mut Vec<u8>| {
+            let n = mem
+                .contents(&seg)
+                .unwrap()
+                .len()
+                .saturating_sub(bytes.len());
+            bytes.extend(std::iter::repeat_n(0, n.max(8192)));
+        };
+        let mut bytes = mem.contents_without_fill(&seg).unwrap();
+        let bounds = frame_bounds(&bytes);
+        bytes[bounds[2] + 60] ^= 0x01;
+        fill(&mut bytes);
+        mem.set_contents(&seg, bytes);
+        let repaired = a.repair_all("r").unwrap();
+        assert_eq!(repaired.len(), 1, "seq 3 quarantined, declared as seq 7");
+        drop(a);
+        // A writer died mid-write: part of a frame after the last whole one.
+        let mut bytes = mem.contents_without_fill(&seg).unwrap();
+        let bounds = frame_bounds(&bytes[..]);
+        let last = bounds[bounds.len() - 2];
+        let torn = bytes[last..last + 30].to_vec();
+        bytes.extend(torn);
+        fill(&mut bytes);
+        mem.set_contents(&seg, bytes);
+        let c = store(&mem, 1 << 20);
+        assert_eq!(c.append("r", ev(99), Durability::Sync).unwrap().seq, 8);
+        assert_eq!(seqs(&c, "r", Visibility::Visible), [1, 2, 4, 5, 6, 7, 8]);
     }
 
     /// An fsync fails while other threads' fsyncs may be in flight: no append is

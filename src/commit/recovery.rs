@@ -50,6 +50,22 @@ impl RunLog {
                     self.load(w)?;
                     continue;
                 }
+                // No fill after the last frame: the segment may be sealed, early, by
+                // `swarm repair` in another process (`record_loss`), which went on in a
+                // later segment after declaring seqs lost: appending here would hand
+                // them out again, and be taken as durable by a mark that is past it.
+                // (Only without a fill: a directory read per group when preallocation
+                // is off, rare with it.)
+                if w.end < self.meta.segment_bytes
+                    && segment::list_segments(&*self.storage, &self.dir)?
+                        .iter()
+                        .any(|&b| b > w.seg_base)
+                {
+                    tracing::warn!(segment = %seg_path.display(), "a later segment exists; reloading the log");
+                    w.loaded = false;
+                    self.load(w)?;
+                    continue;
+                }
             }
             // (Else the fill: nobody appended since this process last looked.)
             if w.end < self.meta.segment_bytes {
@@ -356,6 +372,8 @@ impl RunLog {
                         .filter(|q| q.end == next && (next.is_some() || !last_segment));
                     match listed {
                         Some(q) => {
+                            // (Not the damage the scan ends at, if it ends at any.)
+                            found_next = None;
                             w.head_seq = q.lost_to;
                             if next.is_none() {
                                 break (u64::MAX, "");
@@ -422,6 +440,9 @@ impl RunLog {
     /// until `swarm repair` records the loss.
     pub(super) fn acknowledged_lost(&self, w: &mut Writer, at: Pos, reason: &str) -> Error {
         w.damage = Some(at);
+        // Look again next time: `swarm repair` in another process may have moved the
+        // damage aside and gone on in a new segment by then.
+        w.loaded = false;
         let m = watermark::read(&*self.synced, &self.synced_path).unwrap_or_default();
         let from = w.head_seq + 1;
         let upto = m.visible_seq.max(m.durable_seq);
