@@ -150,6 +150,11 @@ fn mcp_over_http_a_subscriber_hears_of_another_sessions_append() {
         return;
     };
     assert_eq!(v["updated"], "swarm://runs/inc-sub", "{v}");
+    let missing = v["missing"].as_str().unwrap_or_default();
+    assert!(
+        missing != "accepted" && missing.contains("no-such-run"),
+        "a subscription to a run that does not exist is refused: {v}"
+    );
 }
 
 #[test]

@@ -47,7 +47,31 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// The resource subscriptions of one connection: URI → the task that watches the run.
-pub type Watches = Arc<Mutex<HashMap<String, tokio::task::JoinHandle<()>>>>;
+/// Every task is stopped when the connection's handler goes (a closed, expired or
+/// revoked session), not only on `resources/unsubscribe`: each holds a tail (a thread
+/// and a wake-up source) until then.
+pub type Watches = Arc<WatchSet>;
+
+/// Most runs one connection watches at once.
+pub const SUBSCRIPTIONS_MAX: usize = 64;
+
+/// See [`Watches`].
+#[derive(Default)]
+pub struct WatchSet(Mutex<HashMap<String, tokio::task::JoinHandle<()>>>);
+
+impl WatchSet {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, tokio::task::JoinHandle<()>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for WatchSet {
+    fn drop(&mut self) {
+        for (_, task) in self.lock().drain() {
+            task.abort();
+        }
+    }
+}
 
 /// The run a URI names.
 pub fn run_of(uri: &str) -> crate::error::Result<&str> {
@@ -125,17 +149,25 @@ pub async fn subscribe(
     context: RequestContext<RoleServer>,
 ) -> Result<(), McpError> {
     let run = run_of(&uri).map_err(mcp_error)?.to_string();
+    {
+        let w = watches.lock();
+        if w.len() >= SUBSCRIPTIONS_MAX && !w.contains_key(&uri) {
+            return Err(mcp_error(Error::invalid(
+                "uri",
+                format!("this connection watches {SUBSCRIPTIONS_MAX} runs already, the most it may; unsubscribe from one first"),
+            )));
+        }
+    }
     // The session's agent, as `resources/read` reads: a change it may not read is not
     // announced to it (the announcement alone tells that a hidden entry was written).
     let agent = s.agent(None).map_err(mcp_error)?;
     let store = s.clone();
     let r = run.clone();
     let (stream, rules) = blocking(move || {
-        let (head, rules) = match store.store.head_state(&r) {
-            Ok(h) => (h.state.head_seq, h.state.rules.clone()),
-            Err(Error::RunNotFound(_)) => (0, Default::default()),
-            Err(e) => return Err(e),
-        };
+        // A run that does not exist is refused (as a live tail over HTTP is): a watch
+        // of a name nobody writes would only hold its tail.
+        let h = store.store.head_state(&r)?;
+        let (head, rules) = (h.state.head_seq, h.state.rules.clone());
         let opts = TailOptions {
             from_seq: Some(head + 1),
             ..TailOptions::default()
@@ -190,10 +222,7 @@ pub async fn subscribe(
             }
         }
     });
-    let old = watches
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(uri, task);
+    let old = watches.lock().insert(uri, task);
     if let Some(old) = old {
         old.abort();
     }
@@ -202,11 +231,8 @@ pub async fn subscribe(
 
 /// Stops watching a run.
 pub fn unsubscribe(watches: &Watches, uri: &str) {
-    if let Some(t) = watches
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(uri)
-    {
+    let removed = watches.lock().remove(uri);
+    if let Some(t) = removed {
         t.abort();
     }
 }
@@ -214,6 +240,30 @@ pub fn unsubscribe(watches: &Watches, uri: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connection's watches end with it, not only when unsubscribed.
+    #[test]
+    fn watches_stop_when_their_connection_goes() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let watches: Watches = Arc::default();
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let task = tokio::spawn(async move {
+                let _tx = tx; // dropped when the task ends
+                std::future::pending::<()>().await
+            });
+            watches.lock().insert("swarm://runs/r".into(), task);
+            drop(watches);
+            let ended = tokio::time::timeout(std::time::Duration::from_secs(5), rx).await;
+            assert!(
+                matches!(ended, Ok(Err(_))),
+                "the watch task still runs: {ended:?}"
+            );
+        });
+    }
 
     #[test]
     fn run_uris_are_checked() {

@@ -4,8 +4,7 @@
 //! The tools themselves live in `scratch.rs` and `memory.rs`, the resources in
 //! `resources.rs`; `mod.rs` puts the tool routers together.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::model::{
@@ -53,7 +52,7 @@ impl SwarmMcp {
         SwarmMcp {
             authority,
             tool_router,
-            watches: Arc::new(Mutex::new(HashMap::new())),
+            watches: Watches::default(),
         }
     }
 

@@ -156,7 +156,13 @@ async def subscribe():
         await s.subscribe_resource(f"swarm://runs/{run}")
         await call(other, "append_entry", {"run": run, "type": "evidence", "content": "second"})
         await asyncio.wait_for(got.wait(), timeout=20)
-        return {"updated": uris[0]}
+        # A run that does not exist is refused (a watch of it would only hold a tail).
+        try:
+            await s.subscribe_resource("swarm://runs/no-such-run")
+            missing = "accepted"
+        except Exception as e:  # the SDK's McpError
+            missing = str(e)
+        return {"updated": uris[0], "missing": missing}
 
 
 async def isolation():
