@@ -770,6 +770,53 @@ mod tests {
         assert_eq!(seqs(&c, "r", Visibility::Visible), [1, 2, 4, 5, 6, 7, 8]);
     }
 
+    /// An id reused by another agent, whose event the run's policy hides from it, is
+    /// refused without naming the stored event's seq or fields; the author's own retry
+    /// with other fields is told which field differs (as is an agent that may read the
+    /// event: `tests/cli_safety.rs`). (Review, 2026-11-29.)
+    #[test]
+    fn an_id_of_an_event_hidden_from_the_caller_tells_nothing_of_it() {
+        let mem = MemStorage::new();
+        let s = store(&mem, 1 << 20);
+        let with_id = |agent: &str, content: &str| {
+            let mut e = NewEvent::new(agent, EventType::Hypothesis, content);
+            e.id = Some("turn-7.1".into());
+            e
+        };
+        s.append(
+            "r",
+            NewEvent::new("a", EventType::Evidence, "first"),
+            Durability::Sync,
+        )
+        .unwrap();
+        // "b" may write anything but read only evidence.
+        let policy = serde_json::from_value(serde_json::json!({"permissions": {
+            "a": {"read_channels": ["*"], "write_channels": ["*"], "read_types": ["*"],
+                  "write_types": ["*"], "admin": true},
+            "b": {"read_channels": ["*"], "write_channels": ["*"], "read_types": ["evidence"],
+                  "write_types": ["*"]}}}))
+        .unwrap();
+        s.set_policy("r", "a", &policy).unwrap();
+        let stored = s
+            .append("r", with_id("a", "secret plan"), Durability::Sync)
+            .unwrap();
+        let other = s
+            .append("r", with_id("b", "probe"), Durability::Sync)
+            .unwrap_err()
+            .to_string();
+        assert!(other.contains("another agent"), "{other}");
+        let seq = format!("seq {}", stored.seq);
+        assert!(
+            !other.contains(&seq) && !other.contains("content") && !other.contains("agent_id"),
+            "{other}"
+        );
+        let own = s
+            .append("r", with_id("a", "changed"), Durability::Sync)
+            .unwrap_err()
+            .to_string();
+        assert!(own.contains(&seq) && own.contains("content"), "{own}");
+    }
+
     /// An fsync fails while other threads' fsyncs may be in flight: no append is
     /// acknowledged unless it survives a power loss, and the writer stays poisoned.
     #[test]

@@ -734,6 +734,17 @@ impl RunLog {
                 events.push(ev);
             }
             for (asked, stored) in r.batch.iter().zip(&events) {
+                if asked.agent_id != stored.agent_id
+                    && !w.rules.may_read_event(&asked.agent_id, stored)
+                {
+                    // Another agent's event that the run's policy hides from this one: its
+                    // seq and fields are not this caller's to learn.
+                    return Err(Error::Conflict(format!(
+                        "id {:?} is already used in this run by another agent's event; \
+                         use a new id for a new event",
+                        stored.id
+                    )));
+                }
                 if let Some(field) = asked.differs_from(stored) {
                     return Err(Error::Conflict(format!(
                         "id {:?} is already stored as seq {} with a different {field}; \
