@@ -143,26 +143,6 @@ impl RunLog {
         }
     }
 
-    /// [`RunLog::wait_durable`] for a caller that holds the writer mutex outside a write
-    /// group (a repair's `log_damaged` event): it fsyncs itself, beside the leader's
-    /// fsync if one runs, rather than wait for the leader, whose next write
-    /// (`write_pending`) needs that mutex: each would wait for the other for ever. (A
-    /// write group's leader may wait: the fsync leader writes nothing while it runs.)
-    pub(super) fn sync_holding_writer(
-        &self,
-        end: Pos,
-        end_seq: u64,
-        seg: &Arc<dyn StorageFile>,
-    ) -> Result<()> {
-        if lock(&self.sync).durable >= end {
-            return Ok(());
-        }
-        if self.poisoned.load(Ordering::Acquire) {
-            return Err(self.outcome_unknown());
-        }
-        self.sync_now((end, end_seq, seg.clone())).map(|_| ())
-    }
-
     /// The fsync leader's work (the caller set `leader`): with `write` (the caller holds
     /// no writer mutex), it writes the appends queued for it before each fsync
     /// (`write_pending`); fsyncs, each covering every

@@ -650,15 +650,21 @@ mod tests {
         bytes.extend(std::iter::repeat_n(0, fill));
         mem.set_contents(&seg, bytes);
         // Threads of their own, not scoped: on a deadlock the test fails, not hangs.
+        // At most 500 appends each (the in-memory files are copied as they grow: an
+        // unbounded loop made the run, and the repair's read of it, slow on a loaded
+        // machine), the repair started once they are under way.
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let appenders: Vec<_> = (0..6)
             .map(|t| {
-                let (s, stop) = (s.clone(), stop.clone());
+                let (s, stop, done) = (s.clone(), stop.clone(), done.clone());
                 std::thread::spawn(move || {
-                    let mut i = 0;
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for i in 0..500 {
+                        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            break;
+                        }
                         s.append("r", ev(t, i), Durability::Sync).unwrap();
-                        i += 1;
+                        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                 })
             })
@@ -666,7 +672,9 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let s2 = s.clone();
         std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(50));
+            while done.load(std::sync::atomic::Ordering::Relaxed) < 60 {
+                std::thread::yield_now();
+            }
             let _ = tx.send(s2.repair_all("r").map(|v| v.len()));
         });
         let r = rx.recv_timeout(std::time::Duration::from_secs(20));

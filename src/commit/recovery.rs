@@ -19,6 +19,32 @@ use crate::log::watermark::{self, Pos};
 
 use crate::commit::{lock, LiteEvent, Request, RunLog, Writer};
 
+/// The write lead (`Combine::leader`) held outside a write group, let go on drop (a
+/// panic included: every append of the process would wait for it).
+struct WriteLead<'a>(&'a RunLog);
+
+impl<'a> WriteLead<'a> {
+    fn take(log: &'a RunLog) -> WriteLead<'a> {
+        loop {
+            {
+                let mut c = lock(&log.combine);
+                if !c.leader {
+                    c.leader = true;
+                    return WriteLead(log);
+                }
+            }
+            // A write group is writing: it ends within one `pwrite`.
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    }
+}
+
+impl Drop for WriteLead<'_> {
+    fn drop(&mut self) {
+        self.0.end_write_lead();
+    }
+}
+
 impl RunLog {
     /// Brings the writer up to date with the log: loads the head on first use, reads what
     /// other processes appended, repairs a torn tail, follows rotations. Under `LOCK`.
@@ -477,6 +503,12 @@ impl RunLog {
     /// `undeclared`: ranges listed earlier whose `log_damaged` event is missing (a repair
     /// that crashed in between), declared now.
     pub(crate) fn repair(&self, middle: &[Range], undeclared: &[Range]) -> Result<Vec<Event>> {
+        // Holds the write lead, as a write group does, for as long as it holds the writer:
+        // the fsync leader then writes nothing meanwhile, so that it never waits for the
+        // writer while this waits for its fsync (the `log_damaged` events are made
+        // durable under the writer). Before, a repair beside `sync` appends of the same
+        // process could wait for ever.
+        let _lead = WriteLead::take(self);
         let mut w = lock(&self.writer);
         let lock_path = self.dir.join(LOCK_FILE);
         w.lock_file.lock().ctx("lock", &lock_path)?;
@@ -595,7 +627,7 @@ impl RunLog {
             .next()
             .ok_or_else(|| Error::invalid("log_damaged", "no outcome"))??;
         if let (Some(seg), Some(last)) = (&outcome.seg, outcome.events.last()) {
-            self.sync_holding_writer(outcome.end, last.seq, seg)?;
+            self.wait_durable(outcome.end, last.seq, seg)?;
         }
         Ok(outcome.events)
     }
