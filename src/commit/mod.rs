@@ -628,7 +628,6 @@ mod tests {
     /// other for ever).
     #[test]
     fn a_repair_beside_sync_appends_in_the_same_process_ends() {
-        use crate::log::segment;
         let mem = MemStorage::new();
         let s = Arc::new(store(&mem, 1 << 20));
         let ev = |t: usize, i: u32| {
@@ -642,13 +641,7 @@ mod tests {
             s.append("r", ev(0, i), Durability::Sync).unwrap();
         }
         // A bit of the third frame flipped on disk; this process's writer has passed it.
-        let seg = segment::segment_path(&s.run_dir("r").unwrap(), 1);
-        let mut bytes = mem.contents_without_fill(&seg).unwrap();
-        let bounds = frame_bounds(&bytes);
-        bytes[bounds[2] + 20] ^= 0x10;
-        let fill = mem.contents(&seg).unwrap().len() - bytes.len();
-        bytes.extend(std::iter::repeat_n(0, fill));
-        mem.set_contents(&seg, bytes);
+        flip_in_frame(&mem, &s, 2, 20, 0x10);
         // Threads of their own, not scoped: on a deadlock the test fails, not hangs.
         // At most 500 appends each (the in-memory files are copied as they grow: an
         // unbounded loop made the run, and the repair's read of it, slow on a loaded
@@ -698,6 +691,18 @@ mod tests {
         bounds
     }
 
+    /// Flips `mask` in byte `at` of frame `frame` of run `r`'s first segment, its fill
+    /// kept.
+    fn flip_in_frame(mem: &MemStorage, s: &Store, frame: usize, at: usize, mask: u8) {
+        let seg = crate::log::segment::segment_path(&s.run_dir("r").unwrap(), 1);
+        let mut bytes = mem.contents_without_fill(&seg).unwrap();
+        let bounds = frame_bounds(&bytes);
+        bytes[bounds[frame] + at] ^= mask;
+        let fill = mem.contents(&seg).unwrap().len() - bytes.len();
+        bytes.extend(std::iter::repeat_n(0, fill));
+        mem.set_contents(&seg, bytes);
+    }
+
     /// A live writer of another process, whose view ends where `swarm repair` later cut
     /// the segment and sealed it (the last frame, acknowledged, was damaged): its next
     /// append goes on after the `log_damaged` event, never into the sealed segment (where
@@ -705,7 +710,6 @@ mod tests {
     /// mark being past it). (Review, 2026-11-29.)
     #[test]
     fn a_live_writer_goes_on_after_a_repair_of_another_process() {
-        use crate::log::segment;
         let mem = MemStorage::new();
         let (a, b) = (store(&mem, 1 << 20), store(&mem, 1 << 20));
         let ev = |i: u32| NewEvent::new("x", EventType::Evidence, format!("e{i}"));
@@ -713,13 +717,7 @@ mod tests {
             b.append("r", ev(i), Durability::Sync).unwrap();
         }
         assert_eq!(a.append("r", ev(4), Durability::Sync).unwrap().seq, 5);
-        let seg = segment::segment_path(&a.run_dir("r").unwrap(), 1);
-        let mut bytes = mem.contents_without_fill(&seg).unwrap();
-        let bounds = frame_bounds(&bytes);
-        bytes[bounds[4] + 60] ^= 0x01;
-        let fill = mem.contents(&seg).unwrap().len() - bytes.len();
-        bytes.extend(std::iter::repeat_n(0, fill));
-        mem.set_contents(&seg, bytes);
+        flip_in_frame(&mem, &a, 4, 60, 0x01);
         // log_damaged{5..=5} is seq 6, in a new segment.
         let repaired = store(&mem, 1 << 20).repair_all("r").unwrap();
         assert_eq!(repaired.len(), 1);
