@@ -218,6 +218,62 @@ fn a_later_reading_supersedes_and_a_simultaneous_one_contradicts() {
     );
 }
 
+/// Seed 004's example in semantic mode: agent A says port 8080, agent B port 3000, for
+/// one service at one time. The two wordings differ only in the port, a value: one thing
+/// with two values is a contradiction (and, an hour apart, a change), not two look-alike
+/// things kept apart, which the numbers once counted as.
+#[test]
+fn one_port_stated_two_ways_at_one_time_contradicts() {
+    let env = Env::new();
+    let s = store(&env);
+    let a = "orders-svc listens on port 8080";
+    let b = "orders-svc listens on port 3000";
+    let later = "orders-svc listens on port 9090";
+    let t = table(&[
+        (a, v(0, 1, 1.0)),
+        (b, v(0, 1, 0.97)),
+        (later, v(0, 1, 0.96)),
+    ]);
+    add(
+        &s,
+        "k8s",
+        EventType::Evidence,
+        "orders-svc",
+        a,
+        "2026-03-11T14:10:00Z",
+    );
+    add(
+        &s,
+        "config",
+        EventType::Evidence,
+        "ports",
+        b,
+        "2026-03-11T14:11:00Z",
+    );
+    add(
+        &s,
+        "k8s",
+        EventType::Evidence,
+        "orders-svc",
+        later,
+        "2026-03-11T15:30:00Z",
+    );
+    let r = s.synth(&opts(t), |_| {}).expect("synth");
+    assert_eq!(r.facts_new, 3, "{r:?}");
+    let recs = records(&s);
+    let contra = ops(&recs, "contradiction");
+    assert_eq!(contra.len(), 1, "{contra:?}");
+    assert_eq!(
+        (&contra[0]["a"], &contra[0]["b"]),
+        (&json!("F1"), &json!("F2"))
+    );
+    let changes = ops(&recs, "change");
+    assert!(
+        changes.iter().any(|c| c["later"] == "F3"),
+        "port 9090 an hour later is a change: {changes:?}"
+    );
+}
+
 #[test]
 fn a_cause_asserted_and_ruled_out_contradicts_and_never_merges() {
     let env = Env::new();

@@ -207,6 +207,9 @@ struct Cmp {
     value_conflict: bool,
     /// Within one dimension, each side has a value the other lacks.
     dim_conflict: bool,
+    /// As `dim_conflict`, but a value that rounds to the other side's coarser one
+    /// (`6.2%` / `6%`, `52%` / `50%`) does not count: a conflict a contradiction can rest on.
+    dim_apart: bool,
     /// Each side has an identifier the other lacks.
     id_conflict: bool,
     /// Different members of an exclusive class (cpu vs memory, p50 vs p99).
@@ -343,6 +346,45 @@ where
     (both, wa, wb, a_only, b_only)
 }
 
+/// Two value keys (as [`text::num_key`] writes them, with any unit after the number) name the
+/// same number, or the more precise one rounds to the coarser one at the coarser one's
+/// precision (`6.2%` / `6%`, `0.612` / `0.61`, `52` / `50`, never `412` / `421`).
+fn rounds_alike(a: &str, b: &str) -> bool {
+    if a == b {
+        return true;
+    }
+    let split = |k: &str| {
+        let end = k
+            .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-'))
+            .unwrap_or(k.len());
+        (k[..end].to_string(), k[end..].to_string())
+    };
+    let ((na, ua), (nb, ub)) = (split(a), split(b));
+    let (Ok(xa), Ok(xb)) = (na.parse::<f64>(), nb.parse::<f64>()) else {
+        return false;
+    };
+    if ua != ub || xa.signum() != xb.signum() {
+        return false;
+    }
+    // The step of a number as written: 0.01 for `6.25`, 1 for `6`, 10 for `50`.
+    let step = |n: &str| -> f64 {
+        match n.split_once('.') {
+            Some((_, d)) => 10f64.powi(-(d.len() as i32)),
+            None => {
+                let digits = n.trim_start_matches('-');
+                let zeros = digits.len() - digits.trim_end_matches('0').len();
+                10f64.powi(zeros.min(digits.len().saturating_sub(1)) as i32)
+            }
+        }
+    };
+    let (sa, sb) = (step(&na), step(&nb));
+    let (coarse, fine, s) = if sa >= sb { (xa, xb, sa) } else { (xb, xa, sb) };
+    if sa == sb {
+        return false;
+    }
+    ((fine / s).round() * s - coarse).abs() < s * 1e-6
+}
+
 fn compare(a: &Signature, b: &Signature, scope: &str) -> Cmp {
     let (ww, wa, wb, _, _) = overlap(&a.words, &b.words, |w| word_w(w, scope));
     let (sw, sa, sb, _, _) = overlap(&a.words, &b.words, |w| slot_w(w, scope));
@@ -386,6 +428,13 @@ fn compare(a: &Signature, b: &Signature, scope: &str) -> Cmp {
         })
     };
     let dim_conflict = one_way(a, b) && one_way(b, a);
+    let apart_way = |p: &Signature, q: &Signature| {
+        p.values.iter().any(|x| {
+            let mut comp = q.values.iter().filter(|y| compatible(x, y)).peekable();
+            comp.peek().is_some() && comp.all(|y| !rounds_alike(&x.key, &y.key))
+        })
+    };
+    let dim_apart = dim_conflict && apart_way(a, b) && apart_way(b, a);
     let mut class_conflict = false;
     for c in [
         text::Class::Resource,
@@ -404,6 +453,7 @@ fn compare(a: &Signature, b: &Signature, scope: &str) -> Cmp {
         slot: dice(sw + iw + cw, sa + ia + ca, sb + ib + cb),
         value_conflict: va_only && vb_only,
         dim_conflict,
+        dim_apart,
         id_conflict: ia_only && ib_only,
         class_conflict,
         neg_diff: a.negated != b.negated,

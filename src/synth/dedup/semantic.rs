@@ -35,7 +35,7 @@
 //!    slots are the evidence the cosine lacks).
 //! 5. Otherwise, a candidate about the same thing (cosine at least `related`, same
 //!    entities, identifiers, qualifiers and bound) that states another value of the same
-//!    dimension is a *change* when the two were observed more than `change_window_secs`
+//!    dimension (not one that rounds to the other's coarser value) is a *change* when the two were observed more than `change_window_secs`
 //!    apart (a later measurement supersedes the earlier one), and a *contradiction* when
 //!    they overlap in time.
 //! 6. With a [`Judge`] (the optional LLM step): when nothing merged, the nearest
@@ -345,7 +345,7 @@ impl Deduper {
             if cos < cfg.related || names || !cmps.iter().all(same_thing) {
                 continue;
             }
-            let by_value = cmps.iter().any(|c| c.dim_conflict);
+            let by_value = cmps.iter().any(|c| c.dim_apart);
             let by_polarity = cos >= cfg.polarity
                 && (ruled_vs_asserted || cmps.iter().any(|c| c.neg_diff && !c.value_conflict));
             if by_polarity {

@@ -146,9 +146,13 @@ pub(crate) fn minimal_pair(a: &Slots, b: &Slots) -> bool {
     if !small(&oa) || !small(&ob) || shared < 2 || shared < oa.len() + ob.len() {
         return false;
     }
+    // A number the wording states as a value is not an entity: `port 8080` / `port 3000`
+    // is one thing with two values (a contradiction or a change), not two things.
     let named = |x: &[&str], s: &Slots| {
-        x.iter()
-            .any(|t| s.entities.binary_search_by(|e| e.as_str().cmp(t)).is_ok())
+        x.iter().any(|t| {
+            s.entities.binary_search_by(|e| e.as_str().cmp(t)).is_ok()
+                && !s.sig.value_keys.iter().any(|k| k == t)
+        })
     };
     named(&oa, a) || named(&ob, b)
 }

@@ -480,3 +480,60 @@ fn past_exact_max_the_graph_is_rebuilt_in_insertion_order() {
         );
     }
 }
+
+/// Two readings of one value at two precisions (`6.2%` / `~6%`) are not a contradiction,
+/// nor a change; two readings that differ at the coarser precision are.
+#[test]
+fn a_value_and_its_rounded_form_do_not_contradict() {
+    let mut d = Deduper::new_semantic(DedupConfig::default());
+    let mut v = vec![0.0f32; 8];
+    v[0] = 1.0;
+    let f = d.add_fact("evidence", "checkout redis timeouts on 6.2% of requests");
+    d.add_vector(f, &v);
+    let at = crate::event::ts::Ts(1_000_000);
+    d.observe(f, at);
+    let c = d.classify_semantic(
+        "evidence",
+        "checkout redis timeouts on ~6% of requests",
+        &v,
+        at,
+        None,
+    );
+    assert!(c.contradicts.is_empty() && c.changes.is_empty(), "{c:?}");
+    let c = d.classify_semantic(
+        "evidence",
+        "checkout redis timeouts on 9% of requests",
+        &v,
+        at,
+        None,
+    );
+    assert_eq!(c.contradicts.len(), 1, "{c:?}");
+}
+
+#[test]
+fn a_value_that_rounds_to_a_coarser_one_is_alike() {
+    for (a, b) in [
+        ("6.2%", "6%"),
+        ("0.612", "0.61"),
+        ("52", "50"),
+        ("3400000", "3400000"),
+        ("9.81", "10"),
+    ] {
+        assert!(rounds_alike(a, b), "{a} / {b}");
+        assert!(rounds_alike(b, a), "{b} / {a}");
+    }
+    for (a, b) in [
+        ("412", "421"),
+        ("6.7%", "6%"),
+        ("2", "3"),
+        ("0.3", "0.5"),
+        ("55", "50"),
+        ("100%", "10%"),
+        ("6%", "6"),
+        ("-6", "6"),
+        ("6.2", "6.3"),
+    ] {
+        assert!(!rounds_alike(a, b), "{a} / {b}");
+        assert!(!rounds_alike(b, a), "{b} / {a}");
+    }
+}
