@@ -516,6 +516,18 @@ impl RunLog {
         }
     }
 
+    /// The error of an append whose write group panicked after its `pwrite`: its frame
+    /// may be in the file, so whether it is stored is unknown (see `write_group`).
+    pub(super) fn panicked_after_write(&self) -> Error {
+        Error::Io {
+            op: "write",
+            path: self.dir.clone(),
+            source: std::io::Error::other(
+                "a write group of this run failed (a bug: it panicked) after its write: whether this append is stored is unknown (read the run, or append again with the same id)",
+            ),
+        }
+    }
+
     pub(super) fn note_batch_write(
         self: &Arc<Self>,
         end: Pos,

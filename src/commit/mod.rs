@@ -187,6 +187,9 @@ struct Writer {
     rules: Rules,
     /// The group being written holds an engine event recorded by a refused request.
     recorded: bool,
+    /// The group being written reached its `pwrite` (a panic after it leaves the
+    /// outcome of its appends unknown, not "wrote nothing").
+    group_written: bool,
     /// Nothing below is valid until `loaded`.
     loaded: bool,
     /// Where the last `load` found acknowledged bytes damaged or missing (at the end of
@@ -501,6 +504,29 @@ mod tests {
         assert_eq!(seqs(&a, "r", Visibility::Visible), vec![1, 2]);
         let c = store(&mem, 1 << 20);
         assert_eq!(c.append("r", ev(), Durability::Sync).unwrap().seq, 3);
+    }
+
+    /// A write group that panics after its `pwrite` answers its appends with an unknown
+    /// outcome, not `Poisoned` ("wrote nothing"): the frame is whole in the file, and
+    /// another handle (another process, in effect) finds it there and goes on after it.
+    #[test]
+    fn a_write_group_that_panics_after_its_write_has_an_unknown_outcome() {
+        let mem = MemStorage::new();
+        let (a, b) = (store(&mem, 1 << 20), store(&mem, 1 << 20));
+        let ev = || NewEvent::new("x", EventType::Evidence, "e");
+        a.append("r", ev(), Durability::Sync).unwrap();
+        let dir = a.writer("r", "anonymous").unwrap().dir.clone();
+        *super::lock(&super::writer::PANIC_AFTER_NEXT_WRITE) = Some(dir);
+        let r = a.append("r", ev(), Durability::Sync);
+        assert!(
+            matches!(&r, Err(Error::Io { source, .. }) if source.to_string().contains("unknown")),
+            "{r:?}"
+        );
+        assert!(super::lock(&super::writer::PANIC_AFTER_NEXT_WRITE).is_none());
+        let r = a.append("r", ev(), Durability::Sync);
+        assert!(matches!(r, Err(Error::Poisoned(_))), "{r:?}");
+        assert_eq!(b.append("r", ev(), Durability::Sync).unwrap().seq, 3);
+        assert_eq!(seqs(&b, "r", Visibility::Visible), vec![1, 2, 3]);
     }
 
     /// A run being archived (its tombstone written, its segments removed, `SYNCED` and

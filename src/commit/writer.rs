@@ -45,6 +45,12 @@ fn archived(run: &str) -> Error {
 pub(super) static PANIC_IN_NEXT_GROUP: std::sync::Mutex<Option<std::path::PathBuf>> =
     std::sync::Mutex::new(None);
 
+/// A test's way to make the next write group of the run in this directory panic right
+/// after its `pwrite`.
+#[cfg(test)]
+pub(super) static PANIC_AFTER_NEXT_WRITE: std::sync::Mutex<Option<std::path::PathBuf>> =
+    std::sync::Mutex::new(None);
+
 impl RunLog {
     /// Opens (creating when `create` is set) the run's directory and files. Does not read
     /// the log yet: that happens under the lock at the first append.
@@ -97,6 +103,7 @@ impl RunLog {
                 lock_file,
                 rules: Rules::default(),
                 recorded: false,
+                group_written: false,
                 loaded: false,
                 damage: None,
                 seg_base: 0,
@@ -470,10 +477,14 @@ impl RunLog {
         }
         // A panic in the group (a bug) must neither leave `LOCK` held by this process
         // (every writer of the run would wait until the `Store` is dropped) nor leave the
-        // group's waiters and the next leader waiting for ever. Its outcome is unknown
-        // and this writer's view may be half-updated, so it stops as after a failed
-        // fsync: poisoned (every later append here refused; other processes, and a new
-        // `Store`, go on from the log), the lock let go, the group answered `Poisoned`.
+        // group's waiters and the next leader waiting for ever. This writer's view may be
+        // half-updated, so it stops as after a failed fsync: poisoned (every later
+        // append here refused; other processes, and a new `Store`, go on from the log),
+        // the lock let go. The group is answered `Poisoned` (wrote nothing) if it
+        // panicked before its `pwrite`; after it, its frames may be in the file and be
+        // made durable by any later fsync, so the outcome is unknown (a caller that took
+        // `Poisoned` at its word and appended again without an id would store it twice).
+        w.group_written = false;
         let results = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.write_group_locked(&mut w, reqs)
         }));
@@ -485,7 +496,11 @@ impl RunLog {
                 w.loaded = false;
                 let _ = w.lock_file.unlock();
                 for s in &slots {
-                    *lock(&s.result) = Some(Err(Error::Poisoned(self.run_id.clone())));
+                    *lock(&s.result) = Some(Err(if w.group_written {
+                        self.panicked_after_write()
+                    } else {
+                        Error::Poisoned(self.run_id.clone())
+                    }));
                 }
                 return;
             }
@@ -567,7 +582,16 @@ impl RunLog {
         if !buf.is_empty() {
             let seg_path = segment::segment_path(&self.dir, w.seg_base);
             self.preallocate(w, start + buf.len() as u64, buf.len() as u64, &seg_path);
-            if let Err(e) = w.seg.write_all_at(&buf, start).ctx("write", &seg_path) {
+            w.group_written = true;
+            let written = w.seg.write_all_at(&buf, start).ctx("write", &seg_path);
+            #[cfg(test)]
+            if lock(&PANIC_AFTER_NEXT_WRITE)
+                .take_if(|d| *d == self.dir)
+                .is_some()
+            {
+                panic!("a write group panics after its write (injected by a test)");
+            }
+            if let Err(e) = written {
                 // Remove whatever part of the group reached the file, so that no
                 // unacknowledged bytes stay behind a later append.
                 if w.seg.set_len(start).is_err() {
