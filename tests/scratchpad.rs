@@ -851,6 +851,59 @@ fn quoting_events_and_facts_follow_the_read_policy() {
     assert!(!hits("db").contains("SECRETHYPO"), "{}", hits("db"));
 }
 
+/// The board shows an agent nothing of the entries its policy hides: beside a subject
+/// whose latest entry it may read, `writes`, `history`, `hypotheses` and `blocked_by`
+/// counted and listed the seqs of hypotheses, decisions and escalations hidden from it.
+#[test]
+fn board_counts_and_lists_only_entries_the_reader_may_read() {
+    use swarm_memory::fold::rules::Policy;
+    use swarm_memory::{Durability, EventType, NewEvent};
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = alice_store(dir.path());
+    let add = |agent: &str, kind: EventType, text: &str| {
+        let mut e = NewEvent::new(agent, kind, text.to_string());
+        e.subject = Some("db".to_string());
+        e.confidence = Some(0.5);
+        store.append("r", e, Durability::None)
+    };
+    let policy: Policy = serde_json::from_value(json!({
+        "permissions": {
+            "lead": {"read_types": ["*"], "write_types": ["*"], "admin": true},
+            "ops": {"read_types": ["*"], "write_types": ["*"]},
+            "db": {"read_types": ["evidence"], "write_types": ["evidence"]}
+        }
+    }))
+    .unwrap();
+    store.set_policy("r", "lead", &policy).unwrap();
+    let e1 = add("db", EventType::Evidence, "pool at 40").unwrap().seq;
+    add("lead", EventType::Hypothesis, "vendor breach").unwrap();
+    add("lead", EventType::Decision, "fail over").unwrap();
+    // Contradicts the lead's decision: escalated, the subject blocked.
+    let _ = add("ops", EventType::Decision, "keep it");
+    let e2 = add("db", EventType::Evidence, "pool at 41").unwrap().seq;
+
+    let entry = |reader: Option<&str>, full: bool| {
+        let b = store.board_with("r", reader, Some("db"), full).unwrap();
+        assert_eq!(b.len(), 1);
+        b.into_iter().next().unwrap()
+    };
+    let lead = entry(Some("lead"), true);
+    assert_eq!(lead.writes, 5);
+    assert_eq!(lead.hypotheses.len(), 1);
+    assert!(lead.blocked_by.is_some());
+    for full in [false, true] {
+        let db = entry(Some("db"), full);
+        assert_eq!(db.version, e2);
+        assert_eq!(db.writes, 2, "{db:?}");
+        assert_eq!(db.history, [e1, e2], "{db:?}");
+        assert!(db.hypotheses.is_empty(), "{db:?}");
+        assert_eq!(db.blocked_by, None, "{db:?}");
+    }
+    // Unfiltered (the CLI as the user) and an agent shown everything see it all.
+    assert_eq!(entry(None, false).history, lead.history);
+}
+
 /// The engine events an agent writes itself follow the run's policy too: an agent not
 /// shown hypotheses cannot prune (the summary quotes them and is answered to its writer),
 /// pick or resolve (they name hypotheses, decisions, their agents and seqs); only an admin

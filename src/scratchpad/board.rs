@@ -44,6 +44,21 @@ pub struct BoardEntry {
     pub blocked_by: Option<u64>,
 }
 
+/// The type of the client entry at `seq` on some subject: the fold keeps every
+/// hypothesis, decision and action by seq; any other subject entry is evidence.
+fn entry_kind(s: &State, seq: u64) -> EventType {
+    let is = |v: &[Event]| v.binary_search_by_key(&seq, |e| e.seq).is_ok();
+    if s.hypotheses.contains_key(&seq) {
+        EventType::Hypothesis
+    } else if is(&s.decisions) {
+        EventType::Decision
+    } else if is(&s.actions) {
+        EventType::ActionTaken
+    } else {
+        EventType::Evidence
+    }
+}
+
 /// What `pick` did.
 #[derive(Clone, Debug, Serialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
@@ -176,7 +191,8 @@ impl Store {
 
     /// The board: each subject's authoritative (latest) entry, its version, its evidence
     /// links, its number of writes and its [`BOARD_HISTORY`] latest seqs. With a
-    /// `reader`, subjects whose latest entry's type the reader may not see are left out.
+    /// `reader`, subjects whose latest entry's type the reader may not see are left out,
+    /// and the others count and list only the entries (and escalation) it may see.
     pub fn board(
         &self,
         run: &str,
@@ -204,18 +220,39 @@ impl Store {
             if reader.is_some_and(|r| !s.rules.may_read_type(r, st.latest.kind)) {
                 continue;
             }
+            // A reader learns nothing of the entries it may not read, not even their seqs
+            // or how many there are: `writes`, `history`, `hypotheses` and `blocked_by`
+            // count and list only entries of types it is shown.
+            let shown = |k: EventType| reader.is_none_or(|r| s.rules.may_read_kind(r, k));
+            let seqs: Vec<u64> = match EventType::ALL.iter().all(|k| shown(*k)) {
+                true => st.seqs.clone(),
+                false => st
+                    .seqs
+                    .iter()
+                    .copied()
+                    .filter(|q| shown(entry_kind(&s, *q)))
+                    .collect(),
+            };
             out.push(BoardEntry {
                 subject: name.clone(),
                 version: st.latest.seq,
                 value: st.latest.clone(),
                 refs: st.latest.refs.clone(),
-                writes: st.seqs.len(),
+                writes: seqs.len(),
                 history: match full_history {
-                    true => st.seqs.clone(),
-                    false => st.seqs[st.seqs.len().saturating_sub(BOARD_HISTORY)..].to_vec(),
+                    true => seqs,
+                    false => seqs[seqs.len().saturating_sub(BOARD_HISTORY)..].to_vec(),
                 },
-                hypotheses: st.hypotheses.clone(),
-                blocked_by: s.rules.subjects.get(name).and_then(|r| r.blocked_by),
+                hypotheses: match shown(EventType::Hypothesis) {
+                    true => st.hypotheses.clone(),
+                    false => Vec::new(),
+                },
+                blocked_by: s
+                    .rules
+                    .subjects
+                    .get(name)
+                    .and_then(|r| r.blocked_by)
+                    .filter(|_| shown(EventType::Escalation)),
             });
         }
         if let (Some(x), true) = (subject, out.is_empty()) {
