@@ -904,6 +904,73 @@ fn board_counts_and_lists_only_entries_the_reader_may_read() {
     assert_eq!(entry(None, false).history, lead.history);
 }
 
+/// An agent that may write a channel but not read it learns neither the channel's version
+/// nor its size from a refused write: the conflict and the size errors named both. A
+/// reader of the channel keeps the detailed errors.
+#[test]
+fn channel_errors_hide_version_and_size_from_a_writer_that_may_not_read() {
+    use swarm_memory::fold::rules::{ChannelDecl, ChannelKind, ConflictPolicy, Policy};
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = alice_store(dir.path());
+    let policy: Policy = serde_json::from_value(json!({
+        "permissions": {
+            "lead": {"read_types": ["*"], "write_types": ["*"], "read_channels": ["*"],
+                     "write_channels": ["*"], "admin": true},
+            "drop": {"read_types": ["*"], "write_channels": ["*"]}
+        }
+    }))
+    .unwrap();
+    store.set_policy("r", "lead", &policy).unwrap();
+    for (name, kind) in [("cas", ChannelKind::Replace), ("log", ChannelKind::Append)] {
+        let decl = ChannelDecl {
+            channel: name.into(),
+            kind,
+            on_conflict: ConflictPolicy::Reject,
+            max_size_kb: 1,
+        };
+        store.declare_channel("r", "lead", &decl).unwrap();
+    }
+    let v1 = store
+        .write_channel("r", "lead", "cas", json!("a"), Some(0))
+        .unwrap()
+        .seq;
+    let v2 = store
+        .write_channel("r", "lead", "cas", json!("b"), Some(v1))
+        .unwrap()
+        .seq;
+    let log = store
+        .write_channel("r", "lead", "log", json!("x".repeat(700)), Some(0))
+        .unwrap()
+        .seq;
+    let stale = |agent: &str| {
+        store
+            .write_channel("r", agent, "cas", json!("c"), Some(v1))
+            .unwrap_err()
+            .to_string()
+    };
+    let big = |agent: &str| {
+        store
+            .write_channel("r", agent, "log", json!("y".repeat(400)), Some(log))
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(
+        stale("lead").contains(&format!("version {v2}")),
+        "{}",
+        stale("lead")
+    );
+    assert!(big("lead").contains("bytes"), "{}", big("lead"));
+    let (s, b) = (stale("drop"), big("drop"));
+    assert!(s.contains("not at the version"), "{s}");
+    assert!(!s.contains(&v2.to_string()), "{s}");
+    assert!(b.contains("size limit"), "{b}");
+    assert!(
+        !b.contains("bytes") && !b.chars().any(|c| c.is_ascii_digit()),
+        "{b}"
+    );
+}
+
 /// The engine events an agent writes itself follow the run's policy too: an agent not
 /// shown hypotheses cannot prune (the summary quotes them and is answered to its writer),
 /// pick or resolve (they name hypotheses, decisions, their agents and seqs); only an admin

@@ -715,14 +715,19 @@ impl Rules {
             &mut next,
             &w.value,
         );
+        // The channel's version and size are its state: only for a writer that may read it.
+        let reads = self.may_read_channel(e.agent, &w.channel);
         let size = serde_json::to_vec(&next).map_or(usize::MAX, |b| b.len()) as u64;
         if size > ch.decl.max_size_kb * 1024 {
             return Err(Error::invalid(
                 "value",
-                format!(
-                    "channel {:?} would hold {size} bytes, limit {} KiB",
-                    w.channel, ch.decl.max_size_kb
-                ),
+                match reads {
+                    true => format!(
+                        "channel {:?} would hold {size} bytes, limit {} KiB",
+                        w.channel, ch.decl.max_size_kb
+                    ),
+                    false => format!("channel {:?} would exceed its size limit", w.channel),
+                },
             ));
         }
         if stale {
@@ -736,14 +741,21 @@ impl Rules {
             };
             let v = serde_json::to_value(&rec).unwrap_or(Value::Null);
             if ch.decl.on_conflict == ConflictPolicy::Reject {
-                fx.refuse = Some(Error::Conflict(format!(
-                    "channel {:?} is at version {}, the write was based on {} (policy reject); \
-                     recorded as a conflict event",
-                    w.channel,
-                    ch.version,
-                    w.base_version
-                        .map_or("nothing".to_string(), |b| b.to_string()),
-                )));
+                fx.refuse = Some(Error::Conflict(match reads {
+                    true => format!(
+                        "channel {:?} is at version {}, the write was based on {} (policy reject); \
+                         recorded as a conflict event",
+                        w.channel,
+                        ch.version,
+                        w.base_version
+                            .map_or("nothing".to_string(), |b| b.to_string()),
+                    ),
+                    false => format!(
+                        "channel {:?} is not at the version the write was based on (policy \
+                         reject); recorded as a conflict event",
+                        w.channel
+                    ),
+                }));
             }
             fx.after.push((EventType::Conflict, v));
         }

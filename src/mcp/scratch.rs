@@ -141,7 +141,7 @@ pub fn pick(s: &Session, a: PickArgs) -> ToolResult {
 }
 
 /// `write_channel`: a stale base on a `reject` channel is a conflict naming the current
-/// version.
+/// version (to an agent that may read the channel).
 pub fn write_channel(s: &Session, a: WriteChannelArgs) -> ToolResult {
     let agent = s.agent(a.agent.as_deref())?;
     match s
@@ -149,13 +149,11 @@ pub fn write_channel(s: &Session, a: WriteChannelArgs) -> ToolResult {
         .write_channel(&a.run, &agent, &a.channel, a.value, a.base_version)
     {
         Ok(e) => Ok(json!({"stored": e, "version": e.seq})),
-        Err(e @ Error::Conflict(_)) => {
-            let current = s
-                .store
-                .channel(&a.run, Some(&agent), &a.channel)
-                .map_or(0, |c| c.version);
-            Err(ToolError::from(e).with("current_version", current))
-        }
+        // The current version only for an agent that may read the channel.
+        Err(e @ Error::Conflict(_)) => match s.store.channel(&a.run, Some(&agent), &a.channel) {
+            Ok(c) => Err(ToolError::from(e).with("current_version", c.version)),
+            Err(_) => Err(e.into()),
+        },
         Err(e) => Err(e.into()),
     }
 }
