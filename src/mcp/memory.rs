@@ -119,10 +119,13 @@ pub fn complete(s: &Session, a: CompleteArgs) -> ToolResult {
                     p.scope == "private"
                         && p.item.symptom_type == crate::synth::patterns::slugify(&a.symptom)
                 });
-            out["learning"] = json!({
-                "facts_new": r.facts_new, "facts_total": r.facts_total,
-                "shared_copies": r.shared_copies, "pattern": pattern,
-            });
+            out["learning"] = json!({"facts_new": r.facts_new, "pattern": pattern});
+            // Figures over all the user's runs (facts in the log, copies re-sent for
+            // earlier runs) would tell an agent of runs it may not read: an admin's only.
+            if s.admin {
+                out["learning"]["facts_total"] = json!(r.facts_total);
+                out["learning"]["shared_copies"] = json!(r.shared_copies);
+            }
             if pattern_missing(&out) {
                 out["learning"]["note"] = json!("no pattern: a pattern needs a symptom, a root cause and at least one successful tool call in the run (track_tool_call)");
             }
@@ -420,4 +423,54 @@ pub fn anti_patterns(s: &Session, a: AntiArgs) -> ToolResult {
         .filter(|p| a.of_agent.as_ref().is_none_or(|x| *x == p.agent))
         .collect();
     Ok(json!({"run": a.run, "tool_calls": calls, "anti_patterns": found}))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::store::Store;
+
+    /// `complete_investigation` answered an agent `facts_total`, the facts of all the
+    /// user's runs, runs the agent may not read included; an admin session keeps it.
+    #[test]
+    fn complete_tells_an_agent_no_totals_over_other_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("data"))
+            .unwrap()
+            .with_user("alice", false)
+            .unwrap();
+        let store = Arc::new(store);
+        let finding = |run: &str, text: &str| {
+            let mut e = NewEvent::new("lead", EventType::Evidence, text.to_string());
+            e.subject = Some(format!("{run}-db"));
+            store.append(run, e, Durability::Sync).unwrap();
+        };
+        for (i, text) in ["disk full on ingest", "cert expired on edge", "dns flap"]
+            .iter()
+            .enumerate()
+        {
+            finding(&format!("other{i}"), text);
+        }
+        store.synth(&SynthOptions::default(), |_| {}).unwrap();
+        let complete_as = |admin: bool, run: &str| {
+            finding(run, "pool exhausted at 40");
+            let s = Session::new(store.clone(), vec!["lead".into()])
+                .unwrap()
+                .with_admin(admin);
+            let a: CompleteArgs = serde_json::from_value(json!({
+                "run": run, "symptom": "slow_checkout", "root_cause": "pool",
+                "resolution": "raised the pool",
+            }))
+            .unwrap();
+            complete(&s, a).unwrap()["learning"].clone()
+        };
+        let agent = complete_as(false, "r");
+        assert!(agent["facts_new"].as_u64().is_some(), "{agent}");
+        assert!(agent.get("facts_total").is_none(), "{agent}");
+        assert!(agent.get("shared_copies").is_none(), "{agent}");
+        let admin = complete_as(true, "r2");
+        assert!(admin["facts_total"].as_u64().unwrap() > 3, "{admin}");
+    }
 }

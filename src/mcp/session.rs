@@ -26,6 +26,10 @@ pub struct Session {
     pub embedder: Option<Arc<dyn crate::embed::Embedder>>,
     /// Why there is no model (said in `search_memory`'s answer).
     pub no_model_reason: String,
+    /// Whether the caller is the user's admin (an `admin` token): shown figures over all
+    /// the user's runs (`complete_investigation`'s `facts_total`). `false` by default:
+    /// an agent's session is shown figures of the runs it acts on only.
+    pub admin: bool,
 }
 
 impl Session {
@@ -47,7 +51,14 @@ impl Session {
             agents,
             embedder: None,
             no_model_reason: MCP_LEXICAL_REASON.to_string(),
+            admin: false,
         })
+    }
+
+    /// The session as the user's admin (`true`: an `admin` token) or an agent's.
+    pub fn with_admin(mut self, admin: bool) -> Session {
+        self.admin = admin;
+        self
     }
 
     /// The session with an embedding model for `search_memory` (`None`: lexical, with

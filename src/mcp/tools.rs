@@ -153,7 +153,8 @@ tools! {
     /// the run (no more writes), and runs the synthesizer on it so its findings become
     /// facts and its successful tool sequence becomes a pattern (a sanitized copy is
     /// shared with other users, by the user's settings). Returns the decision, the closed
-    /// run and what was learned.
+    /// run and what was learned ({facts_new, pattern}; an admin token also gets
+    /// facts_total and shared_copies, figures over all the user's runs).
     #[tool]
     complete_investigation(CompleteArgs) => memory::complete;
 

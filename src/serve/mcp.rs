@@ -30,6 +30,7 @@ use crate::mcp::session::{Authority, Session};
 use crate::serve::app::App;
 use crate::serve::extract::Identity;
 use crate::serve::problem::Problem;
+use crate::serve::token::Role;
 
 /// Live MCP sessions at most (each holds a task and a channel); a new one past it is
 /// refused with 503 until one ends or idles out.
@@ -200,7 +201,10 @@ async fn admit(State(g): State<Gate>, req: Request, next: Next) -> Response {
         Err(p) => return p.into_response(),
     };
     let session = match Session::new(id.store, id.token.agents.clone()) {
-        Ok(s) => Arc::new(s.with_model(embedder, g.app.vectors.reason().to_string())),
+        Ok(s) => Arc::new(
+            s.with_model(embedder, g.app.vectors.reason().to_string())
+                .with_admin(id.token.role == Role::Admin),
+        ),
         Err(e) => return Problem::from(e).into_response(),
     };
     parts.extensions.insert(session);
