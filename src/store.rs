@@ -321,6 +321,19 @@ impl Store {
         &self.root
     }
 
+    /// `p` as a message that may reach a remote client shows it: relative to the data,
+    /// checkpoint or archive directory it lies under (`alice/r/SYNCED`), else its file
+    /// name; never the server's absolute path.
+    pub(crate) fn shown_path(&self, p: &Path) -> String {
+        [&self.root, &self.ck_root, &self.archive_root]
+            .iter()
+            .find_map(|r| p.strip_prefix(r).ok())
+            .or_else(|| p.file_name().map(Path::new))
+            .unwrap_or(p)
+            .display()
+            .to_string()
+    }
+
     /// The storage backend.
     pub fn storage(&self) -> &Arc<dyn Storage> {
         &self.storage
@@ -567,11 +580,11 @@ impl Store {
         match before {
             None => report.rebuilt.push(format!(
                 "{}: missing; rebuilt from the log's frames",
-                synced.display()
+                self.shown_path(&synced)
             )),
             Some(Err(_)) => report.rebuilt.push(format!(
                 "{}: unreadable; rebuilt from the log's frames",
-                synced.display()
+                self.shown_path(&synced)
             )),
             Some(Ok(_)) => {}
         }
@@ -583,12 +596,13 @@ impl Store {
             match checkpoint::load(&*self.storage, &p) {
                 Err(e) => report.rebuilt.push(format!(
                     "{}: damaged ({e}); ignored, the next checkpoint replaces it",
-                    p.display()
+                    self.shown_path(&p)
                 )),
                 Ok((_, info)) if !checkpoint::matches_log(&*self.storage, &run_dir, &info)? => {
-                    report
-                        .rebuilt
-                        .push(format!("{}: does not match the log; ignored", p.display()))
+                    report.rebuilt.push(format!(
+                        "{}: does not match the log; ignored",
+                        self.shown_path(&p)
+                    ))
                 }
                 Ok(_) => {}
             }

@@ -971,6 +971,44 @@ fn channel_errors_hide_version_and_size_from_a_writer_that_may_not_read() {
     );
 }
 
+/// Messages a remote client gets (over HTTP and MCP) name no absolute path of the server:
+/// an append to or a second close of an archived run said "archived at /abs/…", and
+/// verify's `rebuilt` named the `SYNCED` file by its absolute path.
+#[test]
+fn messages_name_paths_relative_to_the_data_and_archive_dirs() {
+    use swarm_memory::{Durability, EventType, NewEvent};
+
+    let dir = tempfile::tempdir().unwrap();
+    let abs = dir.path().to_string_lossy().into_owned();
+    let store = alice_store(dir.path());
+    let add = |run: &str| {
+        let e = NewEvent::new("lead", EventType::Evidence, "pool at 40".to_string());
+        store.append(run, e, Durability::Sync)
+    };
+    add("r").unwrap();
+    add("v").unwrap();
+    store.close_run("r", "lead").unwrap();
+    // A process that never wrote the run (this one refuses it from its cached log).
+    let other = alice_store(dir.path());
+    let e = NewEvent::new("lead", EventType::Evidence, "pool at 41".to_string());
+    let appended = other
+        .append("r", e, Durability::Sync)
+        .unwrap_err()
+        .to_string();
+    assert!(appended.contains("r.swarc"), "{appended}");
+    assert!(!appended.contains(&abs), "{appended}");
+    let closed = store.close_run("r", "lead").unwrap_err().to_string();
+    assert!(
+        closed.contains("r.swarc") && !closed.contains(&abs),
+        "{closed}"
+    );
+
+    std::fs::remove_file(store.run_dir("v").unwrap().join("SYNCED")).unwrap();
+    let rebuilt = store.verify("v", |_| {}).unwrap().rebuilt.join("; ");
+    assert!(rebuilt.contains("alice/v/SYNCED: missing"), "{rebuilt}");
+    assert!(!rebuilt.contains(&abs), "{rebuilt}");
+}
+
 /// The engine events an agent writes itself follow the run's policy too: an agent not
 /// shown hypotheses cannot prune (the summary quotes them and is answered to its writer),
 /// pick or resolve (they name hypotheses, decisions, their agents and seqs); only an admin

@@ -342,7 +342,7 @@ impl Store {
             if let Some(p) = self.archived(run)? {
                 return Err(Error::Forbidden(format!(
                     "run {run:?} is closed and archived at {}",
-                    p.display()
+                    self.shown_path(&p)
                 )));
             }
         }

@@ -322,7 +322,7 @@ impl Store {
         if let Some(p) = self.tombstone(run)? {
             return Err(Error::Forbidden(format!(
                 "run {run:?} is already archived at {}",
-                p.display()
+                self.shown_path(&p)
             )));
         }
         let state = self.head_state(run)?.state;

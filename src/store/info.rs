@@ -90,7 +90,7 @@ impl Store {
                 damaged.get_or_insert_with(|| {
                     format!(
                         "damaged bytes at {} byte {} (seq {}): {}; see swarm verify",
-                        s.segment.display(),
+                        self.shown_path(&s.segment),
                         s.offset,
                         s.seq,
                         s.reason
