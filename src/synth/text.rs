@@ -116,6 +116,9 @@ pub enum Class {
     /// States a thing is counted in: pending, ready, unacked, unassigned, relocating,
     /// terminating, idle, busy, ... ("3 pods pending" is not "3 pods evicted").
     State,
+    /// Deployment environments: prod, staging, canary, dev, sandbox ("2.14.1 deployed to
+    /// canary" is not "2.14.1 deployed to staging").
+    Environment,
 }
 
 /// The comparison signature of a finding: what [`crate::synth::dedup`] scores.
@@ -295,6 +298,9 @@ pub fn signature(text: &str) -> Signature {
                     }
                     if is_state(&c) {
                         sig.classes.push((Class::State, c.clone()));
+                    }
+                    if let Some(env) = environment(w) {
+                        sig.classes.push((Class::Environment, env.to_string()));
                     }
                     if c == "median" {
                         sig.classes.push((Class::Percentile, "p50".to_string()));
@@ -1009,6 +1015,18 @@ fn synonyms() -> &'static std::collections::HashMap<String, &'static str> {
 
 /// Canonical words naming the state counted things are in (exclusive: a count of pending
 /// pods is not a count of evicted ones).
+/// The deployment environment a word names, in one form.
+fn environment(w: &str) -> Option<&'static str> {
+    Some(match w {
+        "prod" | "production" | "prd" => "prod",
+        "staging" | "stg" => "staging",
+        "canary" | "canaries" => "canary",
+        "dev" | "development" => "dev",
+        "sandbox" => "sandbox",
+        _ => return None,
+    })
+}
+
 fn is_state(c: &str) -> bool {
     matches!(
         c,

@@ -440,6 +440,7 @@ fn compare(a: &Signature, b: &Signature, scope: &str) -> Cmp {
         text::Class::Resource,
         text::Class::Percentile,
         text::Class::State,
+        text::Class::Environment,
     ] {
         let mut ca = a.classes.iter().filter(|x| x.0 == c).map(|x| x.1.as_str());
         let cb = || b.classes.iter().filter(|x| x.0 == c).map(|x| x.1.as_str());

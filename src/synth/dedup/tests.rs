@@ -537,3 +537,35 @@ fn a_value_that_rounds_to_a_coarser_one_is_alike() {
         assert!(!rounds_alike(b, a), "{b} / {a}");
     }
 }
+
+/// Deployment environments are exclusive qualifiers: the same release in canary and in
+/// staging (or prod) is two facts however close the meaning; one side naming none is
+/// no conflict.
+#[test]
+fn two_environments_are_two_facts() {
+    let ts = crate::event::ts::Ts(0);
+    let mut v = vec![0.0f32; 8];
+    v[0] = 1.0;
+    let merges = |a: &str, b: &str| {
+        let mut d = Deduper::new_semantic(DedupConfig::default());
+        let f = d.add_fact("action_taken", a);
+        d.add_vector(f, &v);
+        d.classify_semantic("action_taken", b, &v, ts, None).matched != Match::New
+    };
+    assert!(!merges(
+        "deployed search-api v2.14.1 -> canary",
+        "search-api 2.14.1 was deployed to the staging environment"
+    ));
+    assert!(!merges(
+        "checkout-api running 3.0.0-rc1 in canary",
+        "checkout-api 3.0.0-rc1 is live in production"
+    ));
+    assert!(merges(
+        "checkout-api running 3.0.0-rc1 in prod",
+        "checkout-api 3.0.0-rc1 is live in production"
+    ));
+    assert!(merges(
+        "deployed search-api v2.14.1 to canary",
+        "search-api 2.14.1 went out"
+    ));
+}
