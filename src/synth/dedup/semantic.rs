@@ -44,7 +44,9 @@
 
 use crate::event::ts::Ts;
 use crate::synth::dedup::ann;
-use crate::synth::dedup::slots::{minimal_pair, names_conflict, share_anchor, Slots, Stance};
+use crate::synth::dedup::slots::{
+    causes_differ, minimal_pair, names_conflict, share_anchor, Slots, Stance,
+};
 use crate::synth::dedup::{compare, Classified, Cmp, Deduper, FactIdx, Judge, Match};
 use crate::synth::text;
 
@@ -287,9 +289,9 @@ impl Deduper {
             let stances: Vec<Stance> = theirs.iter().map(|w| w.stance).collect();
             // Slots that tell two things apart: different proper names, or the same wording
             // but for an entity (a look-alike).
-            let names = theirs
-                .iter()
-                .any(|w| names_conflict(&mine, w) || minimal_pair(&mine, w));
+            let names = theirs.iter().any(|w| {
+                names_conflict(&mine, w) || minimal_pair(&mine, w) || causes_differ(&mine, w)
+            });
             // A statement without a marker says nothing of its stance: only two marked
             // stances that differ keep statements apart.
             let stance_differs = stances

@@ -41,6 +41,8 @@ pub(crate) struct Slots {
     pub(crate) entities: Vec<String>,
     /// Where the statement stands.
     pub(crate) stance: Stance,
+    /// A causal claim's two sides, as content words: (what happened, its cause).
+    pub(crate) cause: Option<(Vec<String>, Vec<String>)>,
 }
 
 impl Slots {
@@ -52,6 +54,7 @@ impl Slots {
             names: proper_names(text),
             entities: entities(&m),
             stance: stance(text),
+            cause: cause(text),
         }
     }
 
@@ -132,6 +135,60 @@ fn unique_tokens<'a>(a: &'a Signature, b: &'a Signature) -> (Vec<&'a str>, Vec<&
             .collect()
     };
     (keep(&oa, &ob), keep(&ob, &oa), shared)
+}
+
+/// The two sides of a causal claim (`X was caused by Y`, `X due to Y`, `root cause of X:
+/// Y`, `Y is behind X`, `Y turns out to be what broke X`), each as its content words
+/// (words other than the claim's own: `issue`, `cause`...), when the wording makes one.
+fn cause(text: &str) -> Option<(Vec<String>, Vec<String>)> {
+    static PATTERNS: std::sync::OnceLock<[Regex; 3]> = std::sync::OnceLock::new();
+    let [effect_first, root, cause_first] = PATTERNS.get_or_init(|| {
+        [
+            re(r"^(?P<e>.*?)\b(?:caused by|due to|because of|comes? down to|came down to|stems? from|stemm(?:ed|ing) from|traced (?:back )?to|triggered by|the result of)\b(?P<c>.*)$"),
+            re(r"\b(?:root[- ]cause|rc)\b(?:\s+(?:of|for)\s+(?P<e>.*?))?\s*(?:\bis\b|\bwas\b|:|=)\s*(?P<c>.*)$"),
+            re(r"^(?P<c>.*?)\b(?:is|was|are|were|be)\s+(?:what (?:broke|caused|is causing|was causing)|behind|the (?:root )?cause of|responsible for|hurting|breaking)\b(?P<e>.*)$"),
+        ]
+    });
+    let t = text.to_lowercase();
+    let (e, c) = [effect_first, root, cause_first].iter().find_map(|r| {
+        r.captures(&t).map(|m| {
+            let side = |k: &str| m.name(k).map_or("", |x| x.as_str()).to_string();
+            (side("e"), side("c"))
+        })
+    })?;
+    #[rustfmt::skip]
+    const CLAIM: &[&str] = &[
+        "issue", "issu", "problem", "trouble", "troubl", "incident", "impact", "cause", "caus",
+        "root", "rc", "theory", "theori", "hypothesis", "hypothesi", "confirm", "suspect",
+        "work", "turn", "out", "dig", "digg", "after", "found", "think", "might", "may",
+        "could", "seem", "appear", "likely", "probabl", "check", "need", "my",
+    ];
+    let words = |x: &str| -> Vec<String> {
+        let sig = text::signature(x);
+        let mut v: Vec<String> = sig
+            .words
+            .into_iter()
+            .chain(sig.ids)
+            .chain(sig.names)
+            .filter(|w| !CLAIM.contains(&w.as_str()))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let (e, c) = (words(&e), words(&c));
+    (!c.is_empty()).then_some((e, c))
+}
+
+/// Two causal claims whose causes share no word (`... caused by CPU contention` / `...
+/// caused by a hot partition`), or whose effects share none when both name one (`GC
+/// pauses behind the search release` / `GC pauses hurting partner handshakes`): two claims.
+pub(crate) fn causes_differ(a: &Slots, b: &Slots) -> bool {
+    let (Some((ea, ca)), Some((eb, cb))) = (&a.cause, &b.cause) else {
+        return false;
+    };
+    let disjoint = |x: &[String], y: &[String]| !x.iter().any(|w| y.binary_search(w).is_ok());
+    disjoint(ca, cb) || (!ea.is_empty() && !eb.is_empty() && disjoint(ea, eb))
 }
 
 /// Most tokens on each side of a minimal pair.

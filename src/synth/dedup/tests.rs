@@ -569,3 +569,39 @@ fn two_environments_are_two_facts() {
         "search-api 2.14.1 went out"
     ));
 }
+
+/// Two causal claims about one issue whose causes share no word are two claims however
+/// close the meaning; the same cause in other words is one.
+#[test]
+fn two_causes_of_one_issue_are_two_facts() {
+    let ts = crate::event::ts::Ts(0);
+    let mut v = vec![0.0f32; 8];
+    v[0] = 1.0;
+    let merges = |a: &str, b: &str| {
+        let mut d = Deduper::new_semantic(DedupConfig::default());
+        let f = d.add_fact("finding", a);
+        d.add_vector(f, &v);
+        d.classify_semantic("finding", b, &v, ts, None).matched != Match::New
+    };
+    assert!(!merges(
+        "After digging in, CPU contention from a noisy neighbour turns out to be what broke checkout pods.",
+        "The checkout pods issue was caused by a hot partition on a single shard key."
+    ));
+    assert!(!merges(
+        "confirmed - finetune trouble comes down to lr too high",
+        "The root cause of the finetune problem is label noise in the newly annotated batch."
+    ));
+    // One cause, two issues.
+    assert!(!merges(
+        "hypothesis: search release impact due to GC pauses",
+        "a storm of long JVM garbage-collection pauses is hurting partner API handshakes"
+    ));
+    assert!(merges(
+        "The root cause of the card decline spike problem is an expired merchant API key.",
+        "The card decline spike issue was caused by an expired merchant API key."
+    ));
+    assert!(merges(
+        "checkout latency was caused by CPU contention from a noisy neighbour",
+        "checkout latency: CPU contention on the node"
+    ));
+}
