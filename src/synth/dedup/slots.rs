@@ -150,6 +150,26 @@ fn cause(text: &str) -> Option<(Vec<String>, Vec<String>)> {
         ]
     });
     let t = text.to_lowercase();
+    // Most wordings make no causal claim: a substring test spares them the patterns.
+    const KEYS: &[&str] = &[
+        "caus",
+        "due to",
+        "because of",
+        "down to",
+        "stem",
+        "traced",
+        "triggered",
+        "result of",
+        "rc",
+        "behind",
+        "broke",
+        "responsible",
+        "hurting",
+        "breaking",
+    ];
+    if !KEYS.iter().any(|k| t.contains(k)) {
+        return None;
+    }
     let (e, c) = [effect_first, root, cause_first].iter().find_map(|r| {
         r.captures(&t).map(|m| {
             let side = |k: &str| m.name(k).map_or("", |x| x.as_str()).to_string();
