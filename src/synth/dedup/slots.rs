@@ -49,8 +49,18 @@ impl Slots {
     /// The slots of `text`.
     pub(crate) fn of(text: &str) -> Slots {
         let m = measure_text(text);
+        let mut sig = text::signature(&m);
+        // `shard=3` (an entity noun and its number: `shard#3`) and `shard 3` (rewritten
+        // `shard-3` above) name one thing.
+        if sig.ids.iter().any(|i| i.contains('#')) {
+            for i in &mut sig.ids {
+                *i = i.replace('#', "-");
+            }
+            sig.ids.sort();
+            sig.ids.dedup();
+        }
         Slots {
-            sig: text::signature(&m),
+            sig,
             names: proper_names(text),
             entities: entities(&m),
             stance: stance(text),
