@@ -1014,6 +1014,71 @@ fn messages_name_paths_relative_to_the_data_and_archive_dirs() {
 /// pick or resolve (they name hypotheses, decisions, their agents and seqs); only an admin
 /// closes the run; and a replay's view of an earlier point hides what the policy in force
 /// now hides (a policy set after an entry was written hides it from every read).
+/// The engine's own name skips the run's permission checks, so no caller may act as it:
+/// an agent naming `swarm-engine` could otherwise replace a policy without being its
+/// admin, close the run, or write a channel and a resolution past the policy (a review
+/// did so over HTTP with a `swarm-*` token), and read what the policy hid.
+#[test]
+fn no_caller_acts_as_the_engine() {
+    use swarm_memory::fold::rules::Policy;
+    use swarm_memory::{Durability, Error, EventType, NewEvent};
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = alice_store(dir.path());
+    let policy: Policy = serde_json::from_value(json!({
+        "permissions": {
+            "lead": {"read_types": ["*"], "write_types": ["*"], "admin": true},
+            "*": {"read_types": ["evidence"], "write_types": ["evidence"]}
+        }
+    }))
+    .unwrap();
+    store.set_policy("r", "lead", &policy).unwrap();
+    let mut e = NewEvent::new("lead", EventType::Hypothesis, "SECRETHYPO".to_string());
+    e.subject = Some("cause".to_string());
+    store.append("r", e, Durability::None).unwrap();
+    let open: Policy = serde_json::from_value(json!({
+        "permissions": {"*": {"read_types": ["*"], "write_types": ["*"], "admin": true}}
+    }))
+    .unwrap();
+    let refused = |r: Result<(), Error>, what: &str| match r {
+        Err(Error::Invalid { ref reason, .. }) if reason.contains("reserved") => {}
+        other => panic!("{what}: {other:?}"),
+    };
+    let engine = "swarm-engine";
+    refused(store.set_policy("r", engine, &open).map(|_| ()), "policy");
+    refused(store.close_run("r", engine).map(|_| ()), "close");
+    refused(
+        store
+            .prune("r", engine, &swarm_memory::fold::summary::Builtin, true)
+            .map(|_| ()),
+        "prune",
+    );
+    let decl = serde_json::from_value(json!({"channel": "c", "kind": "replace", "max_size_kb": 4}))
+        .unwrap();
+    refused(
+        store.declare_channel("r", engine, &decl).map(|_| ()),
+        "declare",
+    );
+    refused(
+        store
+            .write_channel("r", engine, "c", json!(1), None)
+            .map(|_| ()),
+        "channel write",
+    );
+    // The policy is the lead's, and what it hides stays hidden.
+    assert_eq!(store.policy("r").unwrap().unwrap(), policy);
+    let opts = swarm_memory::ReadOptions {
+        reader: Some("db".into()),
+        ..Default::default()
+    };
+    let seen: Vec<String> = store
+        .read("r", opts)
+        .unwrap()
+        .map(|e| e.unwrap().content.to_string())
+        .collect();
+    assert!(!seen.iter().any(|c| c.contains("SECRETHYPO")), "{seen:?}");
+}
+
 #[test]
 fn agents_write_engine_events_only_as_the_policy_allows() {
     use swarm_memory::fold::replay::Target;

@@ -305,6 +305,18 @@ pub const SHARED_USER: &str = "system_shared_patterns";
 /// The agent id of events the engine writes itself (escalations, conflicts).
 pub const ENGINE_AGENT: &str = "swarm-engine";
 
+/// Refuses the engine's reserved agent name where a caller names the agent it acts as
+/// (its events skip the run's permission checks: see `fold::rules`).
+pub(crate) fn refuse_reserved_agent(agent: &str) -> crate::error::Result<()> {
+    if agent == ENGINE_AGENT {
+        return Err(crate::error::Error::invalid(
+            "agent_id",
+            format!("{ENGINE_AGENT:?} is reserved for the engine"),
+        ));
+    }
+    Ok(())
+}
+
 /// Default user when an event names none.
 pub const ANONYMOUS: &str = "anonymous";
 

@@ -97,7 +97,26 @@ impl Store {
         Ok(self.head_state(run)?.state)
     }
 
+    /// Appends an engine event (a policy, a channel write, a resolution, a close) that
+    /// `agent`, a caller's agent, writes: the rules check it as that agent's. The
+    /// engine's own name is refused here: its events skip every permission check, so an
+    /// agent that could write as it could replace a policy without being its admin.
     pub(crate) fn engine_append(
+        &self,
+        run: &str,
+        agent: &str,
+        kind: EventType,
+        content: Value,
+        subject: Option<String>,
+        refs: Vec<u64>,
+    ) -> Result<Event> {
+        crate::event::refuse_reserved_agent(agent)?;
+        self.engine_event(run, agent, kind, content, subject, refs)
+    }
+
+    /// [`Store::engine_append`] without refusing the engine's own name: for the engine's
+    /// own events (an escalation, an automatic prune's summary) only.
+    pub(crate) fn engine_event(
         &self,
         run: &str,
         agent: &str,
@@ -325,7 +344,7 @@ impl Store {
             };
             let v = serde_json::to_value(&rec)
                 .map_err(|e| Error::invalid("escalation", e.to_string()))?;
-            let escalation = self.engine_append(
+            let escalation = self.engine_event(
                 run,
                 ENGINE_AGENT,
                 EventType::Escalation,

@@ -118,6 +118,19 @@ impl Store {
         summarizer: &dyn Summarizer,
         force: bool,
     ) -> Result<Option<Event>> {
+        crate::event::refuse_reserved_agent(agent)?;
+        self.prune_as(run, agent, summarizer, force)
+    }
+
+    /// [`Store::prune`] as any agent, the engine's own name included (its automatic
+    /// prune).
+    pub(crate) fn prune_as(
+        &self,
+        run: &str,
+        agent: &str,
+        summarizer: &dyn Summarizer,
+        force: bool,
+    ) -> Result<Option<Event>> {
         // A concurrent pruner (another process's, or this store's background one) may
         // summarise the same range first: the rules then refuse this summary (its range no
         // longer starts right after the last one). The loser re-reads the state and
@@ -160,7 +173,7 @@ impl Store {
             };
             let v =
                 serde_json::to_value(&rec).map_err(|e| Error::invalid("summary", e.to_string()))?;
-            match self.engine_append(run, agent, EventType::Summary, v, None, Vec::new()) {
+            match self.engine_event(run, agent, EventType::Summary, v, None, Vec::new()) {
                 Err(Error::Conflict(e)) if lost < PRUNE_RACES_MAX => {
                     lost += 1;
                     tracing::debug!(run, error = %e, "prune lost a race; reading the state again");

@@ -101,10 +101,12 @@ pub struct TokenRecord {
 impl TokenRecord {
     /// Whether this token may act as `agent`.
     pub fn owns_agent(&self, agent: &str) -> bool {
-        self.agents.iter().any(|p| match p.strip_suffix('*') {
-            Some(prefix) => agent.starts_with(prefix),
-            None => p == agent,
-        })
+        // The engine's own name is no token's, whatever its patterns.
+        agent != crate::event::ENGINE_AGENT
+            && self.agents.iter().any(|p| match p.strip_suffix('*') {
+                Some(prefix) => agent.starts_with(prefix),
+                None => p == agent,
+            })
     }
 
     /// The one agent this token can act as, when its patterns name exactly one.
@@ -243,7 +245,10 @@ pub fn add(data_dir: &Path, user: &str, agents: &[String], role: Role) -> Result
         match a.strip_suffix('*') {
             Some("") => {}
             Some(prefix) => check_id("agent", prefix)?,
-            None => check_id("agent", a)?,
+            None => {
+                check_id("agent", a)?;
+                crate::event::refuse_reserved_agent(a)?;
+            }
         }
     }
     let id = random_hex(ID_BYTES)?;
@@ -385,6 +390,24 @@ mod tests {
         let rec = set.check(&t.token).unwrap();
         assert_eq!(rec.user, "alice");
         assert!(rec.owns_agent("db-1") && !rec.owns_agent("net"));
+        // The engine's name is no token's: not by a pattern, not by name.
+        let other = tempfile::tempdir().unwrap();
+        for p in ["*", "swarm-*", "s*"] {
+            let t = add(other.path(), "alice", &[p.to_string()], Role::Admin).unwrap();
+            let set = TokenSet::open(other.path()).unwrap();
+            let rec = set.check(&t.token).unwrap();
+            assert!(
+                rec.owns_agent("swarm-x") && !rec.owns_agent("swarm-engine"),
+                "{p}"
+            );
+        }
+        assert!(add(
+            other.path(),
+            "alice",
+            &["swarm-engine".to_string()],
+            Role::Agent
+        )
+        .is_err());
         // A wrong secret with the right id is refused.
         let mut forged = t.token.clone();
         let last = forged.pop().unwrap();

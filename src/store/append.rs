@@ -379,7 +379,7 @@ impl Store {
             let spawned = std::thread::Builder::new()
                 .name("swarm-prune".into())
                 .spawn(move || {
-                    let r = store.prune(&run_id, ENGINE_AGENT, &crate::fold::summary::Builtin, false);
+                    let r = store.prune_as(&run_id, ENGINE_AGENT, &crate::fold::summary::Builtin, false);
                     match r {
                         // Another process's pruner summarised the range first: expected.
                         Err(Error::Conflict(e)) => tracing::debug!(run = %run_id, error = %e, "automatic prune lost the race"),
