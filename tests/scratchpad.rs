@@ -1303,3 +1303,27 @@ fn a_store_switched_to_another_user_forgets_the_first_users_runs() {
         .collect();
     assert_eq!(seen, ["\"bob's only event\""], "bob's filtered read");
 }
+
+/// An agent's view lists the latest `UNSEEN_MAX` of the entries it has not seen (an
+/// agent that never wrote has the whole run unseen) and counts them all.
+#[test]
+fn an_agent_view_lists_a_bounded_number_of_unseen_entries() {
+    use swarm_memory::fold::replay::Target;
+    use swarm_memory::{Durability, EventType, NewEvent};
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = alice_store(dir.path());
+    let n = swarm_memory::store::travel::UNSEEN_MAX as u64 + 5;
+    let batch: Vec<NewEvent> = (0..n)
+        .map(|i| NewEvent::new("db", EventType::Evidence, format!("reading {i}")))
+        .collect();
+    store
+        .append_batch("r", batch, None, Durability::None)
+        .unwrap();
+    let at = store.state_at("r", Target::Head, |_| {}).unwrap().state;
+    let view = store.agent_view("r", &at, "lead").unwrap();
+    assert_eq!(view.unseen_count, n);
+    let seqs: Vec<u64> = view.unseen_since_last_write.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs.len(), swarm_memory::store::travel::UNSEEN_MAX);
+    assert_eq!((seqs[0], *seqs.last().unwrap()), (6, n));
+}

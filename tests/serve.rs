@@ -346,6 +346,10 @@ fn serve_append_then_read_round_trip() {
     assert_eq!(page.json()["next_from_seq"], 3);
     srv.get("/v1/runs/inc/events?from-seq=2", Some(&t))
         .problem(400);
+    // `last` holds what it reads until the end: bounded as a page is.
+    srv.get("/v1/runs/inc/events?last=10001", Some(&t))
+        .problem(400);
+    assert_eq!(q("last=10000"), [1, 2, 3]);
     srv.get("/v1/runs/inc/events?type=bogus", Some(&t))
         .problem(400);
 

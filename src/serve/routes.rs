@@ -264,7 +264,15 @@ async fn read(
         subject: q.subject,
         since: parse_ts("since", q.since)?,
         until: parse_ts("until", q.until)?,
-        last: q.last,
+        last: match q.last {
+            // `last` holds its events until the read ends: bounded as a page is.
+            Some(n) if n > READ_PAGE_EVENTS_MAX => {
+                return Err(Problem::invalid(format!(
+                    "last is at most {READ_PAGE_EVENTS_MAX} (page older events with from_seq and limit)"
+                )));
+            }
+            n => n,
+        },
         // One more than the page, to learn whether there is a next one.
         limit: Some(page + 1),
         reader,

@@ -61,11 +61,17 @@ pub struct AgentView {
     pub own_entries: u64,
     /// Seq of its last own entry, if any.
     pub last_own_seq: Option<u64>,
-    /// Entries by peers after its last own entry: what it may not have acted on yet.
+    /// Entries by peers after its last own entry: what it may not have acted on yet (the
+    /// latest [`UNSEEN_MAX`] of them; `unseen_count` counts them all).
     pub unseen_since_last_write: Vec<Event>,
+    /// How many entries by peers follow its last own entry.
+    pub unseen_count: u64,
     /// The authoritative entry per subject at that point.
     pub subjects: std::collections::BTreeMap<String, Event>,
 }
+
+/// Most unseen entries an [`AgentView`] lists (the latest ones).
+pub const UNSEEN_MAX: usize = 1_000;
 
 impl Store {
     /// Computes what was learned between `a` and `b` (swapped if `a` is the newer).
@@ -126,18 +132,29 @@ impl Store {
         let rules = &head.state.rules;
         let own = s.agents.get(agent);
         let last_own = own.map(|a| a.last_seq);
-        let unseen: Vec<Event> = self
-            .read(
-                run,
-                ReadOptions {
-                    from_seq: Some(last_own.unwrap_or(0) + 1),
-                    to_seq: Some(s.head_seq),
-                    reader: Some(agent.to_string()),
-                    ..ReadOptions::default()
-                },
-            )?
-            .filter(|e| e.as_ref().map_or(true, |e| e.agent_id != agent))
-            .collect::<Result<_>>()?;
+        // Bounded: an agent that never wrote has the whole run unseen.
+        let mut unseen: std::collections::VecDeque<Event> = Default::default();
+        let mut unseen_count = 0u64;
+        for e in self.read(
+            run,
+            ReadOptions {
+                from_seq: Some(last_own.unwrap_or(0) + 1),
+                to_seq: Some(s.head_seq),
+                reader: Some(agent.to_string()),
+                ..ReadOptions::default()
+            },
+        )? {
+            let e = e?;
+            if e.agent_id == agent {
+                continue;
+            }
+            unseen_count += 1;
+            if unseen.len() == UNSEEN_MAX {
+                unseen.pop_front();
+            }
+            unseen.push_back(e);
+        }
+        let unseen: Vec<Event> = unseen.into();
         Ok(AgentView {
             agent: agent.to_string(),
             at_seq: s.head_seq,
@@ -146,6 +163,7 @@ impl Store {
             own_entries: own.map_or(0, |a| a.counts.total),
             last_own_seq: last_own,
             unseen_since_last_write: unseen,
+            unseen_count,
             subjects: s
                 .subjects
                 .iter()
