@@ -271,18 +271,29 @@ pub fn load(storage: &dyn Storage, path: &Path) -> Result<(State, CheckpointInfo
 }
 
 /// Checks that the log still holds, at the checkpoint's position, the frame it names:
-/// a whole frame from `frame_start` to `frame_end` whose last event is `seq`.
+/// a whole frame from `frame_start` to `frame_end` whose last event is `seq`, written at
+/// `ts`. The time tells the frame the state was folded from from another of the same
+/// length and seq at the same place (seqs reused after a power loss took `SYNCED` and
+/// the frames past the durable mark, a run made again under a kept checkpoint
+/// directory): a foreign state would be the start of every replay and of the rules.
 pub fn matches_log(storage: &dyn Storage, run_dir: &Path, info: &CheckpointInfo) -> Result<bool> {
-    Ok(last_event_of_frame(storage, run_dir, info)?.is_some_and(|(seq, _)| seq == info.seq))
+    Ok(last_event_of_frame(storage, run_dir, info)?
+        .is_some_and(|(seq, _, ts)| seq == info.seq && ts == info.ts))
 }
 
-/// The seq and id of the last event of the whole frame the log holds exactly at
+/// Whether the log holds, exactly at `info`'s bounds, a whole frame whose last event is
+/// `info.seq` (its time not checked).
+pub fn frame_ends_at(storage: &dyn Storage, run_dir: &Path, info: &CheckpointInfo) -> Result<bool> {
+    Ok(last_event_of_frame(storage, run_dir, info)?.is_some_and(|(seq, _, _)| seq == info.seq))
+}
+
+/// The seq, id and time of the last event of the whole frame the log holds exactly at
 /// `info`'s bounds, if it holds one there.
 pub(crate) fn last_event_of_frame(
     storage: &dyn Storage,
     run_dir: &Path,
     info: &CheckpointInfo,
-) -> Result<Option<(u64, String)>> {
+) -> Result<Option<(u64, String, Ts)>> {
     let path = segment::segment_path(run_dir, info.segment);
     let Ok(f) = storage.open(&path, OpenMode::Read) else {
         return Ok(None);
@@ -308,12 +319,13 @@ pub(crate) fn last_event_of_frame(
     struct Head {
         seq: u64,
         id: String,
+        ts: Ts,
     }
     let heads: Vec<Head> = match serde_json::from_slice(payload) {
         Ok(v) => v,
         Err(_) => return Ok(None),
     };
-    Ok(heads.into_iter().last().map(|h| (h.seq, h.id)))
+    Ok(heads.into_iter().last().map(|h| (h.seq, h.id, h.ts)))
 }
 
 /// Writes a checkpoint atomically and applies the retention policy.
@@ -380,6 +392,42 @@ mod tests {
             mem.set_contents(&q, good[..cut].to_vec());
             assert!(load(&mem, &q).is_err(), "cut at {cut}");
         }
+    }
+
+    /// A frame of the same seq and length at the checkpoint's place, written at another
+    /// time, is not the one the state was folded from.
+    #[test]
+    fn a_frame_of_another_time_does_not_match() {
+        let mem = MemStorage::new();
+        let run_dir = Path::new("/data/u/r");
+        mem.create_dir_all(run_dir).unwrap();
+        let seg = crate::log::segment::segment_path(run_dir, 1);
+        mem.open(&seg, OpenMode::CreateNew).unwrap();
+        let frame = |ts: &str| {
+            let mut out = Vec::new();
+            let payload = format!(
+                r#"[{{"run_id":"r","seq":1,"ts":"{ts}","id":"a","agent_id":"x","user_id":"u","type":"evidence","content":"e"}}]"#
+            );
+            crate::log::frame::encode(payload.as_bytes(), &mut out);
+            out
+        };
+        let (first, again) = (
+            frame("2026-11-29T10:00:00.000001Z"),
+            frame("2026-11-29T10:00:00.000002Z"),
+        );
+        assert_eq!(first.len(), again.len());
+        let info = CheckpointInfo {
+            seq: 1,
+            segment: 1,
+            frame_start: 0,
+            frame_end: first.len() as u64,
+            ts: Ts::parse("2026-11-29T10:00:00.000001Z").unwrap(),
+        };
+        mem.set_contents(&seg, first);
+        assert!(matches_log(&mem, run_dir, &info).unwrap());
+        mem.set_contents(&seg, again);
+        assert!(!matches_log(&mem, run_dir, &info).unwrap());
+        assert!(frame_ends_at(&mem, run_dir, &info).unwrap());
     }
 
     #[test]

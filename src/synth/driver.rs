@@ -516,7 +516,7 @@ impl Store {
                 frame_end: end.off,
                 ts: Ts::now(),
             };
-            if !checkpoint::matches_log(&**self.storage(), &run_dir, &info)? {
+            if !checkpoint::frame_ends_at(&**self.storage(), &run_dir, &info)? {
                 return Ok(false);
             }
             snapshot::write(self.storage(), &self.checkpoint_dir(FACTS_RUN), fold, &info)?;

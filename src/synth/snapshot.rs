@@ -88,7 +88,7 @@ pub fn load_checked(
         match load(storage, &path) {
             Ok((fold, info)) => {
                 let last = checkpoint::last_event_of_frame(storage, run_dir, &info)?;
-                if last.is_some_and(|(seq, id)| seq == info.seq && id == fold.last_commit_id) {
+                if last.is_some_and(|(seq, id, _)| seq == info.seq && id == fold.last_commit_id) {
                     return Ok(Some((fold, info)));
                 }
                 tracing::warn!(snapshot = %path.display(), "facts snapshot does not match the log; skipped");
