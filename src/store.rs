@@ -444,8 +444,18 @@ impl Store {
         if let Some(a) = self.archived_store(run)? {
             return a.read(run, opts);
         }
+        let mut opts = opts;
         let rules = match opts.reader {
-            Some(_) => Some(self.head_state(run)?.state.rules.clone()),
+            Some(_) => {
+                let head = self.head_state(run)?;
+                // The rules hold up to the state's head: a read past it could meet a
+                // `policy` event after which they no longer apply (a secret written
+                // right after a tightened policy would come back unfiltered). So a
+                // reader's read ends there; what came since is for its next read.
+                let at = head.state.head_seq;
+                opts.to_seq = Some(opts.to_seq.map_or(at, |t| t.min(at)));
+                Some(head.state.rules.clone())
+            }
             None => None,
         };
         let opts_reader = opts.reader.clone();
