@@ -198,6 +198,39 @@ fn mcp_over_http_refuses_reader_tokens_and_bodies_over_the_limit() {
     assert_eq!(status, 413);
 }
 
+/// One token holds at most `MCP_SESSIONS_PER_TOKEN` (64) MCP sessions: past it its new
+/// sessions are refused (429), while another token of the server still opens one (one
+/// tenant could fill the server's 1,000 sessions for ten minutes).
+#[test]
+fn one_token_cannot_take_every_mcp_session() {
+    let env = Env::fast();
+    let srv = Server::start(&env, &[]);
+    let alice = token(&env, "alice", &["sre"], "agent");
+    let bob = token(&env, "bob", &["sre"], "agent");
+    let open = |t: &str| -> u16 {
+        let r = srv
+            .http
+            .post(&format!("{}/mcp", srv.url))
+            .set("Authorization", &format!("Bearer {t}"))
+            .set("Content-Type", "application/json")
+            .set("Accept", "application/json, text/event-stream")
+            .send_bytes(mcp_initialize().to_string().as_bytes());
+        match r {
+            Ok(r) => {
+                assert!(r.header("mcp-session-id").is_some());
+                r.status()
+            }
+            Err(ureq::Error::Status(s, _)) => s,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    for i in 0..64 {
+        assert_eq!(open(&alice), 200, "session {i}");
+    }
+    assert_eq!(open(&alice), 429);
+    assert_eq!(open(&bob), 200);
+}
+
 /// `swarm mcp` over stdio with `SWARM_URL` and `SWARM_TOKEN`: the same 20 tools and checks,
 /// run by the server as the token's user and agents.
 #[test]

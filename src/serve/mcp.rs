@@ -35,6 +35,9 @@ use crate::serve::token::Role;
 /// Live MCP sessions at most (each holds a task and a channel); a new one past it is
 /// refused with 503 until one ends or idles out.
 pub const MCP_SESSIONS_MAX: usize = 1_000;
+/// Live MCP sessions one token may hold at most, so that one tenant cannot take every
+/// session of the server (past it: 429 until one of its sessions ends or idles out).
+pub const MCP_SESSIONS_PER_TOKEN: usize = 64;
 /// An MCP session with no request for this long is closed (the client re-initializes).
 pub const MCP_SESSION_IDLE: Duration = Duration::from_secs(600);
 
@@ -194,6 +197,32 @@ async fn admit(State(g): State<Gate>, req: Request, next: Next) -> Response {
             format!("{MCP_SESSIONS_MAX} MCP sessions are open; retry when one ends"),
         )
         .into_response();
+    }
+    if opens_session {
+        let live: std::collections::HashSet<String> = g
+            .sessions
+            .sessions
+            .read()
+            .await
+            .keys()
+            .map(|k| k.to_string())
+            .collect();
+        let mut owners = g.owners.lock().unwrap_or_else(|e| e.into_inner());
+        // Sessions rmcp closed (idle, ended) leave the map here.
+        owners.retain(|s, _| live.contains(s));
+        let mine = owners.values().filter(|t| **t == id.token.id).count();
+        if mine >= MCP_SESSIONS_PER_TOKEN {
+            return Problem::new(
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                "mcp_sessions_per_token",
+                "Too many MCP sessions for this token",
+                format!(
+                    "token {} holds {MCP_SESSIONS_PER_TOKEN} MCP sessions; end one (DELETE) or let one idle out",
+                    id.token.id
+                ),
+            )
+            .into_response();
+        }
     }
     // search_memory ranks with the server's model through the user's own vector cache.
     let embedder = match g.app.embedder_for(id.store.user()).await {
