@@ -860,6 +860,17 @@ fn repair_quarantines_damage_that_valid_records_follow() {
     assert_eq!(rep["quarantined"][0]["lost_from"], 3, "{rep}");
     assert_eq!(rep["corrupt"].as_array().map(Vec::len), Some(0), "{rep}");
     env.swarm(&["replay", "--run", run, "--at-seq", "5"]).ok();
+    // At the lost seq: the state at the seq before it (not "past the run's head").
+    let at3 = env.swarm(&["replay", "--run", run, "--at-seq", "3"]).ok();
+    let at2 = env.swarm(&["replay", "--run", run, "--at-seq", "2"]).ok();
+    let state = |o: &crate::util::Out| {
+        let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+        v["state"].clone()
+    };
+    assert_eq!(state(&at3), state(&at2));
+    assert_eq!(state(&at3)["head_seq"], 2);
+    env.swarm(&["replay", "--run", run, "--at-seq", "7"])
+        .code(2);
     // A writer in a new process opens the run and goes on after the head.
     let e = append("after the repair").ok();
     assert_eq!(seqs(&e), [7]);

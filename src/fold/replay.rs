@@ -159,14 +159,18 @@ pub(crate) fn state_at(
     )?;
     progress(stats.events_applied);
     if let Target::Seq(s) = target {
-        if s > state.head_seq {
+        // A seq in a gap that `swarm repair` declared lost (the run goes on past it): the
+        // state there is the state at the last seq before it, as for a time.
+        let head =
+            crate::log::watermark::read_marks(&*p.storage, &p.run_dir).map_or(0, |m| m.visible_seq);
+        if s > state.head_seq && s > head {
             // Past the head there is no state to show: clamping would answer a question
             // the caller did not ask.
             return Err(Error::invalid(
                 "at-seq",
                 format!(
                     "seq {s} is past the run's head (seq {}); the run has no state there yet",
-                    state.head_seq
+                    head.max(state.head_seq)
                 ),
             ));
         }
