@@ -228,7 +228,26 @@ impl Store {
                         boundary: Some(c.1),
                     });
                 }
-                replay::advance(&p, (*c.0).clone(), c.1)?
+                let damaged = |s: &State| {
+                    s.counts
+                        .by_type
+                        .get(&crate::event::EventType::LogDamaged)
+                        .copied()
+                        .unwrap_or(0)
+                };
+                let r = replay::advance(&p, (*c.0).clone(), c.1)?;
+                if damaged(&r.state) == damaged(&c.0) {
+                    r
+                } else {
+                    // A repair (in another process: `swarm repair` beside a server)
+                    // declared seqs lost that the cached state had folded in: the state
+                    // is folded again without them.
+                    self.heads
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(run);
+                    replay::state_at(&p, Target::Head, |_| {})?
+                }
             }
             _ => {
                 let r = replay::state_at(&p, Target::Head, |_| {})?;

@@ -1617,3 +1617,32 @@ fn closing_a_run_removes_its_damage_list_after_its_segments() {
         .iter()
         .any(|e| e.kind == swarm_memory::EventType::LogDamaged));
 }
+
+/// A long-lived store (a server) that cached a run's head state, then a `swarm repair` in
+/// another process that declares a seq of it lost: the cached state is folded again
+/// without it (it kept showing the lost entry, and would have kept enforcing a lost
+/// policy).
+#[test]
+fn a_cached_head_state_forgets_what_another_process_repair_declared_lost() {
+    use swarm_memory::EventType;
+    let env = Env::new();
+    let run = "c";
+    let server = env.store();
+    let (seg, b) = five_frames(&env, run);
+    let evidence = |s: &swarm_memory::Store| {
+        let st = s.head_state(run).unwrap().state;
+        st.counts
+            .by_type
+            .get(&EventType::Evidence)
+            .copied()
+            .unwrap_or(0)
+    };
+    assert_eq!(evidence(&server), 5);
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[b[2] + 100] ^= 0x10;
+    std::fs::write(&seg, &bytes).unwrap();
+    let declared = env.store().repair_all(run).unwrap();
+    assert_eq!(declared.len(), 1, "{declared:?}");
+    assert_eq!(evidence(&env.store()), 4);
+    assert_eq!(evidence(&server), 4);
+}
