@@ -875,6 +875,37 @@ fn serve_closes_a_slow_subscriber_naming_where_to_resume() {
     assert_eq!(sse.next_seq(), expect);
 }
 
+/// A subscriber's queue is bounded in bytes too (`SSE_BUFFER_BYTES`, 4 MiB): at the
+/// default 1,024 events of 60 KB each, a client that stopped reading held ~60 MiB for as
+/// long as its connection lived; now it is closed as lagged after ~4 MiB.
+#[test]
+fn serve_bounds_a_slow_subscribers_queue_in_bytes() {
+    let (_env, srv, t) = alice(&["db"], &[]);
+    srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "x"));
+    let mut sse = srv.follow("/v1/runs/inc/events?follow=1", &t, None);
+    let big = "y".repeat(60_000);
+    for _ in 0..6 {
+        let batch: Vec<Value> = (0..90).map(|_| ev("db", &big)).collect();
+        assert_eq!(
+            srv.post("/v1/runs/inc/events", Some(&t), &json!(batch))
+                .status,
+            201
+        );
+    }
+    let mut expect = 1;
+    loop {
+        let m = sse.next().expect("events, then lagged");
+        if m.event.as_deref() == Some("lagged") {
+            let d: Value = serde_json::from_str(&m.data).unwrap();
+            assert_eq!(d["resume_from_seq"], expect, "no event skipped silently");
+            break;
+        }
+        assert_eq!(m.id, Some(expect));
+        expect += 1;
+    }
+    assert!(expect <= 541, "it fell behind before the end");
+}
+
 /// A subscriber that stops reading holds back neither the writers nor the subscriber
 /// that shares its run's watch: that one gets every event as it is appended, while the
 /// stalled one is closed as lagged once its socket and its buffer are full.

@@ -74,6 +74,10 @@ use crate::tail::{Cursor, RunWatch, Tail, TailOptions};
 const BACKSTOP_MS_MIN: u64 = 1_000;
 /// A pump hands its queued events to the response at least every this many events.
 const FLUSH_EVENTS: usize = 64;
+/// Most bytes a subscriber's queue holds (beside `--sse-buffer-events`): events may be
+/// large, and a client that stops reading keeps its queue for as long as its connection
+/// lives. Past it the stream ends with `lagged`, as past the event bound.
+pub const SSE_BUFFER_BYTES: usize = 4 << 20;
 
 /// What one subscriber follows: the run, the tail's own filters (from seq, agent, type),
 /// the subject, and the agent whose read permissions apply (`None`: unfiltered, admin
@@ -146,9 +150,11 @@ pub(crate) async fn follow(
     let mut token_id = std::mem::take(&mut sub.token_id);
     let (tx, rx) = mpsc::unbounded_channel();
     let queued = Arc::new(AtomicUsize::new(0));
+    let queued_bytes = Arc::new(AtomicUsize::new(0));
     let out = Out {
         tx,
         queued: queued.clone(),
+        queued_bytes: queued_bytes.clone(),
         cap: app.opts.sse_buffer_events.max(1),
         batch: Vec::new(),
         metrics: app.metrics.clone(),
@@ -218,6 +224,7 @@ pub(crate) async fn follow(
             done: false,
             pending: VecDeque::new(),
             queued,
+            queued_bytes,
             metrics,
             heartbeat: app.opts.heartbeat,
             beat: tokio::time::Instant::now() + app.opts.heartbeat,
@@ -277,6 +284,8 @@ impl Filters {
 struct Out {
     tx: mpsc::UnboundedSender<Msg>,
     queued: Arc<AtomicUsize>,
+    /// The bytes of the events counted in `queued` (at most [`SSE_BUFFER_BYTES`]).
+    queued_bytes: Arc<AtomicUsize>,
     cap: usize,
     /// Events not handed over yet.
     batch: Vec<Sent>,
@@ -286,7 +295,12 @@ struct Out {
 impl Out {
     /// Adds an event; false when the queue is full.
     fn push(&mut self, seq: u64, bytes: Bytes) -> bool {
-        if self.queued.load(Ordering::Acquire) + self.batch.len() >= self.cap {
+        // (One event alone always fits, however large: the client could not get past it.)
+        let held = self.queued_bytes.load(Ordering::Acquire)
+            + self.batch.iter().map(|s| s.bytes.len()).sum::<usize>();
+        if self.queued.load(Ordering::Acquire) + self.batch.len() >= self.cap
+            || (held > 0 && held + bytes.len() > SSE_BUFFER_BYTES)
+        {
             return false;
         }
         self.batch.push(Sent { seq, bytes });
@@ -299,13 +313,16 @@ impl Out {
             return !self.tx.is_closed();
         }
         let n = self.batch.len();
+        let bytes: usize = self.batch.iter().map(|s| s.bytes.len()).sum();
         // Counted before the send: the response may take them at once.
         self.queued.fetch_add(n, Ordering::AcqRel);
+        self.queued_bytes.fetch_add(bytes, Ordering::AcqRel);
         self.metrics.buffered(n as u64);
         match self.tx.send(Msg::Events(std::mem::take(&mut self.batch))) {
             Ok(()) => true,
             Err(_) => {
                 self.queued.fetch_sub(n, Ordering::AcqRel);
+                self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
                 self.metrics.unbuffered(n as u64, false);
                 false
             }
@@ -619,6 +636,8 @@ struct Stream {
     pending: VecDeque<Sent>,
     /// Events handed over by the pump and not written yet (its bound).
     queued: Arc<AtomicUsize>,
+    /// Their bytes.
+    queued_bytes: Arc<AtomicUsize>,
     /// Counts the events queued (`swarm_tail_buffered_events`).
     metrics: Arc<Metrics>,
     heartbeat: Duration,
@@ -692,6 +711,7 @@ impl Stream {
             }
             if let Some(s) = self.pending.pop_front() {
                 self.queued.fetch_sub(1, Ordering::AcqRel);
+                self.queued_bytes.fetch_sub(s.bytes.len(), Ordering::AcqRel);
                 self.metrics.unbuffered(1, true);
                 self.next = s.seq + 1;
                 return Some(s.bytes);
