@@ -684,6 +684,16 @@ fn serve_token_acts_only_as_its_agents_and_role() {
         .problem(403);
     srv.post("/v1/runs/inc/events", Some(&reader), &ev("db-1", "reader"))
         .problem(403);
+    // A reader token is refused before its body is read (a parsed body takes many times
+    // its size): a body that is not JSON is a 403, not a 400.
+    for path in [
+        "/v1/runs/inc/events",
+        "/v1/runs/inc/channels",
+        "/v1/runs/inc/close",
+    ] {
+        srv.post_raw(path, Some(&reader), "application/json", b"{not json")
+            .problem(403);
+    }
     srv.get("/v1/runs/inc/events?as=net", Some(&db))
         .problem(403);
     // Every write route checks the acting agent the same way (the `agent` member).

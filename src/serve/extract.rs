@@ -240,6 +240,14 @@ impl<B: DeserializeOwned + Send> FromRequest<Arc<App>> for Act<B> {
         // The token first: a caller without one never gets its body read.
         let (mut parts, body) = req.into_parts();
         let id = Identity::from_request_parts(&mut parts, app).await?;
+        // A reader token writes nothing: refused before its body is read and parsed (a
+        // parsed body takes many times its size).
+        if !id.token.role.may_write() {
+            return Err(Problem::forbidden(format!(
+                "token {} has the reader role: it cannot write",
+                id.token.id
+            )));
+        }
         let JsonBody(v) = JsonBody::from_request(Request::from_parts(parts, body), app).await?;
         let Value::Object(mut m) = v else {
             return Err(Problem::invalid("the body must be a JSON object"));
