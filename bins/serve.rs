@@ -51,6 +51,10 @@ pub struct ServeArgs {
     /// `event: lagged` with the seq to resume from, and its stream ends.
     #[arg(long, default_value_t = server::SSE_BUFFER_EVENTS_DEFAULT)]
     sse_buffer_events: usize,
+    /// SSE streams one token may hold open at once (each holds a task, a queue and file
+    /// descriptors); past it a new one is refused with 429.
+    #[arg(long, default_value_t = server::SSE_STREAMS_PER_TOKEN_DEFAULT)]
+    sse_streams_per_token: usize,
     /// Polling safety net of the SSE tail, in ms: every subscriber of a run shares one
     /// inotify watch of it, and the server also reads each followed run's marks this
     /// often, in case a change was not notified (a network file system, a failed watch).
@@ -134,6 +138,7 @@ pub fn serve(
         request_timeout: Duration::from_millis(a.request_timeout_ms.max(1)),
         heartbeat: Duration::from_millis(a.heartbeat_ms.max(1)),
         sse_buffer_events: a.sse_buffer_events.max(1),
+        sse_streams_per_token: a.sse_streams_per_token.max(1),
         sse_poll: Duration::from_millis(a.sse_poll_ms.max(1)),
         shutdown_timeout: Duration::from_millis(a.shutdown_timeout_ms),
         rate_limit_per_s: a.rate_limit_per_s,

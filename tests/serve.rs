@@ -885,6 +885,45 @@ fn serve_closes_a_slow_subscriber_naming_where_to_resume() {
     assert_eq!(sse.next_seq(), expect);
 }
 
+/// One token holds at most `--sse-streams-per-token` event streams open (each holds a
+/// task, a queue and file descriptors): past it 429, while another token still opens
+/// one; a stream that ends gives its place back.
+#[test]
+fn serve_bounds_the_event_streams_of_one_token() {
+    let (env, srv, t) = alice(&["db"], &["--sse-streams-per-token", "3"]);
+    let other = token(&env, "alice", &["db"], "agent");
+    srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "x"));
+    let path = "/v1/runs/inc/events?follow=1";
+    let mut open: Vec<Sse> = (0..3).map(|_| srv.follow(path, &t, None)).collect();
+    for s in &mut open {
+        assert_eq!(s.next_seq(), 1);
+    }
+    srv.get(path, Some(&t)).problem(429);
+    let mut o = srv.follow(path, &other, None);
+    assert_eq!(o.next_seq(), 1);
+    drop(open.pop());
+    // The server sees the closed connection at its next write (a heartbeat at most).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "y"));
+        let r = srv
+            .http
+            .get(&format!("{}{path}", srv.url))
+            .set("Authorization", &format!("Bearer {t}"))
+            .call();
+        match r {
+            Ok(r) => {
+                assert_eq!(r.content_type(), "text/event-stream");
+                break;
+            }
+            Err(ureq::Error::Status(429, _)) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
 /// A subscriber's queue is bounded in bytes too (`SSE_BUFFER_BYTES`, 4 MiB): at the
 /// default 1,024 events of 60 KB each, a client that stopped reading held ~60 MiB for as
 /// long as its connection lived; now it is closed as lagged after ~4 MiB.

@@ -43,6 +43,8 @@ pub struct ServeOptions {
     pub heartbeat: Duration,
     /// Events buffered per SSE subscriber.
     pub sse_buffer_events: usize,
+    /// SSE streams one token may hold open at once.
+    pub sse_streams_per_token: usize,
     /// Interval of the SSE tail's polling safety net (once per followed run).
     pub sse_poll: Duration,
     /// Longest wait for in-flight requests at shutdown.
@@ -85,6 +87,8 @@ pub struct App {
     pub(crate) feeds: Feeds,
     /// Each token's rate-limit bucket: tokens left, and when it was last filled.
     pub(crate) buckets: Mutex<HashMap<String, (f64, Instant)>>,
+    /// Each token's open SSE streams (at most `ServeOptions::sse_streams_per_token`).
+    pub(crate) streams: Mutex<HashMap<String, usize>>,
     /// The embedding model searches rank with, and each user's vector cache.
     pub vectors: Vectors,
     /// Each run's queue of appends waiting for its next commit.

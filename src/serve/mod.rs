@@ -78,6 +78,8 @@ pub const REQUEST_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 pub const HEARTBEAT_MS_DEFAULT: u64 = 15_000;
 /// Default events buffered per SSE subscriber before it is closed as too slow.
 pub const SSE_BUFFER_EVENTS_DEFAULT: usize = 1024;
+/// Default of `--sse-streams-per-token`.
+pub const SSE_STREAMS_PER_TOKEN_DEFAULT: usize = 1024;
 /// Default interval of the SSE tail's polling safety net (the library tail's default).
 pub const SSE_POLL_MS_DEFAULT: u64 = crate::tail::POLL_INTERVAL_MS_DEFAULT;
 /// How often new vectors are written to the users' cache files.
@@ -144,6 +146,7 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
         watches: watches.clone(),
         feeds: feed::Feeds::default(),
         buckets: Mutex::new(HashMap::new()),
+        streams: Mutex::new(HashMap::new()),
         vectors,
         commits: Arc::new(commit::Commits::new(metrics.clone(), watches)),
     });

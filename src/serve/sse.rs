@@ -79,6 +79,47 @@ const FLUSH_EVENTS: usize = 64;
 /// lives. Past it the stream ends with `lagged`, as past the event bound.
 pub const SSE_BUFFER_BYTES: usize = 4 << 20;
 
+/// One of a token's open streams, given back when the stream ends.
+struct StreamSlot {
+    app: Arc<App>,
+    token: String,
+}
+
+impl StreamSlot {
+    fn take(app: &Arc<App>, token: &str) -> Result<StreamSlot, Problem> {
+        let mut m = app.streams.lock().unwrap_or_else(|e| e.into_inner());
+        let n = m.entry(token.to_string()).or_default();
+        let cap = app.opts.sse_streams_per_token;
+        if *n >= cap {
+            return Err(Problem::new(
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                "sse_streams_per_token",
+                "Too many event streams for this token",
+                format!(
+                    "token {token} holds {cap} open event streams (--sse-streams-per-token); close one first"
+                ),
+            ));
+        }
+        *n += 1;
+        Ok(StreamSlot {
+            app: app.clone(),
+            token: token.to_string(),
+        })
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut m = self.app.streams.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = m.get_mut(&self.token) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.token);
+            }
+        }
+    }
+}
+
 /// What one subscriber follows: the run, the tail's own filters (from seq, agent, type),
 /// the subject, and the agent whose read permissions apply (`None`: unfiltered, admin
 /// tokens only).
@@ -148,6 +189,7 @@ pub(crate) async fn follow(
 ) -> Result<Response, Problem> {
     let from = sub.tail.from_seq.unwrap_or(1).max(1);
     let mut token_id = std::mem::take(&mut sub.token_id);
+    let slot = StreamSlot::take(&app, &token_id)?;
     let (tx, rx) = mpsc::unbounded_channel();
     let queued = Arc::new(AtomicUsize::new(0));
     let queued_bytes = Arc::new(AtomicUsize::new(0));
@@ -234,6 +276,7 @@ pub(crate) async fn follow(
                 app: app.clone(),
             },
             ended: false,
+            _slot: slot,
         },
         step,
     );
@@ -647,6 +690,8 @@ struct Stream {
     live: Live,
     /// Ended by a revocation: nothing more goes out (what is queued is dropped).
     ended: bool,
+    /// Its place among its token's open streams.
+    _slot: StreamSlot,
 }
 
 /// Longest a stream goes without asking again whether its token is live (it asks every
