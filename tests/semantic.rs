@@ -234,30 +234,13 @@ fn one_port_stated_two_ways_at_one_time_contradicts() {
         (b, v(0, 1, 0.97)),
         (later, v(0, 1, 0.96)),
     ]);
-    add(
-        &s,
-        "k8s",
-        EventType::Evidence,
-        "orders-svc",
-        a,
-        "2026-03-11T14:10:00Z",
-    );
-    add(
-        &s,
-        "config",
-        EventType::Evidence,
-        "ports",
-        b,
-        "2026-03-11T14:11:00Z",
-    );
-    add(
-        &s,
-        "k8s",
-        EventType::Evidence,
-        "orders-svc",
-        later,
-        "2026-03-11T15:30:00Z",
-    );
+    for (agent, subject, text, at) in [
+        ("k8s", "orders-svc", a, "2026-03-11T14:10:00Z"),
+        ("config", "ports", b, "2026-03-11T14:11:00Z"),
+        ("k8s", "orders-svc", later, "2026-03-11T15:30:00Z"),
+    ] {
+        add(&s, agent, EventType::Evidence, subject, text, at);
+    }
     let r = s.synth(&opts(t), |_| {}).expect("synth");
     assert_eq!(r.facts_new, 3, "{r:?}");
     let recs = records(&s);

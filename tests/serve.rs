@@ -193,6 +193,22 @@ pub(crate) struct Sse {
 }
 
 impl Sse {
+    /// Reads events in order from seq 1 up to the `lagged` event, which must name the
+    /// first one not sent (nothing skipped silently); returns that seq.
+    pub(crate) fn until_lagged(&mut self) -> u64 {
+        let mut expect = 1;
+        loop {
+            let m = self.next().expect("events, then lagged");
+            if m.event.as_deref() == Some("lagged") {
+                let d: Value = serde_json::from_str(&m.data).unwrap();
+                assert_eq!(d["resume_from_seq"], expect, "no event skipped silently");
+                return expect;
+            }
+            assert_eq!(m.id, Some(expect));
+            expect += 1;
+        }
+    }
+
     /// The next event (comments skipped); `None` at the end of the stream.
     pub(crate) fn next(&mut self) -> Option<Msg> {
         loop {
@@ -851,15 +867,14 @@ fn serve_ends_tails_and_exits_zero_on_sigterm() {
     assert_eq!(status.code(), Some(0));
 }
 
-#[test]
-fn serve_closes_a_slow_subscriber_naming_where_to_resume() {
-    let (_env, srv, t) = alice(&["db"], &["--sse-buffer-events", "4"]);
+/// A server (with `extra` options), a run of one event and a subscriber that then
+/// reads nothing while `batches` batches of 90 events of 60 KB are appended.
+fn a_subscriber_that_does_not_read(extra: &[&str], batches: usize) -> (Env, Server, String, Sse) {
+    let (env, srv, t) = alice(&["db"], extra);
     srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "x"));
-    // A subscriber that does not read while ~20 MiB are appended: the socket buffers
-    // fill, then its 4-event buffer.
-    let mut sse = srv.follow("/v1/runs/inc/events?follow=1", &t, None);
+    let sse = srv.follow("/v1/runs/inc/events?follow=1", &t, None);
     let big = "y".repeat(60_000);
-    for _ in 0..4 {
+    for _ in 0..batches {
         let batch: Vec<Value> = (0..90).map(|_| ev("db", &big)).collect();
         assert_eq!(
             srv.post("/v1/runs/inc/events", Some(&t), &json!(batch))
@@ -867,17 +882,15 @@ fn serve_closes_a_slow_subscriber_naming_where_to_resume() {
             201
         );
     }
-    let mut expect = 1;
-    loop {
-        let m = sse.next().expect("events, then lagged");
-        if m.event.as_deref() == Some("lagged") {
-            let d: Value = serde_json::from_str(&m.data).unwrap();
-            assert_eq!(d["resume_from_seq"], expect, "no event skipped silently");
-            break;
-        }
-        assert_eq!(m.id, Some(expect));
-        expect += 1;
-    }
+    (env, srv, t, sse)
+}
+
+#[test]
+fn serve_closes_a_slow_subscriber_naming_where_to_resume() {
+    // A subscriber that does not read while ~20 MiB are appended: the socket buffers
+    // fill, then its 4-event buffer.
+    let (_env, srv, t, mut sse) = a_subscriber_that_does_not_read(&["--sse-buffer-events", "4"], 4);
+    let expect = sse.until_lagged();
     assert!(expect <= 361, "it fell behind before the end");
     assert!(sse.next().is_none());
     // Resuming from there delivers the rest.
@@ -929,29 +942,8 @@ fn serve_bounds_the_event_streams_of_one_token() {
 /// long as its connection lived; now it is closed as lagged after ~4 MiB.
 #[test]
 fn serve_bounds_a_slow_subscribers_queue_in_bytes() {
-    let (_env, srv, t) = alice(&["db"], &[]);
-    srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "x"));
-    let mut sse = srv.follow("/v1/runs/inc/events?follow=1", &t, None);
-    let big = "y".repeat(60_000);
-    for _ in 0..6 {
-        let batch: Vec<Value> = (0..90).map(|_| ev("db", &big)).collect();
-        assert_eq!(
-            srv.post("/v1/runs/inc/events", Some(&t), &json!(batch))
-                .status,
-            201
-        );
-    }
-    let mut expect = 1;
-    loop {
-        let m = sse.next().expect("events, then lagged");
-        if m.event.as_deref() == Some("lagged") {
-            let d: Value = serde_json::from_str(&m.data).unwrap();
-            assert_eq!(d["resume_from_seq"], expect, "no event skipped silently");
-            break;
-        }
-        assert_eq!(m.id, Some(expect));
-        expect += 1;
-    }
+    let (_env, _srv, _t, mut sse) = a_subscriber_that_does_not_read(&[], 6);
+    let expect = sse.until_lagged();
     assert!(expect <= 541, "it fell behind before the end");
 }
 

@@ -216,17 +216,7 @@ fn serve_feed_a_stalled_subscriber_lags_alone() {
     assert_eq!(metric(&m, "swarm_tail_lagged_total"), 1, "{m}");
     assert_eq!(metric(&m, "swarm_tail_shared_readers"), 1, "{m}");
     // The stalled one: what was queued for it, in order, then `lagged` naming the next.
-    let mut expect = 1;
-    loop {
-        let m = stalled.next().expect("events, then lagged");
-        if m.event.as_deref() == Some("lagged") {
-            let d: Value = serde_json::from_str(&m.data).unwrap();
-            assert_eq!(d["resume_from_seq"], expect, "no event skipped silently");
-            break;
-        }
-        assert_eq!(m.id, Some(expect));
-        expect += 1;
-    }
+    let expect = stalled.until_lagged();
     assert!(expect < next, "it fell behind before the end");
     assert!(stalled.next().is_none());
     // Resuming from there delivers the rest, and the readers go on.

@@ -477,20 +477,29 @@ mod tests {
         assert!(matches!(r, Err(Error::Poisoned(_))), "{r:?}");
     }
 
+    /// Two handles on one run of one event; `a`'s next write group panics where `hook`
+    /// says (the hook is taken). Returns the storage, both handles and `a`'s answer.
+    fn panic_in_a_group(
+        hook: &std::sync::Mutex<Option<std::path::PathBuf>>,
+    ) -> (MemStorage, Store, Store, crate::error::Result<crate::Event>) {
+        let mem = MemStorage::new();
+        let (a, b) = (store(&mem, 1 << 20), store(&mem, 1 << 20));
+        let ev = || NewEvent::new("x", EventType::Evidence, "e");
+        a.append("r", ev(), Durability::Sync).unwrap();
+        *super::lock(hook) = Some(a.writer("r", "anonymous").unwrap().dir.clone());
+        let r = a.append("r", ev(), Durability::Sync);
+        assert!(super::lock(hook).is_none(), "the group did not run");
+        (mem, a, b, r)
+    }
+
     /// A write group that panics (a bug) answers its appends `Poisoned` (no hang), poisons
     /// this handle's writer as a failed fsync does, and lets the run's `LOCK` go: another
     /// handle's append (another process, in effect) goes on, gap-free.
     #[test]
     fn a_panicking_write_group_lets_the_append_lock_go() {
-        let mem = MemStorage::new();
-        let (a, b) = (store(&mem, 1 << 20), store(&mem, 1 << 20));
         let ev = || NewEvent::new("x", EventType::Evidence, "e");
-        a.append("r", ev(), Durability::Sync).unwrap();
-        let dir = a.writer("r", "anonymous").unwrap().dir.clone();
-        *super::lock(&super::writer::PANIC_IN_NEXT_GROUP) = Some(dir);
-        let r = a.append("r", ev(), Durability::Sync);
+        let (mem, a, b, r) = panic_in_a_group(&super::writer::PANIC_IN_NEXT_GROUP);
         assert!(matches!(r, Err(Error::Poisoned(_))), "{r:?}");
-        assert!(super::lock(&super::writer::PANIC_IN_NEXT_GROUP).is_none());
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let _ = tx.send(b.append("r", ev(), Durability::Sync).map(|e| e.seq));
@@ -511,18 +520,12 @@ mod tests {
     /// another handle (another process, in effect) finds it there and goes on after it.
     #[test]
     fn a_write_group_that_panics_after_its_write_has_an_unknown_outcome() {
-        let mem = MemStorage::new();
-        let (a, b) = (store(&mem, 1 << 20), store(&mem, 1 << 20));
         let ev = || NewEvent::new("x", EventType::Evidence, "e");
-        a.append("r", ev(), Durability::Sync).unwrap();
-        let dir = a.writer("r", "anonymous").unwrap().dir.clone();
-        *super::lock(&super::writer::PANIC_AFTER_NEXT_WRITE) = Some(dir);
-        let r = a.append("r", ev(), Durability::Sync);
+        let (_mem, a, b, r) = panic_in_a_group(&super::writer::PANIC_AFTER_NEXT_WRITE);
         assert!(
             matches!(&r, Err(Error::Io { source, .. }) if source.to_string().contains("unknown")),
             "{r:?}"
         );
-        assert!(super::lock(&super::writer::PANIC_AFTER_NEXT_WRITE).is_none());
         let r = a.append("r", ev(), Durability::Sync);
         assert!(matches!(r, Err(Error::Poisoned(_))), "{r:?}");
         assert_eq!(b.append("r", ev(), Durability::Sync).unwrap().seq, 3);

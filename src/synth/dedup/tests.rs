@@ -538,20 +538,25 @@ fn a_value_that_rounds_to_a_coarser_one_is_alike() {
     }
 }
 
+/// Whether `b` merges with a fact first worded `a` (semantic mode) when both have one
+/// vector (cosine 1): what the slots alone decide.
+fn merges_at_cosine_one(scope: &str, a: &str, b: &str) -> bool {
+    let mut v = vec![0.0f32; 8];
+    v[0] = 1.0;
+    let mut d = Deduper::new_semantic(DedupConfig::default());
+    let f = d.add_fact(scope, a);
+    d.add_vector(f, &v);
+    d.classify_semantic(scope, b, &v, crate::event::ts::Ts(0), None)
+        .matched
+        != Match::New
+}
+
 /// Deployment environments are exclusive qualifiers: the same release in canary and in
 /// staging (or prod) is two facts however close the meaning; one side naming none is
 /// no conflict.
 #[test]
 fn two_environments_are_two_facts() {
-    let ts = crate::event::ts::Ts(0);
-    let mut v = vec![0.0f32; 8];
-    v[0] = 1.0;
-    let merges = |a: &str, b: &str| {
-        let mut d = Deduper::new_semantic(DedupConfig::default());
-        let f = d.add_fact("action_taken", a);
-        d.add_vector(f, &v);
-        d.classify_semantic("action_taken", b, &v, ts, None).matched != Match::New
-    };
+    let merges = |a: &str, b: &str| merges_at_cosine_one("action_taken", a, b);
     assert!(!merges(
         "deployed search-api v2.14.1 -> canary",
         "search-api 2.14.1 was deployed to the staging environment"
@@ -574,15 +579,7 @@ fn two_environments_are_two_facts() {
 /// close the meaning; the same cause in other words is one.
 #[test]
 fn two_causes_of_one_issue_are_two_facts() {
-    let ts = crate::event::ts::Ts(0);
-    let mut v = vec![0.0f32; 8];
-    v[0] = 1.0;
-    let merges = |a: &str, b: &str| {
-        let mut d = Deduper::new_semantic(DedupConfig::default());
-        let f = d.add_fact("finding", a);
-        d.add_vector(f, &v);
-        d.classify_semantic("finding", b, &v, ts, None).matched != Match::New
-    };
+    let merges = |a: &str, b: &str| merges_at_cosine_one("finding", a, b);
     assert!(!merges(
         "After digging in, CPU contention from a noisy neighbour turns out to be what broke checkout pods.",
         "The checkout pods issue was caused by a hot partition on a single shard key."
