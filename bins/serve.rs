@@ -63,6 +63,10 @@ pub struct ServeArgs {
     /// Longest wait for requests in flight at shutdown (SIGTERM, SIGINT).
     #[arg(long, default_value_t = server::SHUTDOWN_TIMEOUT_MS_DEFAULT)]
     shutdown_timeout_ms: u64,
+    /// Most connections open at once (each holds a task and a file descriptor); one
+    /// past it is closed as soon as it is accepted.
+    #[arg(long, default_value_t = server::MAX_CONNECTIONS_DEFAULT)]
+    max_connections: usize,
     /// Requests per second each token may make (bursts up to one second's worth); over
     /// it: 429 with Retry-After. 0: no limit.
     #[arg(long, default_value_t = 0)]
@@ -141,6 +145,7 @@ pub fn serve(
         sse_streams_per_token: a.sse_streams_per_token.max(1),
         sse_poll: Duration::from_millis(a.sse_poll_ms.max(1)),
         shutdown_timeout: Duration::from_millis(a.shutdown_timeout_ms),
+        max_connections: a.max_connections.max(1),
         rate_limit_per_s: a.rate_limit_per_s,
         embed_model: a.embed_model,
         deny_anonymous,

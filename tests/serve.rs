@@ -1355,3 +1355,46 @@ fn serve_search_answers_as_the_tokens_user_and_agent() {
     srv.get("/v1/search?q=the", Some(&lead)).problem(400);
     srv.get("/v1/search?q=dns", None).problem(401);
 }
+
+/// At most `--max-connections` connections are open at once: one past it is closed as
+/// soon as it is accepted (each held a task and a descriptor for as long as its client
+/// kept it), and a place comes back when a connection ends.
+#[test]
+fn serve_bounds_its_open_connections() {
+    let env = Env::fast();
+    let srv = Server::start(&env, &["--max-connections", "2"]);
+    let health = || -> String {
+        let mut c = TcpStream::connect(srv.addr()).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let mut buf = Vec::new();
+        let _ = c.read_to_end(&mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    };
+    assert!(health().starts_with("HTTP/1.1 200"));
+    // Two idle connections hold both places.
+    let idle: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(srv.addr()).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(health(), "", "a third connection is closed at accept");
+    let m = {
+        drop(idle);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let r = health();
+            if r.starts_with("HTTP/1.1 200") || Instant::now() > deadline {
+                break r;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    assert!(m.starts_with("HTTP/1.1 200"), "{m}");
+    let metrics = srv.get("/metrics", None).body;
+    // (One at least: the retries above may be refused until the server sees the idle
+    // ones go.)
+    assert!(
+        metric(&metrics, "swarm_connections_refused_total") >= 1,
+        "{metrics}"
+    );
+}

@@ -49,6 +49,8 @@ pub struct ServeOptions {
     pub sse_poll: Duration,
     /// Longest wait for in-flight requests at shutdown.
     pub shutdown_timeout: Duration,
+    /// Most connections open at once; one past it is closed as soon as it is accepted.
+    pub max_connections: usize,
     /// Requests per second each token may make (a bucket of one second's worth, so
     /// bursts up to it pass); 0: no limit.
     pub rate_limit_per_s: u32,

@@ -46,6 +46,8 @@ pub struct Metrics {
     /// Commit turns of the append queues (`serve::commit`), and the requests they took.
     commits: AtomicU64,
     committed_requests: AtomicU64,
+    /// Connections closed at accept because `--max-connections` were open.
+    connections_refused: AtomicU64,
 }
 
 impl Metrics {
@@ -83,6 +85,11 @@ impl Metrics {
     /// A subscriber was closed because it read too slowly.
     pub fn lagged(&self) {
         self.lagged.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A connection was closed at accept: `--max-connections` were open.
+    pub fn connection_refused(&self) {
+        self.connections_refused.fetch_add(1, Ordering::Relaxed);
     }
 
     /// `n` events went into a subscriber's buffer.
@@ -171,6 +178,12 @@ impl Metrics {
                 "Live tail (SSE) subscribers connected now.",
                 "gauge",
                 &self.subscribers,
+            ),
+            (
+                "swarm_connections_refused_total",
+                "Connections closed at accept because --max-connections were open.",
+                "counter",
+                &self.connections_refused,
             ),
             (
                 "swarm_tail_lagged_total",

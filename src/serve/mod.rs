@@ -86,6 +86,8 @@ pub const SSE_POLL_MS_DEFAULT: u64 = crate::tail::POLL_INTERVAL_MS_DEFAULT;
 const VECTOR_FLUSH_EVERY: Duration = Duration::from_secs(5);
 /// Default longest wait for in-flight requests at shutdown.
 pub const SHUTDOWN_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+/// Default of `--max-connections`.
+pub const MAX_CONNECTIONS_DEFAULT: usize = 4_096;
 
 /// Serves until SIGTERM or SIGINT, then stops accepting, lets in-flight requests finish
 /// (at most `shutdown_timeout`), ends live tails with a `shutdown` event, and returns.
@@ -193,6 +195,9 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
     }
     let graceful = GracefulShutdown::new();
     let mut signal = std::pin::pin!(stop_signal());
+    // Every connection holds a task and a descriptor until its client leaves or a timeout
+    // ends it: bounded, so that connections alone cannot take all of the server's.
+    let connections = Arc::new(tokio::sync::Semaphore::new(opts.max_connections.max(1)));
     loop {
         tokio::select! {
             r = accept(tcp.as_ref(), unix.as_ref()) => {
@@ -205,10 +210,17 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
                         continue;
                     }
                 };
+                let Ok(permit) = connections.clone().try_acquire_owned() else {
+                    tracing::warn!(max = opts.max_connections, "too many connections; one closed at accept");
+                    app.metrics.connection_refused();
+                    drop(io);
+                    continue;
+                };
                 let (router, watcher) = (router.clone(), graceful.watcher());
                 let timeout = opts.request_timeout;
                 let (acceptor, mut stop) = (tls.clone(), app.shutdown.clone());
                 tokio::spawn(async move {
+                    let _permit = permit;
                     match io {
                         Accepted::Tcp(s) => {
                             let _ = s.set_nodelay(true);
