@@ -60,13 +60,7 @@ pub(crate) async fn append(
     Q(q): Q<AppendQuery>,
     req: Request,
 ) -> Result<Response, Problem> {
-    // A reader token writes nothing: refused before the body is read and parsed.
-    if !id.token.role.may_write() {
-        return Err(Problem::forbidden(format!(
-            "token {} has the reader role: it cannot write",
-            id.token.id
-        )));
-    }
+    id.may_write()?;
     let durability: Durability = match q.durability.as_deref() {
         None => Durability::Sync,
         Some(d) => d.parse().map_err(Problem::from)?,

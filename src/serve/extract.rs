@@ -40,13 +40,20 @@ impl Identity {
 
     /// Refuses (403) unless the token may write and may act as `agent`.
     pub fn write_as(&self, agent: &str) -> Result<(), Problem> {
-        if !self.token.role.may_write() {
-            return Err(Problem::forbidden(format!(
-                "token {} has the reader role: it cannot write",
-                self.token.id
-            )));
-        }
+        self.may_write()?;
         self.act_as(agent)
+    }
+
+    /// Refuses (403) a reader token, which writes nothing: asked before a write's body
+    /// is read and parsed (a parsed body takes many times its size).
+    pub fn may_write(&self) -> Result<(), Problem> {
+        if self.token.role.may_write() {
+            return Ok(());
+        }
+        Err(Problem::forbidden(format!(
+            "token {} has the reader role: it cannot write",
+            self.token.id
+        )))
     }
 
     /// Refuses (403) unless the token may act as `agent`.
@@ -240,14 +247,7 @@ impl<B: DeserializeOwned + Send> FromRequest<Arc<App>> for Act<B> {
         // The token first: a caller without one never gets its body read.
         let (mut parts, body) = req.into_parts();
         let id = Identity::from_request_parts(&mut parts, app).await?;
-        // A reader token writes nothing: refused before its body is read and parsed (a
-        // parsed body takes many times its size).
-        if !id.token.role.may_write() {
-            return Err(Problem::forbidden(format!(
-                "token {} has the reader role: it cannot write",
-                id.token.id
-            )));
-        }
+        id.may_write()?;
         let JsonBody(v) = JsonBody::from_request(Request::from_parts(parts, body), app).await?;
         let Value::Object(mut m) = v else {
             return Err(Problem::invalid("the body must be a JSON object"));

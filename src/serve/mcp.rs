@@ -246,13 +246,11 @@ async fn admit(State(g): State<Gate>, req: Request, next: Next) -> Response {
             .get("mcp-session-id")
             .and_then(|v| v.to_str().ok())
         {
-            let live = g.sessions.sessions.read().await;
-            let mut owners = g.owners.lock().unwrap_or_else(|e| e.into_inner());
-            // Sessions rmcp closed (idle, ended) leave the map here.
-            if owners.len() >= MCP_SESSIONS_MAX {
-                owners.retain(|s, _| live.keys().any(|k| k.as_ref() == s.as_str()));
-            }
-            owners.insert(new.to_string(), token_id);
+            // (Sessions rmcp closed left the map when this one was admitted.)
+            g.owners
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(new.to_string(), token_id);
         }
     } else if closes_session && res.status().is_success() {
         if let Some(sid) = &sid {

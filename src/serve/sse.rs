@@ -199,6 +199,7 @@ pub(crate) async fn follow(
         queued_bytes: queued_bytes.clone(),
         cap: app.opts.sse_buffer_events.max(1),
         batch: Vec::new(),
+        batch_bytes: 0,
         metrics: app.metrics.clone(),
     };
     let stop = app.shutdown.clone();
@@ -330,8 +331,9 @@ struct Out {
     /// The bytes of the events counted in `queued` (at most [`SSE_BUFFER_BYTES`]).
     queued_bytes: Arc<AtomicUsize>,
     cap: usize,
-    /// Events not handed over yet.
+    /// Events not handed over yet, and their bytes.
     batch: Vec<Sent>,
+    batch_bytes: usize,
     metrics: Arc<Metrics>,
 }
 
@@ -339,13 +341,13 @@ impl Out {
     /// Adds an event; false when the queue is full.
     fn push(&mut self, seq: u64, bytes: Bytes) -> bool {
         // (One event alone always fits, however large: the client could not get past it.)
-        let held = self.queued_bytes.load(Ordering::Acquire)
-            + self.batch.iter().map(|s| s.bytes.len()).sum::<usize>();
+        let held = self.queued_bytes.load(Ordering::Acquire) + self.batch_bytes;
         if self.queued.load(Ordering::Acquire) + self.batch.len() >= self.cap
             || (held > 0 && held + bytes.len() > SSE_BUFFER_BYTES)
         {
             return false;
         }
+        self.batch_bytes += bytes.len();
         self.batch.push(Sent { seq, bytes });
         self.batch.len() < FLUSH_EVENTS || self.flush()
     }
@@ -356,7 +358,7 @@ impl Out {
             return !self.tx.is_closed();
         }
         let n = self.batch.len();
-        let bytes: usize = self.batch.iter().map(|s| s.bytes.len()).sum();
+        let bytes = std::mem::take(&mut self.batch_bytes);
         // Counted before the send: the response may take them at once.
         self.queued.fetch_add(n, Ordering::AcqRel);
         self.queued_bytes.fetch_add(bytes, Ordering::AcqRel);

@@ -35,9 +35,9 @@
 //!    slots are the evidence the cosine lacks).
 //! 5. Otherwise, a candidate about the same thing (cosine at least `related`, same
 //!    entities, identifiers, qualifiers and bound) that states another value of the same
-//!    dimension (not one that rounds to the other's coarser value) is a *change* when the two were observed more than `change_window_secs`
-//!    apart (a later measurement supersedes the earlier one), and a *contradiction* when
-//!    they overlap in time.
+//!    dimension (not one that rounds to the other's coarser value) is a *change* when
+//!    the two were observed more than `change_window_secs` apart (a later measurement
+//!    supersedes the earlier one), and a *contradiction* when they overlap in time.
 //! 6. With a [`Judge`] (the optional LLM step): when nothing merged, the nearest
 //!    unguarded candidate at or above `borderline` is asked; "same" merges it. Opposite polarity with a cosine of at least `polarity` is a
 //!    contradiction whatever the time (a cause asserted and ruled out).
