@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{IoContext, Result};
 use crate::fold::checkpoint::{self, bad, CheckpointInfo, Container};
 use crate::log::storage::{OpenMode, Storage};
 use crate::synth::facts::FactsFold;
@@ -56,9 +56,11 @@ pub fn list(storage: &dyn Storage, dir: &Path) -> Vec<u64> {
 
 /// Encodes a snapshot of `fold`, standing at the commit `info` names.
 pub fn encode(fold: &FactsFold, info: &CheckpointInfo) -> Result<Vec<u8>> {
-    let json =
-        serde_json::to_vec(fold).map_err(|e| Error::invalid("facts snapshot", e.to_string()))?;
-    SNAPSHOT.encode(&json, info)
+    SNAPSHOT.encode_with(info, |w| {
+        let mut w = std::io::BufWriter::with_capacity(64 << 10, w);
+        serde_json::to_writer(&mut w, fold)?;
+        std::io::Write::flush(&mut w)
+    })
 }
 
 /// Loads and checks a snapshot file (not yet against the log: see [`load_checked`]).
