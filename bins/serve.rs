@@ -67,6 +67,11 @@ pub struct ServeArgs {
     /// past it is closed as soon as it is accepted.
     #[arg(long, default_value_t = server::MAX_CONNECTIONS_DEFAULT)]
     max_connections: usize,
+    /// Runs of one user kept open at once: their writers (4 file descriptors each),
+    /// indexes (one per segment), head states and hand-off committers. Past it, the
+    /// runs least recently used are closed, and opened again when next used.
+    #[arg(long, default_value_t = swarm_memory::store::OPEN_RUNS_MAX_DEFAULT)]
+    open_runs_per_user: usize,
     /// Requests per second each token may make (bursts up to one second's worth); over
     /// it: 429 with Retry-After. 0: no limit.
     #[arg(long, default_value_t = 0)]
@@ -146,6 +151,7 @@ pub fn serve(
         sse_poll: Duration::from_millis(a.sse_poll_ms.max(1)),
         shutdown_timeout: Duration::from_millis(a.shutdown_timeout_ms),
         max_connections: a.max_connections.max(1),
+        open_runs_per_user: a.open_runs_per_user.max(1),
         rate_limit_per_s: a.rate_limit_per_s,
         embed_model: a.embed_model,
         deny_anonymous,

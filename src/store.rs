@@ -15,10 +15,12 @@
 
 mod append;
 pub mod archive;
+mod cache;
 mod handoff;
 pub mod info;
 pub mod travel;
 
+pub use cache::OPEN_RUNS_MAX_DEFAULT;
 pub use handoff::HandoffCounters;
 pub use info::RunInfo;
 
@@ -41,6 +43,7 @@ use crate::query::index::{self, IndexCell, IndexSnapshot, IndexStats};
 use crate::query::options::{ReadOptions, Visibility};
 use crate::query::read::EventIter;
 use crate::query::verify::{self, VerifyReport};
+use cache::Bounded;
 
 /// A data directory holding one sub-directory per run.
 ///
@@ -53,7 +56,7 @@ pub struct Store {
     opts: LogOptions,
     /// Shared with the store a committer serves other processes through
     /// (`store::handoff`), so that their appends join this process's group commit.
-    logs: Arc<Mutex<HashMap<String, Arc<RunLog>>>>,
+    logs: Arc<Mutex<Writers>>,
     /// Where `sync` appends go: to this process's writer, or handed to another process.
     handoff: handoff::Routes,
     ck_root: PathBuf,
@@ -61,12 +64,40 @@ pub struct Store {
     user: String,
     archive_root: PathBuf,
     /// The last head state of each run, at a frame boundary (see [`Store::head_state`]).
-    heads: Mutex<HashMap<String, (Arc<State>, CheckpointInfo)>>,
+    heads: Mutex<Bounded<(Arc<State>, CheckpointInfo)>>,
     /// Each run's index as this process has caught it up (see [`crate::query::index`]).
-    indexes: Mutex<HashMap<String, Arc<IndexCell>>>,
+    indexes: Mutex<Bounded<Arc<IndexCell>>>,
+    /// Runs whose writer, index, head state and hand-off route each cache keeps at once
+    /// ([`Store::with_open_runs_max`]).
+    open_runs_max: usize,
     /// The policies of closed runs read so far: final (a closed run refuses every
     /// append), and reading an archived run unpacks it whole (see [`Store::policy`]).
     closed_policies: Mutex<HashMap<String, Option<crate::fold::rules::Policy>>>,
+}
+
+/// The writers of a store's runs, and the counters of those it let go.
+pub(crate) struct Writers {
+    runs: Bounded<Arc<RunLog>>,
+    /// [`SyncCounters`] of the writers dropped from `runs`, so totals only grow.
+    retired: SyncCounters,
+}
+
+impl Writers {
+    fn new(max: usize) -> Writers {
+        Writers {
+            runs: Bounded::new(max),
+            retired: SyncCounters::default(),
+        }
+    }
+}
+
+fn add_counters(a: SyncCounters, c: SyncCounters) -> SyncCounters {
+    SyncCounters {
+        fsyncs: a.fsyncs + c.fsyncs,
+        coalesced: a.coalesced + c.coalesced,
+        durable_events: a.durable_events + c.durable_events,
+        recovered_found: a.recovered_found + c.recovered_found,
+    }
 }
 
 impl Drop for Store {
@@ -100,15 +131,16 @@ impl Store {
             root: root.to_path_buf(),
             storage,
             opts,
-            logs: Arc::new(Mutex::new(HashMap::new())),
-            handoff: handoff::Routes::new(local),
+            logs: Arc::new(Mutex::new(Writers::new(OPEN_RUNS_MAX_DEFAULT))),
+            handoff: handoff::Routes::new(local, OPEN_RUNS_MAX_DEFAULT),
             ck_root: root.join(".checkpoints"),
             checkpoint_every: CHECKPOINT_EVERY_DEFAULT,
             user: ANONYMOUS.to_string(),
             archive_root: root.join(".archive"),
-            heads: Mutex::new(HashMap::new()),
+            heads: Mutex::new(Bounded::new(OPEN_RUNS_MAX_DEFAULT)),
             closed_policies: Mutex::new(HashMap::new()),
-            indexes: Mutex::new(HashMap::new()),
+            indexes: Mutex::new(Bounded::new(OPEN_RUNS_MAX_DEFAULT)),
+            open_runs_max: OPEN_RUNS_MAX_DEFAULT,
         })
     }
 
@@ -132,11 +164,37 @@ impl Store {
         self.handoff.shutdown();
         // Every cache is keyed by run name alone: none may carry over from the user this
         // store acted for before (another user's run of the same name).
-        self.logs = Arc::new(Mutex::new(HashMap::new()));
-        self.heads = Mutex::new(HashMap::new());
+        self.logs = Arc::new(Mutex::new(Writers::new(self.open_runs_max)));
+        self.heads = Mutex::new(Bounded::new(self.open_runs_max));
         self.closed_policies = Mutex::new(HashMap::new());
-        self.indexes = Mutex::new(HashMap::new());
+        self.indexes = Mutex::new(Bounded::new(self.open_runs_max));
         Ok(self)
+    }
+
+    /// At most `n` runs (default [`OPEN_RUNS_MAX_DEFAULT`]) whose writer, index, head
+    /// state and hand-off route this store keeps at once: past it, the least recently
+    /// used ones that no call is using are let go (their files closed, their memory
+    /// freed) and rebuilt from the files when the run is met again. Each writer holds
+    /// four descriptors and each index one per segment, so a server that meets many runs
+    /// needs this bound under its open-file limit.
+    pub fn with_open_runs_max(mut self, n: usize) -> Store {
+        let n = n.max(1);
+        self.open_runs_max = n;
+        self.logs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .runs
+            .set_max(n);
+        self.heads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_max(n);
+        self.indexes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_max(n);
+        self.handoff.set_max(n);
+        self
     }
 
     /// Keeps closed runs' archives under `dir` (`<dir>/<user>/<run>.swarc`); without this
@@ -216,8 +274,7 @@ impl Store {
             .heads
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(run)
-            .cloned();
+            .get(run);
         let r = match cached {
             Some(c) if checkpoint::matches_log(&*self.storage, &p.run_dir, &c.1)? => {
                 let visible = read_marks(&*self.storage, &p.run_dir)?.visible;
@@ -264,10 +321,12 @@ impl Store {
         };
         let state = Arc::new(r.state);
         if let Some(b) = r.boundary {
-            self.heads
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(run.to_string(), (state.clone(), b));
+            let gone = self.heads.lock().unwrap_or_else(|e| e.into_inner()).insert(
+                run,
+                (state.clone(), b),
+                |_| true,
+            );
+            drop(gone);
         }
         Ok(HeadState {
             state,
@@ -370,27 +429,27 @@ impl Store {
     /// commit's events per fsync.
     pub fn sync_counters(&self, run: &str) -> SyncCounters {
         let logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
-        logs.get(run).map(|l| l.counters()).unwrap_or_default()
+        logs.runs
+            .peek(run)
+            .map(|l| l.counters())
+            .unwrap_or_default()
     }
 
     /// [`Store::sync_counters`] summed over every run this store has appended to (the
-    /// server's `/metrics`). Each count only grows: a store never forgets a run's writer.
+    /// server's `/metrics`). Each count only grows: the counts of a writer the store
+    /// let go ([`Store::with_open_runs_max`]) stay in the totals.
     pub fn sync_totals(&self) -> SyncCounters {
         let logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
-        logs.values()
+        logs.runs
+            .values()
             .map(|l| l.counters())
-            .fold(SyncCounters::default(), |a, c| SyncCounters {
-                fsyncs: a.fsyncs + c.fsyncs,
-                coalesced: a.coalesced + c.coalesced,
-                durable_events: a.durable_events + c.durable_events,
-                recovered_found: a.recovered_found + c.recovered_found,
-            })
+            .fold(logs.retired, add_counters)
     }
 
     pub(crate) fn writer(&self, run: &str, user: &str) -> Result<Arc<RunLog>> {
         let mut logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(l) = logs.get(run) {
-            return Ok(l.clone());
+        if let Some(l) = logs.runs.get(run) {
+            return Ok(l);
         }
         let dir = self.run_dir(run)?;
         let ck = Some(self.checkpoint_dir(run));
@@ -402,7 +461,17 @@ impl Store {
             user,
             &self.opts,
         )?);
-        logs.insert(run.to_string(), l.clone());
+        // A writer nobody holds (no append, prune or checkpoint job in flight) may go; a
+        // poisoned one stays, so that its run keeps refusing this process's appends.
+        let gone = logs.runs.insert(run, l.clone(), |w| {
+            Arc::strong_count(w) == 1 && !w.is_poisoned()
+        });
+        for w in &gone {
+            logs.retired = add_counters(logs.retired, w.counters());
+        }
+        drop(logs);
+        // Closed outside the lock: a `batch` writer's drop flushes what it holds.
+        drop(gone);
         Ok(l)
     }
 
@@ -414,7 +483,7 @@ impl Store {
         let until = std::time::Instant::now() + limit;
         let logs: Vec<Arc<RunLog>> = {
             let logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
-            logs.values().cloned().collect()
+            logs.runs.values().cloned().collect()
         };
         for l in logs {
             while l.prune_running() {
@@ -439,15 +508,16 @@ impl Store {
             root: self.root.clone(),
             storage: self.storage.clone(),
             opts: self.opts.clone(),
-            logs: Arc::new(Mutex::new(HashMap::new())),
+            logs: Arc::new(Mutex::new(Writers::new(self.open_runs_max))),
             handoff: handoff::Routes::off(),
             ck_root: self.ck_root.clone(),
             checkpoint_every: self.checkpoint_every,
             user: user.to_string(),
             archive_root: self.archive_root.clone(),
-            heads: Mutex::new(HashMap::new()),
+            heads: Mutex::new(Bounded::new(self.open_runs_max)),
             closed_policies: Mutex::new(HashMap::new()),
-            indexes: Mutex::new(HashMap::new()),
+            indexes: Mutex::new(Bounded::new(self.open_runs_max)),
+            open_runs_max: self.open_runs_max,
         }
     }
 
@@ -513,9 +583,15 @@ impl Store {
 
     fn index_cell(&self, run: &str) -> Arc<IndexCell> {
         let mut m = self.indexes.lock().unwrap_or_else(|e| e.into_inner());
-        m.entry(run.to_string())
-            .or_insert_with(|| Arc::new(IndexCell::new(run)))
-            .clone()
+        if let Some(c) = m.get(run) {
+            return c;
+        }
+        let c = Arc::new(IndexCell::new(run));
+        // An index a read holds stays; the others close their segment files.
+        let gone = m.insert(run, c.clone(), |c| Arc::strong_count(c) == 1);
+        drop(m);
+        drop(gone);
+        c
     }
 
     /// The watermark and the run's index caught up to it; no index when it cannot serve

@@ -472,3 +472,75 @@ fn the_commit_loop_serves_large_bad_and_cut_requests_without_stalling_others() {
         "one batch, together"
     );
 }
+
+/// Files of `dir` this process holds open (`/proc/self/fd`): segments, marks, locks,
+/// index files, committer locks.
+fn open_files_under(dir: &std::path::Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|p| p.starts_with(dir))
+        .count()
+}
+
+/// Appends (three each: the third makes this process the run's committer), an indexed
+/// read and the head state of each of `runs` runs, through `s`.
+fn use_runs(s: &swarm_memory::Store, runs: usize) {
+    for r in 0..runs {
+        let run = format!("r{r:02}");
+        for i in 0..3 {
+            lib_append(s, &run, &format!("{run} {i}"));
+        }
+        let last = swarm_memory::ReadOptions {
+            last: Some(1),
+            ..swarm_memory::ReadOptions::default()
+        };
+        let got: Vec<Event> = s.read(&run, last).unwrap().map(Result::unwrap).collect();
+        assert_eq!(got[0].seq, 3);
+        assert_eq!(s.head_state(&run).unwrap().state.head_seq, 3);
+    }
+}
+
+/// A store that meets many runs keeps at most `with_open_runs_max` of them open: the
+/// writers, indexes, head states and committers of the runs least recently used are let
+/// go (their files closed; their committers stopped, so their sockets are gone), and a
+/// run met again goes on where it was, gap-free, through the same store. (A `Store`
+/// kept every run's writer, index and committer for life: a server ran out of file
+/// descriptors at some number of runs.)
+#[test]
+fn a_store_keeps_a_bounded_number_of_runs_open() {
+    const RUNS: usize = 24;
+    // The same work on a store whose bound is past the runs: what is kept without one.
+    let unbounded = Env::new();
+    let u = unbounded.store();
+    use_runs(&u, RUNS);
+    let open_unbounded = open_files_under(unbounded.path());
+    let env = Env::new();
+    let s = env.store().with_open_runs_max(4);
+    use_runs(&s, RUNS);
+    let open = open_files_under(env.path());
+    assert!(
+        open <= 5 * 8 && open_unbounded >= RUNS * 4,
+        "open files: {open} with a bound of 4 runs, {open_unbounded} without"
+    );
+    assert!(socket(&unbounded, "r00").exists());
+    assert!(
+        !socket(&env, "r00").exists(),
+        "the oldest run's committer runs on"
+    );
+    assert!(socket(&env, &format!("r{:02}", RUNS - 1)).exists());
+    let totals = s.sync_totals();
+    assert_eq!(
+        totals.durable_events,
+        u.sync_totals().durable_events,
+        "the counts of writers let go stay in the totals"
+    );
+    for r in 0..RUNS {
+        let run = format!("r{r:02}");
+        assert_eq!(lib_append(&s, &run, "again").seq, 4, "{run}");
+        let events = lib_read(&s, &run);
+        check_sequence(&events);
+        assert_eq!(events.len(), 4, "{run}");
+    }
+    assert!(open_files_under(env.path()) <= 5 * 8);
+}

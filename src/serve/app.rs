@@ -51,6 +51,9 @@ pub struct ServeOptions {
     pub shutdown_timeout: Duration,
     /// Most connections open at once; one past it is closed as soon as it is accepted.
     pub max_connections: usize,
+    /// Runs of one user whose writer, index and head state the server keeps open at
+    /// once ([`Store::with_open_runs_max`]).
+    pub open_runs_per_user: usize,
     /// Requests per second each token may make (a bucket of one second's worth, so
     /// bursts up to it pass); 0: no limit.
     pub rate_limit_per_s: u32,
@@ -107,6 +110,7 @@ impl App {
         let s = Store::open(&self.opts.data_dir)?
             .with_checkpoints(&self.opts.checkpoint_dir, self.opts.checkpoint_every)
             .with_archive_dir(&self.opts.archive_dir)
+            .with_open_runs_max(self.opts.open_runs_per_user)
             .with_user(user, !self.opts.deny_anonymous)?;
         let s = Arc::new(s);
         m.insert(user.to_string(), s.clone());

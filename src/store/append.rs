@@ -337,6 +337,7 @@ impl Store {
             .logs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .runs
             .contains_key(run);
         if !cached {
             if let Some(p) = self.archived(run)? {
@@ -409,6 +410,7 @@ impl Store {
             .logs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .runs
             .contains_key(run);
         if cached
             || self.hands_off(run)

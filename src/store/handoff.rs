@@ -54,6 +54,7 @@ use crate::event::{Checked, Event, GENERATED_ID_PREFIX};
 use crate::log::meta::{Durability, META_FILE};
 use crate::log::storage::{OpenMode, StorageFile};
 use crate::store::append::CheckedBatch;
+use crate::store::cache::Bounded;
 use crate::store::Store;
 
 #[cfg(test)]
@@ -129,7 +130,9 @@ pub(crate) struct Routes {
     handed: AtomicU64,
     recovered: AtomicU64,
     committed: Arc<AtomicU64>,
-    map: Mutex<HashMap<String, Route>>,
+    /// At most the store's open runs ([`crate::Store::with_open_runs_max`]): past it,
+    /// the committers and connections of the runs least recently appended to are let go.
+    map: Mutex<Bounded<Route>>,
     /// Generated ids of handed-off events: `swarm:<nonce>.h<n>`.
     id_prefix: String,
     next_id: AtomicU64,
@@ -137,7 +140,7 @@ pub(crate) struct Routes {
 
 impl Routes {
     /// Routes of a store on `local` storage; off with `SWARM_HANDOFF=0`.
-    pub(crate) fn new(local: bool) -> Routes {
+    pub(crate) fn new(local: bool, max: usize) -> Routes {
         use std::hash::{BuildHasher, Hasher};
         let nonce = std::collections::hash_map::RandomState::new()
             .build_hasher()
@@ -148,7 +151,7 @@ impl Routes {
             handed: AtomicU64::new(0),
             recovered: AtomicU64::new(0),
             committed: Arc::new(AtomicU64::new(0)),
-            map: Mutex::new(HashMap::new()),
+            map: Mutex::new(Bounded::new(max)),
             id_prefix: format!("{GENERATED_ID_PREFIX}{nonce:016x}.h"),
             next_id: AtomicU64::new(0),
         }
@@ -156,7 +159,7 @@ impl Routes {
 
     /// Routes that always append directly (the committer's own store, engine jobs).
     pub(crate) fn off() -> Routes {
-        let mut r = Routes::new(false);
+        let mut r = Routes::new(false, 1);
         r.enabled = false;
         r
     }
@@ -171,7 +174,31 @@ impl Routes {
 
     /// Stops every committer of this store: waits for the appends it is serving.
     pub(crate) fn shutdown(&self) {
-        let routes: Vec<Route> = lock(&self.map).drain().map(|(_, r)| r).collect();
+        let routes = lock(&self.map).drain();
+        Routes::close(routes);
+    }
+
+    /// Changes how many runs' routes are kept.
+    pub(crate) fn set_max(&self, max: usize) {
+        lock(&self.map).set_max(max);
+    }
+
+    /// Puts the route of `run`; routes let go past the bound are closed (a committer
+    /// stops, answering what it gathered; idle connections close) once the map's lock
+    /// is let go.
+    fn insert(&self, mut map: MutexGuard<'_, Bounded<Route>>, run: &str, route: Route) {
+        // A route an append holds (its `Via`) is in use; a committer's own thread holds
+        // it too, for as long as it runs.
+        let gone = map.insert(run, route, |r| match r {
+            Route::Commit(c) => Arc::strong_count(c) <= 2,
+            Route::Hand(h) => Arc::strong_count(h) == 1,
+            Route::Direct(_) | Route::Seen => true,
+        });
+        drop(map);
+        Routes::close(gone);
+    }
+
+    fn close(routes: Vec<Route>) {
         for r in routes {
             if let Route::Commit(c) = r {
                 c.stop();
@@ -937,22 +964,24 @@ impl Store {
     }
 
     fn go_direct(&self, run: &str) {
-        lock(&self.handoff.map).insert(run.to_string(), Route::Direct(Instant::now() + DIRECT_FOR));
+        let map = lock(&self.handoff.map);
+        self.handoff
+            .insert(map, run, Route::Direct(Instant::now() + DIRECT_FOR));
     }
 
     /// Whether this process hands its appends to `run` to a committer (which only
     /// commits for a run that exists).
     pub(crate) fn hands_off(&self, run: &str) -> bool {
-        matches!(lock(&self.handoff.map).get(run), Some(Route::Hand(_)))
+        matches!(lock(&self.handoff.map).peek(run), Some(Route::Hand(_)))
     }
 
     /// Where this process's `sync` appends to `run` go.
     fn route(&self, run: &str) -> Via {
         let mut map = lock(&self.handoff.map);
         let may_commit = match map.get(run) {
-            Some(Route::Hand(h)) => return Via::Hand(h.clone()),
-            Some(Route::Commit(c)) => return Via::Commit(c.clone()),
-            Some(Route::Direct(until)) if Instant::now() < *until => return Via::Direct,
+            Some(Route::Hand(h)) => return Via::Hand(h),
+            Some(Route::Commit(c)) => return Via::Commit(c),
+            Some(Route::Direct(until)) if Instant::now() < until => return Via::Direct,
             Some(Route::Direct(_) | Route::Seen) => true,
             None => false,
         };
@@ -964,7 +993,7 @@ impl Store {
             Route::Commit(c) => Via::Commit(c.clone()),
             Route::Direct(_) | Route::Seen => Via::Direct,
         };
-        map.insert(run.to_string(), route);
+        self.handoff.insert(map, run, route);
         via
     }
 
