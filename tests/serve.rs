@@ -1180,6 +1180,52 @@ fn serve_ndjson_appends_are_acknowledged_line_by_line() {
     assert_eq!(srv.get("/v1/runs/inc/events", Some(&t)).seqs(), [1, 2, 3]);
 }
 
+/// A line of an NDJSON append must be whole within the request timeout, however its
+/// bytes trickle in: a client sending a byte every 150 ms under a 600 ms timeout gets a
+/// 408 problem line and the stream ends (each byte reset the timeout: a byte every 29 s
+/// held the request, its task and its connection for ever under the default 30 s).
+#[test]
+fn serve_ndjson_cuts_off_a_line_that_trickles_in() {
+    let (_env, srv, t) = alice(&["db"], &["--request-timeout-ms", "600"]);
+    let (mut c, mut r) = ndjson_append(&srv, &t);
+    send_line(&mut c, &ev("db", "whole").to_string());
+    assert_eq!(next_ack(&mut r).expect("the first line's ack")["line"], 1);
+    let mut w = c.try_clone().unwrap();
+    let line = format!("{}\n", ev("db", "trickled"));
+    let trickle = std::thread::spawn(move || {
+        for b in line.bytes() {
+            if w.write_all(format!("1\r\n{}\r\n", b as char).as_bytes())
+                .is_err()
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(150));
+        }
+    });
+    let started = Instant::now();
+    let a = next_ack(&mut r).expect("a problem line");
+    assert_eq!(
+        (a["line"].as_u64(), a["problem"]["status"].as_u64()),
+        (Some(2), Some(408)),
+        "{a}"
+    );
+    assert!(
+        a["problem"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("a line not complete")),
+        "{a}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(next_ack(&mut r).is_none(), "the stream ended");
+    drop(c);
+    let _ = trickle.join();
+    assert_eq!(srv.get("/v1/runs/inc/events", Some(&t)).seqs(), [1]);
+}
+
 /// A token revoked while its NDJSON append stream is open: the stream's next line after
 /// the token is asked again (at most a second later) is refused with 401, and nothing
 /// more is appended (the stream went on for as long as the connection lived).

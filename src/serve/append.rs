@@ -9,8 +9,8 @@
 //!   one request open. The first refused line is answered `{"line": N, "problem": {...}}`
 //!   and ends the stream (nothing after it is appended), as `swarm append --stdin` stops
 //!   at its first error. Each line is held to the body limit and the nesting limit; a
-//!   stream that sends nothing for the request timeout is answered with a 408 problem
-//!   line and closed.
+//!   stream that sends nothing for the request timeout, or a line not whole within it
+//!   from its first byte, is answered with a 408 problem line and closed.
 //!
 //! `expect_seq` (query, or the first event's own) makes an append a compare-and-swap on
 //! the run's last seq (412 when it moved).
@@ -188,14 +188,23 @@ async fn lines(target: &Target, body: Body, tx: &mpsc::Sender<Bytes>) -> Result<
     // The token is asked again as the stream runs (at most once a second): a revoked
     // token's stream stops at its next line, not when the client hangs up.
     let mut asked = std::time::Instant::now();
+    // When the line in `buf` began: each line must be whole within the request timeout,
+    // however its bytes trickle in (a byte every 29 s held the request, its task and its
+    // connection for ever under a 30 s timeout that only counted the wait for a chunk).
+    let mut line_began: Option<std::time::Instant> = None;
     loop {
-        let chunk = match tokio::time::timeout(idle, data.next()).await {
+        let wait = line_began.map_or(idle, |t| idle.saturating_sub(t.elapsed()));
+        let chunk = match tokio::time::timeout(wait, data.next()).await {
             Err(_) => {
+                let what = match line_began {
+                    Some(_) => "a line not complete",
+                    None => "no line",
+                };
                 let p = Problem::new(
                     StatusCode::REQUEST_TIMEOUT,
                     "timeout",
                     "Request timeout",
-                    format!("no line within {} ms", idle.as_millis()),
+                    format!("{what} within {} ms", idle.as_millis()),
                 );
                 return Err(problem(n + 1, p));
             }
@@ -213,12 +222,14 @@ async fn lines(target: &Target, body: Body, tx: &mpsc::Sender<Bytes>) -> Result<
             buf.extend_from_slice(&c);
         }
         // Every complete line, and at the end whatever is left.
+        let mut drained = false;
         while let Some(pos) = buf
             .iter()
             .position(|&b| b == b'\n')
             .or((end && !buf.is_empty()).then(|| buf.len() - 1))
         {
             let line: Vec<u8> = buf.drain(..=pos).collect();
+            drained = true;
             let text = line.trim_ascii();
             if text.is_empty() {
                 continue;
@@ -270,5 +281,12 @@ async fn lines(target: &Target, body: Body, tx: &mpsc::Sender<Bytes>) -> Result<
         if end {
             return Ok(());
         }
+        // What is left of the buffer is a line begun now, unless it is the one that
+        // was already being received.
+        line_began = match (buf.is_empty(), line_began) {
+            (true, _) => None,
+            (false, Some(t)) if !drained => Some(t),
+            (false, _) => Some(std::time::Instant::now()),
+        };
     }
 }
