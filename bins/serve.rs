@@ -72,6 +72,11 @@ pub struct ServeArgs {
     /// runs least recently used are closed, and opened again when next used.
     #[arg(long, default_value_t = swarm_memory::store::OPEN_RUNS_MAX_DEFAULT)]
     open_runs_per_user: usize,
+    /// Users whose store (with its open runs) is kept at once. Past it, the stores of
+    /// the users least recently served that no request, stream or MCP session holds
+    /// are closed, and opened again at their next request.
+    #[arg(long, default_value_t = server::OPEN_USERS_DEFAULT)]
+    open_users: usize,
     /// Requests per second each token may make (bursts up to one second's worth); over
     /// it: 429 with Retry-After. 0: no limit.
     #[arg(long, default_value_t = 0)]
@@ -152,6 +157,7 @@ pub fn serve(
         shutdown_timeout: Duration::from_millis(a.shutdown_timeout_ms),
         max_connections: a.max_connections.max(1),
         open_runs_per_user: a.open_runs_per_user.max(1),
+        open_users: a.open_users.max(1),
         rate_limit_per_s: a.rate_limit_per_s,
         embed_model: a.embed_model,
         deny_anonymous,

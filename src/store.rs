@@ -15,7 +15,7 @@
 
 mod append;
 pub mod archive;
-mod cache;
+pub(crate) mod cache;
 mod handoff;
 pub mod info;
 pub mod travel;
@@ -88,15 +88,6 @@ impl Writers {
             runs: Bounded::new(max),
             retired: SyncCounters::default(),
         }
-    }
-}
-
-fn add_counters(a: SyncCounters, c: SyncCounters) -> SyncCounters {
-    SyncCounters {
-        fsyncs: a.fsyncs + c.fsyncs,
-        coalesced: a.coalesced + c.coalesced,
-        durable_events: a.durable_events + c.durable_events,
-        recovered_found: a.recovered_found + c.recovered_found,
     }
 }
 
@@ -443,7 +434,7 @@ impl Store {
         logs.runs
             .values()
             .map(|l| l.counters())
-            .fold(logs.retired, add_counters)
+            .fold(logs.retired, |a, c| a + c)
     }
 
     pub(crate) fn writer(&self, run: &str, user: &str) -> Result<Arc<RunLog>> {
@@ -467,7 +458,7 @@ impl Store {
             Arc::strong_count(w) == 1 && !w.is_poisoned()
         });
         for w in &gone {
-            logs.retired = add_counters(logs.retired, w.counters());
+            logs.retired = logs.retired + w.counters();
         }
         drop(logs);
         // Closed outside the lock: a `batch` writer's drop flushes what it holds.

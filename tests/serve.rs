@@ -1444,3 +1444,70 @@ fn serve_bounds_its_open_connections() {
         "{metrics}"
     );
 }
+
+/// Files under `dir` that process `pid` holds open.
+fn files_open_under(pid: u32, dir: &std::path::Path) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|p| p.starts_with(dir))
+        .count()
+}
+
+/// The server keeps at most `--open-users` users' stores, each with at most
+/// `--open-runs-per-user` runs open: the files of the users and runs least recently
+/// served are closed, every user's events stay readable, appends go on gap-free, and
+/// `/metrics` keeps counting the durable events of the stores it closed. (Every store
+/// and every run it had met stayed open for the server's life: it ran out of file
+/// descriptors at some number of users and runs.)
+#[test]
+fn serve_bounds_the_users_and_runs_it_keeps_open() {
+    let env = Env::new();
+    let srv = Server::start(&env, &["--open-users", "2", "--open-runs-per-user", "2"]);
+    let pid = srv.child.id();
+    let users: Vec<(String, String)> = (0..5)
+        .map(|u| {
+            let user = format!("u{u}");
+            let t = token(&env, &user, &["db"], "agent");
+            (user, t)
+        })
+        .collect();
+    for (_, t) in &users {
+        for run in ["r0", "r1", "r2", "r3"] {
+            for i in 0..3 {
+                let r = srv.post(
+                    &format!("/v1/runs/{run}/events?durability=sync"),
+                    Some(t),
+                    &ev("db", &format!("{run} {i}")),
+                );
+                assert_eq!(r.status, 201, "{}", r.body);
+            }
+        }
+    }
+    let data = env.path();
+    assert_eq!(
+        files_open_under(pid, &data.join("u0")),
+        0,
+        "u0's store is open"
+    );
+    let open = files_open_under(pid, data);
+    // (Per run: the segment, SYNCED, SYNC_LOCK, the index's handles, a committer's lock.)
+    assert!(open <= 3 * 3 * 8, "{open} files open under the data dir");
+    for (user, t) in &users {
+        for run in ["r0", "r1", "r2", "r3"] {
+            let seqs = srv.get(&format!("/v1/runs/{run}/events"), Some(t)).seqs();
+            assert_eq!(seqs, [1, 2, 3], "{user} {run}");
+            let r = srv.post(
+                &format!("/v1/runs/{run}/events"),
+                Some(t),
+                &ev("db", "again"),
+            );
+            assert_eq!(r.json()["events"][0]["seq"], 4, "{user} {run}");
+        }
+    }
+    let metrics = srv.get("/metrics", None).body;
+    assert!(
+        metric(&metrics, "swarm_durable_events_total") >= 5 * 4 * 3,
+        "{metrics}"
+    );
+}

@@ -266,6 +266,19 @@ pub struct SyncCounters {
     pub recovered_found: u64,
 }
 
+impl std::ops::Add for SyncCounters {
+    type Output = SyncCounters;
+    /// Counts of two writers (or stores) summed.
+    fn add(self, c: SyncCounters) -> SyncCounters {
+        SyncCounters {
+            fsyncs: self.fsyncs + c.fsyncs,
+            coalesced: self.coalesced + c.coalesced,
+            durable_events: self.durable_events + c.durable_events,
+            recovered_found: self.recovered_found + c.recovered_found,
+        }
+    }
+}
+
 /// The writer handle of one run, shared by the threads of a process.
 pub(crate) struct RunLog {
     run_id: String,

@@ -8,11 +8,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::commit::SyncCounters;
 use crate::serve::feed::Feeds;
 use crate::serve::metrics::Metrics;
 use crate::serve::problem::Problem;
 use crate::serve::token::TokenSet;
 use crate::serve::vectors::Vectors;
+use crate::store::cache::Bounded;
 use crate::store::Store;
 use crate::tail::WatchHub;
 
@@ -54,6 +56,9 @@ pub struct ServeOptions {
     /// Runs of one user whose writer, index and head state the server keeps open at
     /// once ([`Store::with_open_runs_max`]).
     pub open_runs_per_user: usize,
+    /// Users whose store (and its open runs) the server keeps at once; past it, the
+    /// stores of the users least recently served that no request holds are closed.
+    pub open_users: usize,
     /// Requests per second each token may make (a bucket of one second's worth, so
     /// bursts up to it pass); 0: no limit.
     pub rate_limit_per_s: u32,
@@ -74,13 +79,29 @@ pub struct TlsFiles {
     pub key: PathBuf,
 }
 
+/// Each user's store, at most `ServeOptions::open_users` of them.
+pub(crate) struct UserStores {
+    stores: Bounded<Arc<Store>>,
+    /// The fsync counters of the stores closed so far.
+    retired: SyncCounters,
+}
+
+impl UserStores {
+    pub(crate) fn new(max: usize) -> UserStores {
+        UserStores {
+            stores: Bounded::new(max),
+            retired: SyncCounters::default(),
+        }
+    }
+}
+
 /// What every request shares: options, tokens, the stores, the shutdown signal.
 pub struct App {
     /// The options the server runs with.
     pub opts: ServeOptions,
     /// The tokens file.
     pub tokens: TokenSet,
-    pub(crate) stores: Mutex<HashMap<String, Arc<Store>>>,
+    pub(crate) stores: Mutex<UserStores>,
     /// Becomes `true` when the server starts shutting down (SSE streams end then).
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     /// What `/metrics` shows.
@@ -101,11 +122,12 @@ pub struct App {
 }
 
 impl App {
-    /// The long-lived store of `user` (opened on first use, then shared).
+    /// The long-lived store of `user` (opened on first use, then shared; closed when
+    /// `open_users` others were served since and no request holds it).
     pub fn store_for(&self, user: &str) -> Result<Arc<Store>, Problem> {
         let mut m = self.stores.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = m.get(user) {
-            return Ok(s.clone());
+        if let Some(s) = m.stores.get(user) {
+            return Ok(s);
         }
         let s = Store::open(&self.opts.data_dir)?
             .with_checkpoints(&self.opts.checkpoint_dir, self.opts.checkpoint_every)
@@ -113,7 +135,21 @@ impl App {
             .with_open_runs_max(self.opts.open_runs_per_user)
             .with_user(user, !self.opts.deny_anonymous)?;
         let s = Arc::new(s);
-        m.insert(user.to_string(), s.clone());
+        // A store a request, a stream or a session holds is in use.
+        let gone = m
+            .stores
+            .insert(user, s.clone(), |s| Arc::strong_count(s) == 1);
+        for g in &gone {
+            m.retired = m.retired + g.sync_totals();
+        }
+        drop(m);
+        if !gone.is_empty() {
+            // Closing a store stops its committers (each waits for its group): not on
+            // the request's thread, which may be one of the runtime's workers.
+            let _ = std::thread::Builder::new()
+                .name("swarm-close-store".into())
+                .spawn(move || drop(gone));
+        }
         Ok(s)
     }
 }
@@ -132,21 +168,17 @@ impl App {
         blocking(move || app.vectors.for_user(&app.opts.data_dir, &user)).await
     }
 
-    /// The writers' fsync counters summed over every user's store (`/metrics`).
-    pub fn sync_totals(&self) -> crate::commit::SyncCounters {
-        let stores: Vec<Arc<Store>> = {
+    /// The writers' fsync counters summed over every user's store (`/metrics`), those
+    /// of the stores closed since included.
+    pub fn sync_totals(&self) -> SyncCounters {
+        let (stores, retired): (Vec<Arc<Store>>, SyncCounters) = {
             let m = self.stores.lock().unwrap_or_else(|e| e.into_inner());
-            m.values().cloned().collect()
+            (m.stores.values().cloned().collect(), m.retired)
         };
-        stores.iter().map(|s| s.sync_totals()).fold(
-            crate::commit::SyncCounters::default(),
-            |a, c| crate::commit::SyncCounters {
-                fsyncs: a.fsyncs + c.fsyncs,
-                coalesced: a.coalesced + c.coalesced,
-                durable_events: a.durable_events + c.durable_events,
-                recovered_found: a.recovered_found + c.recovered_found,
-            },
-        )
+        stores
+            .iter()
+            .map(|s| s.sync_totals())
+            .fold(retired, |a, c| a + c)
     }
 
     /// Takes one request from the bucket of token `id`; 429 with the seconds to wait

@@ -86,6 +86,8 @@ pub const SSE_POLL_MS_DEFAULT: u64 = crate::tail::POLL_INTERVAL_MS_DEFAULT;
 const VECTOR_FLUSH_EVERY: Duration = Duration::from_secs(5);
 /// Default longest wait for in-flight requests at shutdown.
 pub const SHUTDOWN_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+/// Default of `--open-users`.
+pub const OPEN_USERS_DEFAULT: usize = 256;
 /// Default of `--max-connections`.
 pub const MAX_CONNECTIONS_DEFAULT: usize = 4_096;
 
@@ -142,7 +144,7 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
     let app = Arc::new(App {
         opts: opts.clone(),
         tokens,
-        stores: Mutex::new(HashMap::new()),
+        stores: Mutex::new(crate::serve::app::UserStores::new(opts.open_users)),
         shutdown: stop_rx,
         metrics: metrics.clone(),
         watches: watches.clone(),
