@@ -42,11 +42,12 @@ pub enum Error {
     #[error("conflict: {0}")]
     Conflict(String),
     /// Actions on the subject are blocked by an open escalation (exit 6).
-    #[error("escalated: subject {subject:?} is blocked by escalation #{escalation} until a human resolves it (swarm resolve)")]
+    #[error("escalated: subject {subject:?} is blocked by {} until a human resolves it (swarm resolve)", escalation_name(*escalation))]
     Escalated {
         /// The blocked subject.
         subject: String,
-        /// Seq of the open escalation.
+        /// Seq of the open escalation; 0 when the caller's agent may not read
+        /// escalations (the run's policy).
         escalation: u64,
     },
     /// Damaged bytes that are not a torn tail (exit 3): never dropped silently.
@@ -80,6 +81,14 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+}
+
+/// How an escalation is named in a message: by its seq, or not at all (0: hidden).
+fn escalation_name(seq: u64) -> String {
+    match seq {
+        0 => "an open escalation".to_string(),
+        n => format!("escalation #{n}"),
+    }
 }
 
 impl Error {

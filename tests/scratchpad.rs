@@ -1327,3 +1327,45 @@ fn an_agent_view_lists_a_bounded_number_of_unseen_entries() {
     assert_eq!(seqs.len(), swarm_memory::store::travel::UNSEEN_MAX);
     assert_eq!((seqs[0], *seqs.last().unwrap()), (6, n));
 }
+
+/// An agent whose policy hides escalations (they quote the decisions they are between)
+/// gets none back from its own append that caused one, and the refusal of its next
+/// decision on the blocked subject does not name the escalation's seq: the append's
+/// answer listed every stored event, the engine's escalation included, with the other
+/// agent's decision quoted in it.
+#[test]
+fn an_append_answers_only_what_its_agent_may_read() {
+    use swarm_memory::fold::rules::Policy;
+    use swarm_memory::{Durability, Error, EventType, NewEvent};
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = alice_store(dir.path());
+    let decide = |agent: &str, text: &str| {
+        let mut e = NewEvent::new(agent, EventType::Decision, text.to_string());
+        e.subject = Some("payments".to_string());
+        store.append_batch("r", vec![e], None, Durability::None)
+    };
+    let policy: Policy = serde_json::from_value(json!({
+        "permissions": {
+            "lead": {"read_types": ["*"], "write_types": ["*"], "admin": true},
+            "w": {"read_types": ["evidence"], "write_types": ["evidence", "decision"]}
+        }
+    }))
+    .unwrap();
+    store.set_policy("r", "lead", &policy).unwrap();
+    decide("lead", "SECRETA fail over payments").unwrap();
+    let got = decide("w", "keep payments where they are").unwrap();
+    assert_eq!(store.escalations("r", true).unwrap().len(), 1, "escalated");
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].agent_id, "w");
+    assert!(!serde_json::to_string(&got).unwrap().contains("SECRETA"));
+    match decide("w", "keep payments, really") {
+        Err(Error::Escalated { escalation, .. }) => assert_eq!(escalation, 0, "seq shown"),
+        other => panic!("{other:?}"),
+    }
+    // The lead, shown escalations, is told which one blocks it.
+    match decide("lead", "fail over payments now") {
+        Err(Error::Escalated { escalation, .. }) => assert!(escalation > 0),
+        other => panic!("{other:?}"),
+    }
+}

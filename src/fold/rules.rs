@@ -650,9 +650,12 @@ impl Rules {
             return Ok(());
         };
         if let Some(esc) = r.blocked_by {
+            // Its seq only to an agent shown escalations (they quote the entries they
+            // are between); 0 to the others.
+            let shown = self.may_read_kind(e.agent, EventType::Escalation);
             return Err(Error::Escalated {
                 subject: subject.to_string(),
-                escalation: esc,
+                escalation: if shown { esc } else { 0 },
             });
         }
         if let Some(d) = &r.standing {

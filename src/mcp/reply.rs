@@ -105,7 +105,8 @@ pub fn failure_json(e: &ToolError) -> Value {
             subject,
             escalation,
         } => json!({
-            "error": "escalated", "subject": subject, "escalation_seq": escalation,
+            "error": "escalated", "subject": subject,
+            "escalation_seq": (*escalation > 0).then_some(*escalation),
             "hint": "decisions and actions on this subject wait for a human to resolve the escalation; hypotheses and evidence are still accepted (list_escalations shows it)",
         }),
         Error::Corrupt { seq, .. } => json!({

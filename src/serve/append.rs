@@ -1,8 +1,8 @@
 //! `POST /v1/runs/{run}/events`: appends, as one JSON body or as an NDJSON stream.
 //!
 //! - `Content-Type: application/json`: one event object, or an array appended as one
-//!   atomic batch; 201 `{"events": [...]}` with every stored event, the engine's own
-//!   included (an escalation the append caused).
+//!   atomic batch; 201 `{"events": [...]}` with every stored event, and the engine's
+//!   own it caused (an escalation) when the batch's agents may read them.
 //! - `Content-Type: application/x-ndjson`: one event or batch per line, each appended as
 //!   soon as its line is complete and acknowledged at once on its own line of the
 //!   streamed 200 response (`{"line": N, "events": [...]}`), so a long-lived agent keeps

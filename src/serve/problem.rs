@@ -160,7 +160,7 @@ impl From<Error> for Problem {
                 "Blocked by an open escalation",
                 e.to_string(),
             )
-            .with("escalation", escalation),
+            .with("escalation", (escalation > 0).then_some(escalation)),
             Error::Poisoned(_) => {
                 tracing::error!(error = %e, "request failed");
                 Problem::new(

@@ -57,8 +57,31 @@ impl Store {
         expect_seq: Option<u64>,
         durability: Durability,
     ) -> Result<Vec<Event>> {
+        let agents = writers(&events);
         let batch = self.check_batch(run, events, expect_seq)?;
-        self.append_checked(run, batch, expect_seq, durability)
+        let stored = self.append_checked(run, batch, expect_seq, durability)?;
+        Ok(self.shown_to_writers(run, &agents, stored))
+    }
+
+    /// The stored events of a batch as its agents may see them: an event of the
+    /// engine's that the append caused (an escalation quotes the decisions it is
+    /// between) only when every agent of the batch may read it, as a read of theirs
+    /// would show it. The append has happened: this never fails (when the rules cannot
+    /// be read, the engine's events are left out).
+    fn shown_to_writers(&self, run: &str, agents: &[String], stored: Vec<Event>) -> Vec<Event> {
+        if !stored.iter().any(|e| e.agent_id == ENGINE_AGENT) {
+            return stored;
+        }
+        let head = self.head_state(run).ok();
+        stored
+            .into_iter()
+            .filter(|e| {
+                e.agent_id != ENGINE_AGENT
+                    || head
+                        .as_ref()
+                        .is_some_and(|h| agents.iter().all(|a| h.state.rules.may_read_event(a, e)))
+            })
+            .collect()
     }
 
     /// Appends several independent atomic batches to one run, each as
@@ -72,6 +95,7 @@ impl Store {
         batches: Vec<(Vec<NewEvent>, Option<u64>)>,
         durability: Durability,
     ) -> Vec<Result<Vec<Event>>> {
+        let agents: Vec<Vec<String>> = batches.iter().map(|(events, _)| writers(events)).collect();
         let checked: Vec<Result<CheckedBatch>> = batches
             .into_iter()
             .map(|(events, expect)| {
@@ -82,6 +106,10 @@ impl Store {
             })
             .collect();
         self.append_many_checked(run, checked, durability)
+            .into_iter()
+            .zip(agents)
+            .map(|(r, agents)| r.map(|stored| self.shown_to_writers(run, &agents, stored)))
+            .collect()
     }
 
     /// [`Store::append_many`] of checked batches (a committer's queue,
@@ -438,4 +466,12 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// The agents a batch writes as, once each.
+fn writers(events: &[NewEvent]) -> Vec<String> {
+    let mut agents: Vec<String> = events.iter().map(|e| e.agent_id.clone()).collect();
+    agents.sort_unstable();
+    agents.dedup();
+    agents
 }
