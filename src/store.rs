@@ -24,7 +24,6 @@ pub use cache::OPEN_RUNS_MAX_DEFAULT;
 pub use handoff::HandoffCounters;
 pub use info::RunInfo;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -72,7 +71,7 @@ pub struct Store {
     open_runs_max: usize,
     /// The policies of closed runs read so far: final (a closed run refuses every
     /// append), and reading an archived run unpacks it whole (see [`Store::policy`]).
-    closed_policies: Mutex<HashMap<String, Option<crate::fold::rules::Policy>>>,
+    closed_policies: Mutex<Bounded<Option<crate::fold::rules::Policy>>>,
 }
 
 /// The writers of a store's runs, and the counters of those it let go.
@@ -129,7 +128,7 @@ impl Store {
             user: ANONYMOUS.to_string(),
             archive_root: root.join(".archive"),
             heads: Mutex::new(Bounded::new(OPEN_RUNS_MAX_DEFAULT)),
-            closed_policies: Mutex::new(HashMap::new()),
+            closed_policies: Mutex::new(Bounded::new(OPEN_RUNS_MAX_DEFAULT)),
             indexes: Mutex::new(Bounded::new(OPEN_RUNS_MAX_DEFAULT)),
             open_runs_max: OPEN_RUNS_MAX_DEFAULT,
         })
@@ -157,7 +156,7 @@ impl Store {
         // store acted for before (another user's run of the same name).
         self.logs = Arc::new(Mutex::new(Writers::new(self.open_runs_max)));
         self.heads = Mutex::new(Bounded::new(self.open_runs_max));
-        self.closed_policies = Mutex::new(HashMap::new());
+        self.closed_policies = Mutex::new(Bounded::new(self.open_runs_max));
         self.indexes = Mutex::new(Bounded::new(self.open_runs_max));
         Ok(self)
     }
@@ -506,7 +505,7 @@ impl Store {
             user: user.to_string(),
             archive_root: self.archive_root.clone(),
             heads: Mutex::new(Bounded::new(self.open_runs_max)),
-            closed_policies: Mutex::new(HashMap::new()),
+            closed_policies: Mutex::new(Bounded::new(self.open_runs_max)),
             indexes: Mutex::new(Bounded::new(self.open_runs_max)),
             open_runs_max: self.open_runs_max,
         }

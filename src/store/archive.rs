@@ -161,12 +161,12 @@ impl Store {
         run: &str,
         read: impl FnOnce() -> Result<Option<crate::fold::rules::Policy>>,
     ) -> Result<Option<crate::fold::rules::Policy>> {
-        let known = self
+        let mut known = self
             .closed_policies
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         if let Some(p) = known.get(run) {
-            return Ok(p.clone());
+            return Ok(p);
         }
         drop(known);
         let p = read()?;
@@ -174,7 +174,8 @@ impl Store {
             .closed_policies
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        known.insert(run.to_string(), p.clone());
+        let gone = known.insert(run, p.clone(), |_| true);
+        drop(gone);
         Ok(p)
     }
 
