@@ -452,15 +452,18 @@ impl Store {
             &self.opts,
         )?);
         // A writer nobody holds (no append, prune or checkpoint job in flight) may go; a
-        // poisoned one stays, so that its run keeps refusing this process's appends.
+        // poisoned one stays, so that its run keeps refusing this process's appends; so
+        // does one with `batch` data not yet flushed (its flusher soon makes it idle):
+        // dropped, it would fsync, and a failure there would poison a writer nobody
+        // keeps, the next one acknowledging appends after the failed fsync.
         let gone = logs.runs.insert(run, l.clone(), |w| {
-            Arc::strong_count(w) == 1 && !w.is_poisoned()
+            Arc::strong_count(w) == 1 && !w.is_poisoned() && !w.batch_pending()
         });
         for w in &gone {
             logs.retired = logs.retired + w.counters();
         }
         drop(logs);
-        // Closed outside the lock: a `batch` writer's drop flushes what it holds.
+        // Closed outside the lock.
         drop(gone);
         Ok(l)
     }

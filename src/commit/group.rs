@@ -555,6 +555,12 @@ impl RunLog {
         }
     }
 
+    /// `batch`-mode data written and not yet covered by a flush: dropping the writer
+    /// would fsync it (and a failure there would poison a writer nobody keeps).
+    pub(crate) fn batch_pending(&self) -> bool {
+        lock(&self.batch_dirty).is_some()
+    }
+
     pub(crate) fn flush_batch(&self) {
         let pending = lock(&self.batch_dirty).take();
         if let Some((end, seq, seg)) = pending {

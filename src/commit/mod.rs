@@ -906,4 +906,46 @@ mod tests {
             assert!(after.contains(q), "acknowledged seq {q} lost");
         }
     }
+
+    /// A store past its open-runs bound lets a writer go only when dropping it cannot
+    /// fsync: a writer holding `batch` data whose flush then failed was dropped poisoned,
+    /// and the writer opened next for the run acknowledged appends after the failure.
+    #[test]
+    fn a_writer_let_go_with_batch_data_keeps_its_poison() {
+        let mem = MemStorage::new();
+        let s = Store::open_with(
+            Arc::new(mem.clone()),
+            Path::new("/data"),
+            LogOptions {
+                // No background flush during the test: the batch data waits for one.
+                batch_interval_ms: 600_000,
+                ..LogOptions::default()
+            },
+        )
+        .unwrap()
+        .with_open_runs_max(1);
+        let ev = |i: u32| NewEvent::new("a", EventType::Evidence, format!("e{i}"));
+        s.append("r2", ev(0), Durability::Sync).unwrap();
+        s.append("r1", ev(1), Durability::Sync).unwrap();
+        // Acknowledged, not yet fsynced.
+        s.append("r1", ev(2), Durability::Batch).unwrap();
+        mem.fail_syncs(1);
+        // Meeting r2 again puts r1's writer over the bound.
+        s.append("r2", ev(3), Durability::None).unwrap();
+        // Whichever fsync took the failure, this process must not acknowledge r1's
+        // appends after it (the batch data it covered may be gone from the page cache).
+        let flushed = s.append("r1", ev(4), Durability::Sync);
+        assert!(
+            matches!(
+                flushed,
+                Err(crate::error::Error::Poisoned(_)) | Err(crate::error::Error::Io { .. })
+            ),
+            "an fsync of r1 failed in this process, yet r1 acknowledged: {flushed:?}"
+        );
+        let again = s.append("r1", ev(5), Durability::Sync);
+        assert!(
+            matches!(again, Err(crate::error::Error::Poisoned(_))),
+            "r1 not poisoned after its failed fsync: {again:?}"
+        );
+    }
 }
