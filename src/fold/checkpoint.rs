@@ -547,7 +547,7 @@ mod streamed_tests {
             x ^= x >> 7;
             x ^= x << 17;
             // Half random, half repeats from far back: matches beyond the window.
-            if x % 3 == 0 && big.len() > 8 << 20 {
+            if x.is_multiple_of(3) && big.len() > 8 << 20 {
                 let from = (x as usize >> 8) % (big.len() - 4096);
                 let piece = big[from..from + 1000].to_vec();
                 big.extend_from_slice(&piece);
