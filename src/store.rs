@@ -414,9 +414,10 @@ impl Store {
     }
 
     /// This process's counters of a run's durable path (fsyncs made, fsyncs another
-    /// process's flush saved, durable events acknowledged) since this store first
-    /// appended to it; zeros when it has not. `durable_events / fsyncs` is the group
-    /// commit's events per fsync.
+    /// process's flush saved, durable events acknowledged) since this store last opened
+    /// the run's writer (a writer let go past [`Store::with_open_runs_max`] takes its
+    /// counts into [`Store::sync_totals`] only); zeros when it has none open.
+    /// `durable_events / fsyncs` is the group commit's events per fsync.
     pub fn sync_counters(&self, run: &str) -> SyncCounters {
         let logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
         logs.runs

@@ -195,7 +195,17 @@ impl Routes {
             Route::Direct(_) | Route::Seen => true,
         });
         drop(map);
-        Routes::close(gone);
+        if gone.iter().any(|r| matches!(r, Route::Commit(_))) {
+            // A committer stops after its group and its answers (up to a second for
+            // clients that do not read): not on the thread of the append that pushed
+            // it out. Until it has, its lock keeps its run's appends direct here.
+            let spawned = std::thread::Builder::new()
+                .name("swarm-commit-stop".into())
+                .spawn(move || Routes::close(gone));
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "cannot start a thread to stop a committer");
+            }
+        }
     }
 
     fn close(routes: Vec<Route>) {
