@@ -183,6 +183,10 @@ impl Store {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .set_max(n);
+        self.closed_policies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_max(n);
         self.handoff.set_max(n);
         self
     }
