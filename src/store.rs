@@ -541,6 +541,10 @@ impl Store {
                 // reader's read ends there; what came since is for its next read.
                 let at = head.state.head_seq;
                 opts.to_seq = Some(opts.to_seq.map_or(at, |t| t.min(at)));
+                #[cfg(test)]
+                if let Some(f) = tests::take_after_rules(&dir) {
+                    f();
+                }
                 Some(head.state.rules.clone())
             }
             None => None,
@@ -1016,3 +1020,6 @@ pub fn engine_log_hidden(run: &str, reader: Option<&str>) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;
