@@ -388,9 +388,8 @@ impl RunLog {
         let _io = lock(&self.sync_io);
         self.synced.lock().ctx("lock", &self.synced_path)?;
         let r = (|| {
-            // A writer whose `pwrite` failed part-way cuts its frames off again (and then
-            // lowers the marks under this lock): publish others' frames only while they
-            // are still there.
+            // Publish others' frames only while they are still there (a defence: writers
+            // never cut whole frames, but the file may have been cut from outside).
             let (cover, cover_seq) = if cover > own.0 && file.len().is_ok_and(|l| l < cover.off) {
                 own
             } else {
@@ -513,6 +512,19 @@ impl RunLog {
             source: std::io::Error::other(
                 "an fsync of this run failed in this process: whether this append reached the disk is unknown (read the run, or append again with the same id)",
             ),
+        }
+    }
+
+    /// The error of the appends of a write group whose `pwrite` failed after a whole
+    /// frame of it reached the file: that frame may be published by another process's
+    /// flush, so it stays, and whether each append is stored is unknown.
+    pub(super) fn write_outcome_unknown(&self, e: Error) -> Error {
+        Error::Io {
+            op: "write",
+            path: self.dir.clone(),
+            source: std::io::Error::other(format!(
+                "{e}; part of the write reached the log: whether this append is stored is unknown (read the run, or append again with the same id)"
+            )),
         }
     }
 

@@ -41,9 +41,10 @@
 //! The published position is always the end of a whole frame written before the fsync
 //! began (this process's, or a CRC-valid one of another process found after it), never the
 //! file's length, which may include a torn frame of a writer that died mid-`write`; so a
-//! tail repair never has to take back a durable position. (A writer whose `pwrite` fails
-//! part-way cuts its frames off again and lowers the marks under the `SYNCED` lock; a
-//! flush publishes another process's frames only if they are still there under that lock.)
+//! tail repair never has to take back a durable position. (So a writer whose `pwrite`
+//! fails part-way never cuts what reached the file: its whole frames, which a flush may
+//! have published, stay, and the bytes after them are a torn tail, cut aside by the next
+//! load; its appends then have an unknown outcome.)
 //!
 //! Lock order, always: writer mutex, then `LOCK`, then `SYNC_LOCK`, then the `sync_io`
 //! mutex, then `SYNCED`.
@@ -488,6 +489,95 @@ mod tests {
         );
         let r = s.append("r", ev(), Durability::Sync);
         assert!(matches!(r, Err(Error::Poisoned(_))), "{r:?}");
+    }
+
+    /// `a`'s next `pwrite` stores only its first `keep` bytes and fails; in that window
+    /// `b` (another process, in effect), whose own frame is not durable yet, flushes, and
+    /// a reader reads the run. Returns `a`'s answer, what the reader saw (seq and
+    /// content), and `a` and a reader for afterwards.
+    fn a_write_fails_while_another_process_flushes(
+        keep: usize,
+    ) -> (
+        crate::error::Result<crate::Event>,
+        Vec<(u64, String)>,
+        Store,
+        Store,
+    ) {
+        let mem = MemStorage::new();
+        let (a, b) = (store(&mem, 1 << 20), store(&mem, 1 << 20));
+        let ev = |c: &str| NewEvent::new("x", EventType::Evidence, c);
+        assert_eq!(a.append("r", ev("one"), Durability::Sync).unwrap().seq, 1);
+        // Written and visible, not durable yet: `b`'s next flush has work to do.
+        assert_eq!(b.append("r", ev("two"), Durability::None).unwrap().seq, 2);
+        let al = a.writer("r", "anonymous").unwrap();
+        let seg_path = crate::log::segment::segment_path(&al.dir, super::lock(&al.writer).seg_base);
+        let bl = b.writer("r", "anonymous").unwrap();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (seen2, mem2) = (seen.clone(), mem.clone());
+        mem.fail_next_write(&seg_path, keep, move || {
+            let (end, seq, file) = super::lock(&bl.sync).written.clone().unwrap();
+            bl.wait_durable(end, seq, &file).unwrap();
+            let reader = store(&mem2, 1 << 20);
+            *seen2.lock().unwrap() = reader
+                .read("r", ReadOptions::default())
+                .unwrap()
+                .map(|e| e.unwrap())
+                .map(|e| (e.seq, e.content.to_string()))
+                .collect::<Vec<_>>();
+        });
+        let r = a.append("r", ev("three"), Durability::Sync);
+        let seen = seen.lock().unwrap().clone();
+        (r, seen, a, store(&mem, 1 << 20))
+    }
+
+    fn contents(s: &Store) -> Vec<(u64, String)> {
+        s.read("r", ReadOptions::default())
+            .unwrap()
+            .map(|e| e.unwrap())
+            .map(|e| (e.seq, e.content.to_string()))
+            .collect()
+    }
+
+    /// A `pwrite` that fails after a whole frame reached the file, while another process
+    /// flushes: that flush publishes the frame (it extends its cover over whole frames
+    /// after its own) and a reader reads it as durable. The writer must not cut it (it
+    /// did: the reader saw seq 3 "three" published durable, and the next load found it
+    /// gone and declared seq 3 lost); its append has an unknown outcome, and the next one
+    /// goes after it.
+    #[test]
+    fn a_failed_write_never_takes_back_a_frame_another_process_published() {
+        let (r, seen, a, reader) = a_write_fails_while_another_process_flushes(usize::MAX);
+        assert_eq!(seen.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert!(seen[2].1.contains("three"), "{seen:?}");
+        let ev = NewEvent::new("x", EventType::Evidence, "four");
+        let next = a.append("r", ev, Durability::Sync).unwrap().seq;
+        let now = contents(&reader);
+        assert_eq!(now[..3], seen[..], "what a reader saw was taken back");
+        assert_eq!(next, 4);
+        assert!(now[3].1.contains("four"), "{now:?}");
+        assert!(
+            matches!(&r, Err(Error::Io { source, .. }) if source.to_string().contains("unknown")),
+            "{r:?}"
+        );
+    }
+
+    /// A `pwrite` that fails before a whole frame reached the file: nothing of it can be
+    /// published, so the append failed for sure (a plain write error), the bytes are a
+    /// torn tail cut aside by the next load, and the next append takes the seq.
+    #[test]
+    fn a_failed_write_of_no_whole_frame_fails_for_sure() {
+        let (r, seen, a, reader) = a_write_fails_while_another_process_flushes(10);
+        assert!(
+            matches!(&r, Err(Error::Io { source, .. })
+                if source.to_string().contains("injected") && !source.to_string().contains("unknown")),
+            "{r:?}"
+        );
+        assert_eq!(seen.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 2]);
+        let ev = NewEvent::new("x", EventType::Evidence, "four");
+        assert_eq!(a.append("r", ev, Durability::Sync).unwrap().seq, 3);
+        let now = contents(&reader);
+        assert_eq!(now.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert!(now[2].1.contains("four"), "{now:?}");
     }
 
     /// Two handles on one run of one event; `a`'s next write group panics where `hook`

@@ -592,19 +592,24 @@ impl RunLog {
                 panic!("a write group panics after its write (injected by a test)");
             }
             if let Err(e) = written {
-                // Remove whatever part of the group reached the file, so that no
-                // unacknowledged bytes stay behind a later append.
-                if w.seg.set_len(start).is_err() {
-                    self.poisoned.store(true, Ordering::Release);
-                } else if let Err(e) = self.clamp_watermark(Pos {
+                // The bytes that reached the file stay: never cut. Another process's
+                // flush extends its cover over whole frames it finds after its own
+                // (`whole_frames_after`), so a whole frame of this group may already be
+                // published and read, and cutting it would give its seqs to other events.
+                // The next group loads the log again (`loaded` below): this group's whole
+                // frames are the log's, the bytes after the last of them a torn tail, cut
+                // aside (never published: a publisher needs a whole frame). So when a
+                // whole frame reached the file, whether each append is stored is unknown.
+                let at = Pos {
                     seg: w.seg_base,
                     off: start,
-                }) {
-                    // Another process's fsync may have published a frame of the group
-                    // that was whole for a moment; unable to take that back, refuse.
-                    tracing::error!(error = %e, "cannot lower the marks after a failed write");
-                    self.poisoned.store(true, Ordering::Release);
-                }
+                };
+                let whole = self.whole_frames_after(&w.seg, &seg_path, at, saved.0).0 > at;
+                let e = if whole {
+                    self.write_outcome_unknown(e)
+                } else {
+                    e
+                };
                 w.head_seq = saved.0;
                 w.head_ts = saved.1;
                 for id in added_ids.into_iter().chain(recovered) {

@@ -220,6 +220,14 @@ struct MemFs {
     dirs: std::collections::HashSet<PathBuf>,
     locked: std::collections::HashSet<PathBuf>,
     failing_syncs: u32,
+    failing_write: Option<FailingWrite>,
+}
+
+/// A `write_all_at` that fails part-way ([`MemStorage::fail_next_write`]).
+struct FailingWrite {
+    path: PathBuf,
+    keep: usize,
+    then: Box<dyn FnOnce() + Send>,
 }
 
 #[derive(Default)]
@@ -304,6 +312,18 @@ impl MemStorage {
         lock_poison_ok(&self.inner.fs).failing_syncs = n;
     }
 
+    /// Makes the next write of bytes that are not all zeros (a zero fill ahead is let
+    /// through) to the file at `path` store only its first `keep` bytes, run `then` (no
+    /// lock of this storage held: another process acting in the window), and fail with
+    /// an I/O error, as a `pwrite` that fails part-way does.
+    pub fn fail_next_write(&self, path: &Path, keep: usize, then: impl FnOnce() + Send + 'static) {
+        lock_poison_ok(&self.inner.fs).failing_write = Some(FailingWrite {
+            path: path.to_path_buf(),
+            keep,
+            then: Box::new(then),
+        });
+    }
+
     /// The written bytes of a file (for tests).
     pub fn contents(&self, path: &Path) -> Option<Vec<u8>> {
         let fs = lock_poison_ok(&self.inner.fs);
@@ -354,13 +374,40 @@ impl StorageFile for MemFile {
         if !self.writable {
             return Err(io::Error::new(io::ErrorKind::PermissionDenied, "read-only"));
         }
-        let mut d = lock_poison_ok(&self.data);
-        let off = offset as usize;
-        if d.written.len() < off + buf.len() {
-            d.written.resize(off + buf.len(), 0);
+        let failing = {
+            let mut fs = lock_poison_ok(&self.storage.inner.fs);
+            match fs.failing_write.take() {
+                Some(f) if f.path == self.path && buf.iter().any(|&b| b != 0) => Some(f),
+                other => {
+                    fs.failing_write = other;
+                    None
+                }
+            }
+        };
+        let buf_all = buf;
+        let buf = match &failing {
+            Some(f) => &buf[..f.keep.min(buf.len())],
+            None => buf,
+        };
+        {
+            let mut d = lock_poison_ok(&self.data);
+            let off = offset as usize;
+            if d.written.len() < off + buf.len() {
+                d.written.resize(off + buf.len(), 0);
+            }
+            d.written[off..off + buf.len()].copy_from_slice(buf);
         }
-        d.written[off..off + buf.len()].copy_from_slice(buf);
-        Ok(())
+        match failing {
+            Some(f) => {
+                (f.then)();
+                Err(io::Error::other(format!(
+                    "injected write failure after {} of {} bytes",
+                    buf.len(),
+                    buf_all.len()
+                )))
+            }
+            None => Ok(()),
+        }
     }
     fn len(&self) -> io::Result<u64> {
         Ok(lock_poison_ok(&self.data).written.len() as u64)
