@@ -164,9 +164,9 @@ pub fn load(located: &Located) -> Result<Option<Arc<dyn Embedder>>> {
 
 /// A sentence-embedding model.
 pub trait Embedder: Send + Sync {
-    /// The model's name and weights hash, e.g.
-    /// `all-MiniLM-L6-v2@sha256:1a2b3c4d5e6f7a8b.f2` (`.f2`: the version of the model
-    /// code's arithmetic).
+    /// The model's name, weights hash and setup hash (config, tokenizer, pooling, tokens
+    /// kept), e.g. `all-MiniLM-L6-v2@sha256:1a2b3c4d5e6f7a8b.0c1d2e3f.f2` (`.f2`: the
+    /// version of the model code's arithmetic).
     fn id(&self) -> &str;
     /// Dimensions of every vector.
     fn dim(&self) -> usize;

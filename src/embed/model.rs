@@ -158,15 +158,64 @@ fn check_weights_len(dir: &Path, len: u64) -> Result<()> {
     Ok(())
 }
 
-/// A model's id: its directory's name and the start of its weights' SHA-256.
-fn model_id(dir: &Path, hash: &str) -> String {
+/// What besides the weights decides a text's vector: the network's shape
+/// (`config.json`), the tokenizer (`tokenizer.json`), the tokens kept per text
+/// (`max_seq_length`) and the pooling.
+struct Setup {
+    config: Config,
+    seq_tokens_max: usize,
+    pooling: Pooling,
+    /// The hex SHA-256 of all of them (part of the model id).
+    hash: String,
+}
+
+/// Reads and checks the small files of the directory (not the weights).
+fn read_setup(dir: &Path) -> Result<Setup> {
+    let read = |name: &str| {
+        let path = dir.join(name);
+        fs::read(&path).ctx("read model file", &path)
+    };
+    let config_bytes = read("config.json")?;
+    let config: Config = serde_json::from_slice(&config_bytes)
+        .map_err(|e| model_err(dir, format!("config.json: {e}")))?;
+    let seq_tokens_max = if dir.join("sentence_bert_config.json").is_file() {
+        let c: SentenceBertConfig = read_json(dir, "sentence_bert_config.json")?;
+        c.max_seq_length.unwrap_or(SEQ_TOKENS_DEFAULT)
+    } else {
+        SEQ_TOKENS_DEFAULT
+    }
+    .min(config.max_position_embeddings);
+    let pooling = read_pooling(dir)?;
+    let tokenizer_bytes = read("tokenizer.json")?;
+    let mut h = Sha256::new();
+    for part in [&config_bytes[..], &tokenizer_bytes[..]] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    h.update(format!("max_seq_length={seq_tokens_max};pooling={pooling:?}").as_bytes());
+    Ok(Setup {
+        config,
+        seq_tokens_max,
+        pooling,
+        hash: hex(&h.finalize()),
+    })
+}
+
+/// A model's id: its directory's name, the start of its weights' SHA-256, and the start
+/// of its setup's ([`Setup`]: another tokenizer, pooling or `max_seq_length` gives other
+/// vectors from the same weights, so a vector cache must not be shared across them).
+fn model_id(dir: &Path, weights: &str, setup: &str) -> String {
     let name = dir
         .canonicalize()
         .unwrap_or_else(|_| dir.to_path_buf())
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    format!("{name}@sha256:{}.f{FORWARD_VERSION}", &hash[..16])
+    format!(
+        "{name}@sha256:{}.{}.f{FORWARD_VERSION}",
+        &weights[..16],
+        &setup[..8]
+    )
 }
 
 /// A model whose weights are loaded on the first call that embeds (an empty call
@@ -185,8 +234,7 @@ pub struct Lazy {
 impl Lazy {
     /// Opens the sentence-transformers directory `dir` without loading its weights.
     pub fn open(dir: &Path) -> Result<Lazy> {
-        let config: Config = read_json(dir, "config.json")?;
-        read_pooling(dir)?;
+        let setup = read_setup(dir)?;
         Tokenizer::from_file(dir.join("tokenizer.json"))
             .map_err(|e| model_err(dir, format!("tokenizer.json: {e}")))?;
         let w_path = dir.join("model.safetensors");
@@ -197,8 +245,8 @@ impl Lazy {
         let hash = hex(&h.finalize());
         Ok(Lazy {
             dir: dir.to_path_buf(),
-            id: model_id(dir, &hash),
-            dim: config.hidden_size,
+            id: model_id(dir, &hash, &setup.hash),
+            dim: setup.config.hidden_size,
             model: std::sync::OnceLock::new(),
         })
     }
@@ -239,15 +287,9 @@ impl Embedder for Lazy {
 impl Model {
     /// Loads the sentence-transformers directory `dir` (see the module doc for the files).
     pub fn load(dir: &Path) -> Result<Model> {
-        let config: Config = read_json(dir, "config.json")?;
-        let seq_tokens_max = if dir.join("sentence_bert_config.json").is_file() {
-            let c: SentenceBertConfig = read_json(dir, "sentence_bert_config.json")?;
-            c.max_seq_length.unwrap_or(SEQ_TOKENS_DEFAULT)
-        } else {
-            SEQ_TOKENS_DEFAULT
-        }
-        .min(config.max_position_embeddings);
-        let pooling = read_pooling(dir)?;
+        let setup = read_setup(dir)?;
+        let (config, seq_tokens_max, pooling) =
+            (&setup.config, setup.seq_tokens_max, setup.pooling);
 
         let tok_path = dir.join("tokenizer.json");
         let mut tokenizer = Tokenizer::from_file(&tok_path)
@@ -269,8 +311,8 @@ impl Model {
         )?;
         let weights = fs::read(&w_path).ctx("read model file", &w_path)?;
         let hash = sha256_hex(&weights);
-        let id = model_id(dir, &hash);
-        let bert = Bert::load(&config, &weights).map_err(|e| model_err(dir, e))?;
+        let id = model_id(dir, &hash, &setup.hash);
+        let bert = Bert::load(config, &weights).map_err(|e| model_err(dir, e))?;
         drop(weights);
         Ok(Model {
             id,
@@ -399,6 +441,76 @@ mod tests {
         "ok",
         "The weather is lovely today.",
     ];
+
+    /// The id names the setup as well as the weights: the same weights with another
+    /// pooling, `max_seq_length` or tokenizer give other vectors, so another id (a vector
+    /// cache is one file per id). Before, only the weights and the directory's name were
+    /// in it, and a cache kept serving the old setup's vectors.
+    #[test]
+    fn the_model_id_changes_with_pooling_length_and_tokenizer() {
+        let Some(src) = std::env::var_os("SWARM_EMBED_MODEL").map(PathBuf::from) else {
+            assert!(model().is_none());
+            return;
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        // The same directory name, so only the setup can tell the ids apart.
+        let dir = tmp
+            .path()
+            .join(src.canonicalize().unwrap().file_name().unwrap());
+        let copy = |from: &Path, to: &Path| {
+            for e in fs::read_dir(from).unwrap() {
+                let e = e.unwrap();
+                let to = to.join(e.file_name());
+                if e.file_type().unwrap().is_dir() {
+                    fs::create_dir_all(&to).unwrap();
+                    for f in fs::read_dir(e.path()).unwrap() {
+                        let f = f.unwrap();
+                        fs::copy(f.path(), to.join(f.file_name())).unwrap();
+                    }
+                } else if e.file_name() == "model.safetensors" {
+                    std::os::unix::fs::symlink(e.path().canonicalize().unwrap(), &to).unwrap();
+                } else {
+                    fs::copy(e.path(), &to).unwrap();
+                }
+            }
+        };
+        fs::create_dir_all(&dir).unwrap();
+        copy(&src, &dir);
+        let id = |d: &Path| Lazy::open(d).unwrap().id().to_string();
+        let base = id(&src);
+        assert_eq!(id(&dir), base, "a copy of the same files has the same id");
+        let mut seen = vec![base];
+        let pooling = fs::read_to_string(dir.join("1_Pooling/config.json")).unwrap();
+        let mean: serde_json::Value = serde_json::from_str(&pooling).unwrap();
+        assert_eq!(mean["pooling_mode_mean_tokens"], true, "{pooling}");
+        let cls = serde_json::json!({"word_embedding_dimension": mean["word_embedding_dimension"],
+            "pooling_mode_cls_token": true, "pooling_mode_mean_tokens": false});
+        fs::write(dir.join("1_Pooling/config.json"), cls.to_string()).unwrap();
+        let now = id(&dir);
+        assert!(
+            !seen.contains(&now),
+            "the pooling changed, the id did not: {now}"
+        );
+        seen.push(now);
+        let mut edit = |name: &str, from: &str, to: &str| {
+            let p = dir.join(name);
+            let text = fs::read_to_string(&p).unwrap();
+            assert!(text.contains(from), "{name}: {text}");
+            fs::write(&p, text.replacen(from, to, 1)).unwrap();
+            let now = id(&dir);
+            assert!(
+                !seen.contains(&now),
+                "{name} changed, the id did not: {now}"
+            );
+            seen.push(now);
+        };
+        edit("sentence_bert_config.json", "256", "128");
+        edit(
+            "tokenizer.json",
+            "\"lowercase\":true",
+            "\"lowercase\":false",
+        );
+    }
 
     /// The lazy model has the eager one's id and dimension before loading anything, and
     /// gives the same bits once it loads.
