@@ -548,6 +548,8 @@ impl FactsFold {
     /// once the writer has written every pass it applied itself).
     pub(crate) fn stand_at(&mut self, begin: u64, commit: u64, commit_id: &str) {
         self.last_pass = Some((begin, commit));
+        // As the `synth_begin` and `synth_commit` of that pass left it when folded.
+        self.begin_seq = begin;
         self.last_commit_id = commit_id.to_string();
         self.head_seq = self.head_seq.max(commit);
     }
