@@ -180,22 +180,46 @@ impl std::fmt::Debug for dyn Embedder {
     }
 }
 
+/// Runs `f` compiled for the best vector instructions this CPU has (AVX2 or AVX-512 on
+/// x86-64, chosen at run time by `pulp`, without `unsafe` here); the baseline build
+/// targets SSE2 only. `f` must be `#[inline(always)]` and everything it calls too, or it
+/// runs as the baseline code. Only for loops whose result does not depend on the
+/// instructions: exact integer sums, or float operations in a fixed order (the compiler
+/// never reorders float adds nor fuses a multiply and an add unless told to, so the
+/// vector width changes the speed, not the bits).
+#[inline(always)]
+pub fn simd<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(feature = "semantic")]
+    {
+        static ARCH: std::sync::OnceLock<pulp::Arch> = std::sync::OnceLock::new();
+        ARCH.get_or_init(pulp::Arch::new).dispatch(f)
+    }
+    #[cfg(not(feature = "semantic"))]
+    f()
+}
+
 /// Dot product of two vectors of one length (the cosine of unit vectors).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     // Eight independent sums, so the compiler can keep them in SIMD lanes (a single
     // running sum is a chain of dependent adds it may not reorder); a fixed order, so
-    // the result is the same bits on every machine and run.
-    let mut acc = [0.0f32; 8];
-    let (ac, at) = a.split_at(a.len() - a.len() % 8);
-    let (bc, bt) = b.split_at(ac.len().min(b.len()));
-    for (x, y) in ac.chunks_exact(8).zip(bc.chunks_exact(8)) {
-        for k in 0..8 {
-            acc[k] += x[k] * y[k];
-        }
-    }
-    let tail: f32 = at.iter().zip(bt).map(|(x, y)| x * y).sum();
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+    // the result is the same bits on every machine and run, whatever vector
+    // instructions run it ([`simd`]).
+    simd(
+        #[inline(always)]
+        || {
+            let mut acc = [0.0f32; 8];
+            let (ac, at) = a.split_at(a.len() - a.len() % 8);
+            let (bc, bt) = b.split_at(ac.len().min(b.len()));
+            for (x, y) in ac.chunks_exact(8).zip(bc.chunks_exact(8)) {
+                for k in 0..8 {
+                    acc[k] += x[k] * y[k];
+                }
+            }
+            let tail: f32 = at.iter().zip(bt).map(|(x, y)| x * y).sum();
+            ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+        },
+    )
 }
 
 /// Scales `v` to unit length (a zero vector stays zero).
