@@ -1483,26 +1483,10 @@ fn a_snapshot_fold_equals_the_fold_from_the_start_field_by_field() {
         }
         append(&s, if i % 3 == 0 { "r1" } else { "r2" }, e);
     }
-    append(
-        &s,
-        "r1",
-        finding(
-            "k8s",
-            "orders-svc",
-            "orders-svc listens on port 8080",
-            Some(0.9),
-        ),
-    );
-    append(
-        &s,
-        "r1",
-        finding(
-            "cfg",
-            "orders-svc",
-            "orders-svc listens on port 3000",
-            Some(0.5),
-        ),
-    );
+    for (agent, port, c) in [("k8s", 8080, 0.9), ("cfg", 3000, 0.5)] {
+        let text = format!("orders-svc listens on port {port}");
+        append(&s, "r1", finding(agent, "orders-svc", &text, Some(c)));
+    }
     investigation(&s, "closed-1", "acme");
     let opts = SynthOptions {
         pass_events_max: 7,
