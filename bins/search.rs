@@ -90,7 +90,7 @@ pub struct SearchArgs {
     /// Only entries (facts: with evidence) at or after this RFC 3339 time (or date).
     #[arg(long)]
     pub(crate) since: Option<String>,
-    /// Hits wanted (at most 100).
+    /// Hits wanted, 1 to 100 (more is refused).
     #[arg(long, default_value_t = 10)]
     pub(crate) limit: usize,
     /// Search as this agent: only what the runs' policies let it see.

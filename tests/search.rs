@@ -123,6 +123,12 @@ fn search_ranks_the_users_facts_and_findings_and_filters_them() {
     assert_eq!(texts(&later), Vec::<String>::new());
     let one = search(&env, "alice", &["pool exhausted", "--limit", "1"]);
     assert_eq!(texts(&one).len(), 1);
+    // A limit out of 1..100 is refused, not quietly clamped.
+    for bad in ["0", "101"] {
+        env.swarm(&["--user", "alice", "search", "pool", "--limit", bad])
+            .code(2)
+            .stderr_has(&["limit", "give 1 to 100"]);
+    }
 
     // Bob finds only his own, whatever alice holds.
     let b = search(&env, "bob", &["orders-db payments-db pool exhausted"]);

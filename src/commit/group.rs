@@ -439,6 +439,24 @@ impl RunLog {
         best
     }
 
+    /// Whether a whole frame begins at `at` of a segment: `None` when reading it back
+    /// fails, so nothing is known (a failed write's outcome, `write_group_locked`).
+    pub(super) fn whole_frame_at(
+        &self,
+        file: &Arc<dyn StorageFile>,
+        path: &Path,
+        at: u64,
+    ) -> Option<bool> {
+        let mut r = FrameReader::unbounded(file.clone(), path.to_path_buf(), at)
+            .with_chunk(16 << 10)
+            .trust_fill();
+        match r.step() {
+            Ok(Step::Frame { .. }) => Some(true),
+            Ok(_) => Some(false),
+            Err(_) => None,
+        }
+    }
+
     /// fsyncs a segment outside `wait_durable` (rotation, tail repair), in the same
     /// bookkeeping, so that its failure is seen by every overlapping fsync.
     pub(super) fn fsync_segment(&self, file: &dyn StorageFile, path: &Path) -> Result<()> {

@@ -580,6 +580,32 @@ mod tests {
         assert!(now[2].1.contains("four"), "{now:?}");
     }
 
+    /// A `pwrite` that fails after its whole frame reached the file, when reading the
+    /// file back to learn that fails too: nothing is known, so the outcome is unknown
+    /// (it was a plain failure, "not stored", and an id-less retry stored it twice).
+    #[test]
+    fn a_failed_write_whose_read_back_fails_has_an_unknown_outcome() {
+        let mem = MemStorage::new();
+        let a = store(&mem, 1 << 20);
+        let ev = |c: &str| NewEvent::new("x", EventType::Evidence, c);
+        assert_eq!(a.append("r", ev("one"), Durability::Sync).unwrap().seq, 1);
+        let al = a.writer("r", "anonymous").unwrap();
+        let seg_path = crate::log::segment::segment_path(&al.dir, super::lock(&al.writer).seg_base);
+        let (mem2, p2) = (mem.clone(), seg_path.clone());
+        mem.fail_next_write(&seg_path, usize::MAX, move || mem2.fail_next_reads(&p2, 1));
+        let r = a.append("r", ev("two"), Durability::Sync);
+        assert!(
+            matches!(&r, Err(Error::Io { source, .. })
+                if source.to_string().contains("injected") && source.to_string().contains("unknown")),
+            "{r:?}"
+        );
+        // The frame is the log's: the next append goes after it.
+        assert_eq!(a.append("r", ev("three"), Durability::Sync).unwrap().seq, 3);
+        let now = contents(&store(&mem, 1 << 20));
+        assert_eq!(now.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert!(now[1].1.contains("two"), "{now:?}");
+    }
+
     /// Two handles on one run of one event; `a`'s next write group panics where `hook`
     /// says (the hook is taken). Returns the storage, both handles and `a`'s answer.
     fn panic_in_a_group(

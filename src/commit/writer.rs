@@ -599,13 +599,10 @@ impl RunLog {
                 // The next group loads the log again (`loaded` below): this group's whole
                 // frames are the log's, the bytes after the last of them a torn tail, cut
                 // aside (never published: a publisher needs a whole frame). So when a
-                // whole frame reached the file, whether each append is stored is unknown.
-                let at = Pos {
-                    seg: w.seg_base,
-                    off: start,
-                };
-                let whole = self.whole_frames_after(&w.seg, &seg_path, at, saved.0).0 > at;
-                let e = if whole {
+                // whole frame reached the file, whether each append is stored is unknown;
+                // and so it is when reading the file back fails too (an id-less retry
+                // told "not stored" would store the event twice).
+                let e = if self.whole_frame_at(&w.seg, &seg_path, start) != Some(false) {
                     self.write_outcome_unknown(e)
                 } else {
                     e

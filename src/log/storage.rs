@@ -221,6 +221,8 @@ struct MemFs {
     locked: std::collections::HashSet<PathBuf>,
     failing_syncs: u32,
     failing_write: Option<FailingWrite>,
+    /// Reads of this file fail, so many times ([`MemStorage::fail_next_reads`]).
+    failing_reads: Option<(PathBuf, u32)>,
 }
 
 /// A `write_all_at` that fails part-way ([`MemStorage::fail_next_write`]).
@@ -324,6 +326,11 @@ impl MemStorage {
         });
     }
 
+    /// Makes the next `n` reads of the file at `path` fail with an I/O error.
+    pub fn fail_next_reads(&self, path: &Path, n: u32) {
+        lock_poison_ok(&self.inner.fs).failing_reads = Some((path.to_path_buf(), n));
+    }
+
     /// The written bytes of a file (for tests).
     pub fn contents(&self, path: &Path) -> Option<Vec<u8>> {
         let fs = lock_poison_ok(&self.inner.fs);
@@ -361,6 +368,15 @@ fn not_found(path: &Path) -> io::Error {
 
 impl StorageFile for MemFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        {
+            let mut fs = lock_poison_ok(&self.storage.inner.fs);
+            if let Some((p, n)) = &mut fs.failing_reads {
+                if *p == self.path && *n > 0 {
+                    *n -= 1;
+                    return Err(io::Error::other("injected read failure"));
+                }
+            }
+        }
         let d = lock_poison_ok(&self.data);
         let off = offset as usize;
         if off >= d.written.len() {

@@ -707,10 +707,10 @@ pub fn search(store: &Store, q: &SearchQuery<'_>, ranker: Ranker<'_>) -> Result<
             format!("{} bytes, at most {QUERY_BYTES_MAX}", text.len()),
         ));
     }
-    if q.limit == 0 {
+    if q.limit == 0 || q.limit > HITS_MAX {
         return Err(Error::invalid(
             "limit",
-            format!("0 hits asked for; give 1 to {HITS_MAX}"),
+            format!("{} hits asked for; give 1 to {HITS_MAX}", q.limit),
         ));
     }
     let terms = words(text);
@@ -730,7 +730,7 @@ pub fn search(store: &Store, q: &SearchQuery<'_>, ranker: Ranker<'_>) -> Result<
     let mut all = f;
     all.extend(e);
     score_lexical(&terms, &mut all);
-    let limit = q.limit.clamp(1, HITS_MAX);
+    let limit = q.limit;
     Ok(match ranker {
         Ranker::Lexical(reason) => SearchAnswer {
             mode: "lexical",
