@@ -533,15 +533,16 @@ impl RunLog {
         }
     }
 
-    /// The error of the appends of a write group whose `pwrite` failed after a whole
-    /// frame of it reached the file: that frame may be published by another process's
-    /// flush, so it stays, and whether each append is stored is unknown.
+    /// The error of the appends of a write group whose frames may be in the log: its
+    /// `pwrite` failed after a whole frame of it reached the file (that frame may be
+    /// published by another process's flush, so it stays), or a step after the write
+    /// failed. Whether each append is stored is unknown.
     pub(super) fn write_outcome_unknown(&self, e: Error) -> Error {
         Error::Io {
             op: "write",
             path: self.dir.clone(),
             source: std::io::Error::other(format!(
-                "{e}; part of the write reached the log: whether this append is stored is unknown (read the run, or append again with the same id)"
+                "{e}; this append's frame may be in the log: whether it is stored is unknown (read the run, or append again with the same id)"
             )),
         }
     }

@@ -606,6 +606,107 @@ mod tests {
         assert!(now[1].1.contains("two"), "{now:?}");
     }
 
+    /// A retry of an event stored before, in one write group with a new append whose
+    /// `pwrite` fails before a whole frame reached the file: the new append fails for
+    /// sure, the retry gets its stored event (it was told "failed" with the group, and
+    /// a caller that then appended again without the id stored it twice).
+    #[test]
+    fn a_stored_retry_in_a_failed_write_group_gets_its_event() {
+        let mem = MemStorage::new();
+        let a = store(&mem, 1 << 20);
+        let mut x = NewEvent::new("x", EventType::Evidence, "one");
+        x.id = Some("X".into());
+        assert_eq!(a.append("r", x.clone(), Durability::Sync).unwrap().seq, 1);
+        let al = a.writer("r", "anonymous").unwrap();
+        let seg_path = crate::log::segment::segment_path(&al.dir, super::lock(&al.writer).seg_base);
+        mem.fail_next_write(&seg_path, 10, || {});
+        let two = NewEvent::new("x", EventType::Evidence, "two");
+        let r = a.append_many(
+            "r",
+            vec![(vec![x], None), (vec![two], None)],
+            Durability::Sync,
+        );
+        assert_eq!(r[0].as_ref().map(|e| e[0].seq).ok(), Some(1), "{r:?}");
+        assert!(
+            matches!(&r[1], Err(Error::Io { source, .. })
+                if source.to_string().contains("injected") && !source.to_string().contains("unknown")),
+            "{r:?}"
+        );
+        let three = NewEvent::new("x", EventType::Evidence, "three");
+        assert_eq!(a.append("r", three, Durability::Sync).unwrap().seq, 2);
+    }
+
+    /// A step after a group's successful write fails (here its visible mark's write):
+    /// the group's frames are in the log, so its appends have an unknown outcome, not
+    /// the plain error (which says "not stored": an id-less retry stored it twice).
+    #[test]
+    fn an_error_after_a_groups_write_is_an_unknown_outcome() {
+        let mem = MemStorage::new();
+        let a = store(&mem, 1 << 20);
+        let ev = |c: &str| NewEvent::new("x", EventType::Evidence, c);
+        assert_eq!(a.append("r", ev("one"), Durability::Sync).unwrap().seq, 1);
+        let al = a.writer("r", "anonymous").unwrap();
+        mem.fail_next_write(&al.dir.join(crate::log::meta::SYNCED_FILE), 0, || {});
+        let r = a.append("r", ev("two"), Durability::None);
+        assert!(
+            matches!(&r, Err(Error::Io { source, .. })
+                if source.to_string().contains("injected") && source.to_string().contains("unknown")),
+            "{r:?}"
+        );
+        assert_eq!(a.append("r", ev("three"), Durability::Sync).unwrap().seq, 3);
+        let now = contents(&store(&mem, 1 << 20));
+        assert_eq!(now.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert!(now[1].1.contains("two"), "{now:?}");
+    }
+
+    /// Torn tails cut at one offset again and again (a write that keeps failing part-way)
+    /// are each kept aside in a file of their own: the second overwrote the first.
+    #[test]
+    fn torn_tails_cut_at_one_offset_are_each_kept() {
+        let mem = MemStorage::new();
+        let a = store(&mem, 1 << 20);
+        let ev = |c: &str| NewEvent::new("x", EventType::Evidence, c);
+        assert_eq!(a.append("r", ev("one"), Durability::Sync).unwrap().seq, 1);
+        let al = a.writer("r", "anonymous").unwrap();
+        let seg_path = crate::log::segment::segment_path(&al.dir, super::lock(&al.writer).seg_base);
+        for keep in [10, 20] {
+            mem.fail_next_write(&seg_path, keep, || {});
+            assert!(a.append("r", ev("torn"), Durability::Sync).is_err());
+        }
+        assert_eq!(a.append("r", ev("two"), Durability::Sync).unwrap().seq, 2);
+        let mut kept: Vec<usize> = crate::log::storage::Storage::list(&mem, &al.dir)
+            .unwrap()
+            .iter()
+            .filter(|n| n.ends_with(".broken"))
+            .map(|n| mem.contents(&al.dir.join(n)).unwrap().len())
+            .collect();
+        kept.sort();
+        assert_eq!(kept, vec![10, 20]);
+    }
+
+    /// A group of a new `none` append between an event with an id and a retry of that
+    /// event: the new append is visible once answered (the visible mark stopped at the
+    /// retry's frame, the first one, and the second was answered but not shown).
+    #[test]
+    fn a_group_with_a_retry_of_its_own_frame_shows_every_answered_append() {
+        let mem = MemStorage::new();
+        let a = store(&mem, 1 << 20);
+        let mut x = NewEvent::new("x", EventType::Evidence, "one");
+        x.id = Some("X".into());
+        let two = NewEvent::new("x", EventType::Evidence, "two");
+        let r = a.append_many(
+            "r",
+            vec![(vec![x.clone()], None), (vec![two], None), (vec![x], None)],
+            Durability::None,
+        );
+        let got: Vec<u64> = r.iter().map(|e| e.as_ref().unwrap()[0].seq).collect();
+        assert_eq!(got, vec![1, 2, 1]);
+        assert_eq!(
+            seqs(&store(&mem, 1 << 20), "r", Visibility::Visible),
+            vec![1, 2]
+        );
+    }
+
     /// Two handles on one run of one event; `a`'s next write group panics where `hook`
     /// says (the hook is taken). Returns the storage, both handles and `a`'s answer.
     fn panic_in_a_group(

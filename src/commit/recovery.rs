@@ -45,6 +45,9 @@ impl Drop for WriteLead<'_> {
     }
 }
 
+/// Copies of torn tails kept at one offset of a segment, at most (`keep_aside`).
+const ASIDE_COPIES_MAX: u32 = 1000;
+
 impl RunLog {
     /// Brings the writer up to date with the log: loads the head on first use, reads what
     /// other processes appended, repairs a torn tail, follows rotations. Under `LOCK`.
@@ -761,15 +764,50 @@ impl RunLog {
         let end = segment::content_end(&*w.seg, at, len).ctx("read", &path)?;
         let mut bytes = vec![0u8; (end - at) as usize];
         w.seg.read_exact_at(&mut bytes, at).ctx("read", &path)?;
-        let aside = self.dir.join(format!(
-            "{}.{at}.{suffix}",
-            segment::segment_name(w.seg_base)
-        ));
+        let name = |n: u32| {
+            let seg = segment::segment_name(w.seg_base);
+            match n {
+                1 => self.dir.join(format!("{seg}.{at}.{suffix}")),
+                n => self.dir.join(format!("{seg}.{at}.{n}.{suffix}")),
+            }
+        };
+        let aside = name(1);
         if bytes.is_empty() && keep_existing && self.storage.exists(&aside) {
             return Ok((aside, bytes));
         }
-        self.write_aside(&aside, &bytes)?;
-        Ok((aside, bytes))
+        if keep_existing {
+            self.write_aside(&aside, &bytes)?;
+            return Ok((aside, bytes));
+        }
+        // Torn tails can repeat at one offset (a write that keeps failing part-way):
+        // each is kept in a file of its own, never over an earlier one. The same bytes
+        // as a copy there (a repair resumed after a crash) reuse it.
+        for n in 1..=ASIDE_COPIES_MAX {
+            let aside = name(n);
+            if !self.storage.exists(&aside) {
+                self.write_aside(&aside, &bytes)?;
+                return Ok((aside, bytes));
+            }
+            let f = self
+                .storage
+                .open(&aside, OpenMode::Read)
+                .ctx("open", &aside)?;
+            let len = f.len().ctx("stat", &aside)?;
+            if len == bytes.len() as u64 {
+                let mut have = vec![0u8; bytes.len()];
+                f.read_exact_at(&mut have, 0).ctx("read", &aside)?;
+                if have == bytes {
+                    return Ok((aside, bytes));
+                }
+            }
+        }
+        Err(Error::Io {
+            op: "keep aside",
+            path: aside,
+            source: std::io::Error::other(format!(
+                "{ASIDE_COPIES_MAX} cut tails are kept at this offset already; move them away to cut another"
+            )),
+        })
     }
 
     /// Writes `bytes` as the whole of file `aside` (created or replaced), fsynced.

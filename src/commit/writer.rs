@@ -573,12 +573,17 @@ impl RunLog {
             if let Ok((events, PlanEnd::InBuf(end_in_buf))) = &plan {
                 if durability != Durability::Sync {
                     let seq = events.iter().map(|e| e.seq).max().unwrap_or(0);
-                    last_visible_end = Some((*end_in_buf, seq));
+                    // (The max: a same-group retry's frame ends before later ones.)
+                    last_visible_end = last_visible_end.max(Some((*end_in_buf, seq)));
                 }
             }
             plans.push(plan);
         }
         let start = w.end;
+        // An error once bytes of this group reached the file: the plans whose frames were
+        // in `buf` get it, the others (refusals; retries of events stored before) keep
+        // their answers (a stored retry told "failed" may be appended again without its id).
+        let mut failed: Option<Error> = None;
         if !buf.is_empty() {
             let seg_path = segment::segment_path(&self.dir, w.seg_base);
             self.preallocate(w, start + buf.len() as u64, buf.len() as u64, &seg_path);
@@ -616,7 +621,7 @@ impl RunLog {
                 w.loaded = false;
                 w.recorded = false;
                 w.buf = buf;
-                return Err(e);
+                return Ok(self.outcomes(plans, start, w.seg_base, &w.seg, Some(e)));
             }
             if w.ids_upto
                 == (Pos {
@@ -637,28 +642,29 @@ impl RunLog {
                     s.written = Some((p, w.head_seq, w.seg.clone()));
                 }
             }
+            // The group is in the log from here: an error now is an unknown outcome for
+            // its appends, never a group-wide "failed" (`failed`).
             if let Some((e, seq)) = last_visible_end {
-                self.advance_visible(
-                    Pos {
-                        seg: w.seg_base,
-                        off: start + e,
-                    },
-                    seq,
-                )?;
+                let at = Pos {
+                    seg: w.seg_base,
+                    off: start + e,
+                };
+                if let Err(e) = self.advance_visible(at, seq) {
+                    failed = Some(e);
+                }
             }
-            if std::mem::take(&mut w.recorded) {
+            if std::mem::take(&mut w.recorded) && failed.is_none() {
                 // A refusal recorded an engine event (a channel conflict) and returns an
                 // error: nobody waits for that frame, so make it durable and visible now.
                 // Rare, so it is done under the lock rather than threaded through.
                 let seg = w.seg.clone();
-                self.wait_durable(
-                    Pos {
-                        seg: w.seg_base,
-                        off: w.end,
-                    },
-                    w.head_seq,
-                    &seg,
-                )?;
+                let end = Pos {
+                    seg: w.seg_base,
+                    off: w.end,
+                };
+                if let Err(e) = self.wait_durable(end, w.head_seq, &seg) {
+                    failed = Some(e);
+                }
             }
         }
         // A request refused by the rules was judged on everything the catch-up found,
@@ -675,16 +681,21 @@ impl RunLog {
                     | Error::Escalated { .. })
             )
         });
-        if refused && start > 0 {
+        if refused && start > 0 && failed.is_none() {
             let seg = w.seg.clone();
-            self.wait_durable(
-                Pos {
-                    seg: w.seg_base,
-                    off: start,
-                },
-                head_before,
-                &seg,
-            )?;
+            let at = Pos {
+                seg: w.seg_base,
+                off: start,
+            };
+            match self.wait_durable(at, head_before, &seg) {
+                Ok(_) => {}
+                // Nothing of this group written: its answers are this error, as before.
+                Err(e) if buf.is_empty() => {
+                    w.buf = buf;
+                    return Err(e);
+                }
+                Err(e) => failed = Some(e),
+            }
         }
         self.stats
             .recovered_found
@@ -692,13 +703,31 @@ impl RunLog {
         for id in recovered {
             w.ids.remove(&id);
         }
-        let seg_file = w.seg.clone();
-        let seg_base = w.seg_base;
         w.buf = buf;
-        Ok(plans
+        let failed = failed.map(|e| self.write_outcome_unknown(e));
+        Ok(self.outcomes(plans, start, w.seg_base, &w.seg, failed))
+    }
+
+    /// The answers of a write group whose frames were laid out from `start` of segment
+    /// `seg_base`: with `failed` (its write, or what followed it, failed), the plans
+    /// whose frames were in the group's buffer get that error; refusals keep theirs, and
+    /// retries of events stored before keep their stored events.
+    fn outcomes(
+        &self,
+        plans: Vec<Result<(Vec<Event>, PlanEnd)>>,
+        start: u64,
+        seg_base: u64,
+        seg_file: &Arc<dyn StorageFile>,
+        failed: Option<Error>,
+    ) -> Vec<Result<Outcome>> {
+        plans
             .into_iter()
             .map(|p| {
-                p.map(|(events, end)| match end {
+                let (events, end) = p?;
+                Ok(match end {
+                    PlanEnd::InBuf(_) if failed.is_some() => {
+                        return Err(super::io_copy(failed.as_ref().expect("checked")));
+                    }
                     PlanEnd::InBuf(e) => Outcome {
                         end: Pos {
                             seg: seg_base,
@@ -716,7 +745,7 @@ impl RunLog {
                     },
                 })
             })
-            .collect())
+            .collect()
     }
 
     /// Validates one request against the run and encodes its frame into `buf`.

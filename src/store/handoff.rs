@@ -917,6 +917,26 @@ impl Handing {
     }
 }
 
+/// The error of a batch whose committer went away with it in flight, when appending
+/// it here failed too: the committer may have stored it, and the caller never saw the
+/// ids generated for it, so a failure that is not a refusal (an I/O error, this
+/// process's writer poisoned) says the outcome is unknown. (Refusals are definite:
+/// the recovery looked for the batch's ids first, and found none stored.)
+fn recovery_failed(run: &str, e: Error) -> Error {
+    match e {
+        Error::Io { .. } | Error::Poisoned(_) if !e.to_string().contains("unknown") => {
+            Error::Io {
+                op: "append",
+                path: PathBuf::from(run),
+                source: std::io::Error::other(format!(
+                    "{e}; the run's committer went away with this append in flight and may have stored it: whether it is stored is unknown (read the run)"
+                )),
+            }
+        }
+        e => e,
+    }
+}
+
 impl Store {
     /// What this store's append hand-off did so far, over every run.
     pub fn handoff_counters(&self) -> HandoffCounters {
@@ -966,7 +986,9 @@ impl Store {
                     since,
                     "committer gone with an append in flight; recovering it"
                 );
-                let r = self.append_recovered(run, batch, expect_seq, since);
+                let r = self
+                    .append_recovered(run, batch, expect_seq, since)
+                    .map_err(|e| recovery_failed(run, e));
                 self.handoff.recovered.fetch_add(1, Ordering::Relaxed);
                 Ok(r)
             }

@@ -84,6 +84,71 @@ fn a_lost_answer_for_a_run_archived_since_is_found_in_the_archive() {
     }
 }
 
+/// A committer stores a handed batch and goes away unanswered, and appending the batch
+/// here fails too (the run's `LOCK` is not a file): the caller never saw the ids the
+/// batch was given, and the committer may have stored it, so the answer says the
+/// outcome is unknown (it was the plain I/O error, "not stored": a retry stored the
+/// event twice).
+#[test]
+fn a_lost_answer_whose_recovery_fails_has_an_unknown_outcome() {
+    use crate::error::Error;
+    use crate::event::{EventType, NewEvent};
+    use crate::log::meta::{Durability, LOCK_FILE};
+    use crate::store::Store;
+    let dir = tempfile::tempdir().unwrap();
+    let run = "lost";
+    let a = Store::open(dir.path()).unwrap();
+    let created = NewEvent::new("lead", EventType::Evidence, "created");
+    a.append(run, created, Durability::Sync).unwrap();
+    let (rendezvous, _, socket) = a.rendezvous(run).unwrap();
+    std::fs::create_dir_all(rendezvous).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let data = dir.path().to_path_buf();
+    let lock_path = a.run_dir(run).unwrap().join(LOCK_FILE);
+    drop(a);
+    let lock_path2 = lock_path.clone();
+    let committer = std::thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        let hello = super::Hello {
+            v: super::WIRE_VERSION,
+            user: "anonymous".into(),
+            head: 1,
+            pid: std::process::id(),
+        };
+        super::write_msg(&s, &hello).unwrap();
+        let body = super::read_msg(&s).unwrap().unwrap();
+        let req: super::Handed = serde_json::from_slice(&body).unwrap();
+        let c = Store::open(&data).unwrap();
+        c.append_direct(run, req.events, None, Durability::Sync)
+            .unwrap();
+        drop(c);
+        std::fs::remove_file(&lock_path2).unwrap();
+        std::fs::create_dir(&lock_path2).unwrap();
+    });
+    let b = Store::open(dir.path()).unwrap();
+    let handed = NewEvent::new("agent-1", EventType::Evidence, "handed over");
+    let r = b.append(run, handed, Durability::Sync);
+    committer.join().unwrap();
+    assert_eq!(b.handoff_counters().recovered, 1);
+    assert!(
+        matches!(&r, Err(Error::Io { source, .. }) if source.to_string().contains("unknown")),
+        "{r:?}"
+    );
+    drop(b);
+    std::fs::remove_dir(&lock_path).unwrap();
+    let c = Store::open(dir.path()).unwrap();
+    let stored: Vec<_> = c
+        .read(run, crate::query::options::ReadOptions::default())
+        .unwrap()
+        .map(|e| e.unwrap().content.to_string())
+        .collect();
+    assert_eq!(
+        stored.iter().filter(|t| t.contains("handed over")).count(),
+        1,
+        "{stored:?}"
+    );
+}
+
 /// The commit thread panics with an append in flight: its waiter gets an error saying
 /// its outcome is unknown (it waited for ever before); then, under many threads of this
 /// store and of a handing one, every append returns, the log stays gap-free with each
