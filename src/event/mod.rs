@@ -648,6 +648,23 @@ impl Checked {
     pub(crate) fn recheck(self) -> Result<Checked> {
         if let Some(id) = &self.id {
             check_id("id", id)?;
+            // Generated ids only of the handing form, `swarm:<16 hex>.h<n>`: no other
+            // id under the reserved prefix gets in this way.
+            if let Some(rest) = id.strip_prefix(GENERATED_ID_PREFIX) {
+                let handed = rest.split_once(".h").is_some_and(|(nonce, n)| {
+                    nonce.len() == 16
+                        && nonce.bytes().all(|b| b.is_ascii_hexdigit())
+                        && !n.is_empty()
+                        && n.len() <= 20
+                        && n.bytes().all(|b| b.is_ascii_digit())
+                });
+                if !handed {
+                    return Err(Error::invalid(
+                        "id",
+                        format!("the prefix {GENERATED_ID_PREFIX:?} is reserved for generated ids"),
+                    ));
+                }
+            }
         }
         let n = NewEvent {
             id: None,

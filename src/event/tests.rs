@@ -243,3 +243,29 @@ fn run_ids_cannot_escape() {
     check_run_id("incident-2026.11.22").unwrap();
     check_run_id("settings.json.old").unwrap();
 }
+
+/// A handed event (checked again by the committer) may carry a generated id only of
+/// the handing form, `swarm:<16 hex>.h<n>`; any other id under the reserved prefix is
+/// refused, as on a direct append.
+#[test]
+fn a_handed_event_carries_only_a_generated_id_of_the_handing_form() {
+    let checked = |id: &str| {
+        let mut c = NewEvent::new("a", EventType::Evidence, "x")
+            .check()
+            .unwrap();
+        c.id = Some(id.to_string());
+        c.recheck().map(|c| c.id)
+    };
+    let good = "swarm:0123456789abcdef.h42";
+    assert_eq!(checked(good).unwrap().as_deref(), Some(good));
+    assert_eq!(checked("mine-1").unwrap().as_deref(), Some("mine-1"));
+    for bad in [
+        "swarm:0123456789abcdef.1e240",
+        "swarm:x",
+        "swarm:0123456789abcdef.h",
+        "swarm:0123456789abcdeg.h1",
+        "swarm:0123456789abcdef.h1x",
+    ] {
+        assert!(checked(bad).is_err(), "{bad}");
+    }
+}

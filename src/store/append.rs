@@ -145,7 +145,13 @@ impl Store {
                     expect_seq: expect,
                     tails,
                 }) => {
-                    retries.push(batch.iter().all(|c| c.id.is_some()).then(|| batch.clone()));
+                    // A handed batch's generated ids make it no retry: looking for it in
+                    // an archive (a full read) is the recovery's, done directly.
+                    let retry = batch.iter().all(|c| {
+                        c.id.as_deref()
+                            .is_some_and(|id| !id.starts_with(crate::event::GENERATED_ID_PREFIX))
+                    });
+                    retries.push(retry.then(|| batch.clone()));
                     let mut req = Request::new(batch, expect, durability);
                     // (Empty: encoded by the writer, `RunLog::append_many`.)
                     req.tails = tails;

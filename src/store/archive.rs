@@ -245,6 +245,11 @@ impl Store {
         let Some(path) = self.tombstone(run)? else {
             return Ok(None);
         };
+        #[cfg(test)]
+        ARCHIVE_READS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(path.clone());
         let files = self.read_archive(&path)?;
         Ok(Some(self.store_over(run, &files)?))
     }
@@ -470,3 +475,8 @@ impl Store {
         })
     }
 }
+
+/// Every archive `archived_store` read, for tests that count them.
+#[cfg(test)]
+pub(crate) static ARCHIVE_READS: std::sync::Mutex<Vec<std::path::PathBuf>> =
+    std::sync::Mutex::new(Vec::new());

@@ -76,6 +76,9 @@ const IDLE_MAX: usize = 64;
 /// How long a process appends directly after it could not hand over, before it looks
 /// for a committer again (or becomes one).
 const DIRECT_FOR: Duration = Duration::from_millis(200);
+/// How long a run's appends wait for one of them looking for its committer (past
+/// `HELLO_TIMEOUT`, which bounds a look but for a `connect` that hangs).
+const LOOKING_WAIT_MAX: Duration = Duration::from_secs(3);
 /// Longest a committer spends writing one group's answers to clients that do not read
 /// them (each connection past it gets one try that does not wait, and is shut if its
 /// answer does not fit): however many such clients there are, the next group waits at
@@ -103,6 +106,46 @@ enum Route {
     /// process becomes the committer at its second, so that one-shot commands (one
     /// append, then exit) never bind a socket only to close it.
     Seen,
+    /// An append of this process is looking for the run's committer: the run's other
+    /// appends wait for what it finds (other runs' do not).
+    Looking(Arc<Looking>),
+}
+
+/// A look for a run's committer under way (`Route::Looking`): done once its route is in.
+#[derive(Default)]
+struct Looking {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Looking {
+    /// Waits until the look is done, or `LOOKING_WAIT_MAX`: whether it is done.
+    fn wait(&self) -> bool {
+        let until = Instant::now() + LOOKING_WAIT_MAX;
+        let mut done = lock(&self.done);
+        while !*done {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            done = self
+                .cv
+                .wait_timeout(done, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+}
+
+/// Ends a look (every way out of it, a panic too): its waiters go on.
+struct LookDone(Arc<Looking>);
+
+impl Drop for LookDone {
+    fn drop(&mut self) {
+        *lock(&self.0.done) = true;
+        self.0.cv.notify_all();
+    }
 }
 
 /// A route, as one append takes it.
@@ -193,6 +236,8 @@ impl Routes {
             Route::Commit(c) => Arc::strong_count(c) <= 2,
             Route::Hand(h) => Arc::strong_count(h) == 1,
             Route::Direct(_) | Route::Seen => true,
+            // (Its looker puts the route in anyway.)
+            Route::Looking(_) => true,
         });
         drop(map);
         if gone.iter().any(|r| matches!(r, Route::Commit(_))) {
@@ -585,8 +630,9 @@ impl Committer {
                     return;
                 }
             };
-            if g.conns.len() >= CONNECTIONS_MAX {
-                // Dropped: the other side appends directly.
+            if g.conns.len() >= CONNECTIONS_MAX || !same_account(&s) {
+                // Dropped: the other side appends directly. (Only this account's
+                // processes hand over, whatever the directories' modes.)
                 continue;
             }
             // Any seq stored before the hello (the durable mark's, read without waiting
@@ -828,13 +874,20 @@ enum Sent {
     /// Not sent, over [`MESSAGE_BYTES_MAX`]: this batch is appended directly, the route
     /// stays.
     TooLarge,
-    /// Sent, answer lost: recover, searching after this seq.
-    Lost(u64),
+    /// Sent, answer lost: recover, searching after this seq. `false`: the committer
+    /// answered that it wrote nothing (its writer is poisoned).
+    Lost(u64, bool),
 }
 
 impl Handing {
     fn connect(socket: &Path, user: &str) -> std::io::Result<(UnixStream, u64)> {
         let s = UnixStream::connect(socket)?;
+        if !same_account(&s) {
+            // Events are handed only to a process of this account.
+            return Err(std::io::Error::other(
+                "the committer's socket belongs to another account",
+            ));
+        }
         // Nothing is sent before the hello: a committer that does not greet in time is
         // left alone, safely.
         s.set_read_timeout(Some(HELLO_TIMEOUT))?;
@@ -886,15 +939,15 @@ impl Handing {
         };
         let since = head.max(self.acked.load(Ordering::Acquire));
         if send_all(&s, &msg, None).is_err() {
-            return Sent::Lost(since);
+            return Sent::Lost(since, true);
         }
         let body = match read_msg(&s) {
             Ok(Some(b)) => b,
-            _ => return Sent::Lost(since),
+            _ => return Sent::Lost(since, true),
         };
         let answer: Answer = match serde_json::from_slice(&body) {
             Ok(a) => a,
-            Err(_) => return Sent::Lost(since),
+            Err(_) => return Sent::Lost(since, true),
         };
         let mut idle = lock(&self.idle);
         if idle.len() < IDLE_MAX {
@@ -911,29 +964,37 @@ impl Handing {
             // The committer's writer refuses everything after a failed fsync of its
             // own; it wrote nothing of this batch: appended directly (this process's
             // writer is not poisoned).
-            Answer::Refused(WireError::Poisoned { .. }) => Sent::Lost(since),
+            Answer::Refused(WireError::Poisoned { .. }) => Sent::Lost(since, false),
             Answer::Refused(e) => Sent::Answered(Err(e.into())),
         }
     }
 }
 
+/// Whether the process at the other end of `s` runs as this process's account.
+fn same_account(s: &UnixStream) -> bool {
+    rustix::net::sockopt::socket_peercred(s).is_ok_and(|c| c.uid == rustix::process::geteuid())
+}
+
 /// The error of a batch whose committer went away with it in flight, when appending
 /// it here failed too: the committer may have stored it, and the caller never saw the
-/// ids generated for it, so a failure that is not a refusal (an I/O error, this
-/// process's writer poisoned) says the outcome is unknown. (Refusals are definite:
-/// the recovery looked for the batch's ids first, and found none stored.)
+/// ids generated for it, so any failure but a refusal (an I/O error, damage found on
+/// the way, this process's writer poisoned) says the outcome is unknown. (Refusals are
+/// definite: the recovery looked for the batch's ids first, and found none stored.)
 fn recovery_failed(run: &str, e: Error) -> Error {
     match e {
-        Error::Io { .. } | Error::Poisoned(_) if !e.to_string().contains("unknown") => {
-            Error::Io {
-                op: "append",
-                path: PathBuf::from(run),
-                source: std::io::Error::other(format!(
-                    "{e}; the run's committer went away with this append in flight and may have stored it: whether it is stored is unknown (read the run)"
-                )),
-            }
-        }
-        e => e,
+        Error::Invalid { .. }
+        | Error::SeqConflict { .. }
+        | Error::Forbidden(_)
+        | Error::Conflict(_)
+        | Error::Escalated { .. } => e,
+        e if e.to_string().contains("unknown") => e,
+        e => Error::Io {
+            op: "append",
+            path: PathBuf::from(run),
+            source: std::io::Error::other(format!(
+                "{e}; the run's committer went away with this append in flight and may have stored it: whether it is stored is unknown (read the run)"
+            )),
+        },
     }
 }
 
@@ -979,7 +1040,7 @@ impl Store {
                 Err(batch)
             }
             Sent::TooLarge => Err(batch),
-            Sent::Lost(since) => {
+            Sent::Lost(since, maybe_stored) => {
                 self.go_direct(run);
                 tracing::info!(
                     run,
@@ -988,7 +1049,10 @@ impl Store {
                 );
                 let r = self
                     .append_recovered(run, batch, expect_seq, since)
-                    .map_err(|e| recovery_failed(run, e));
+                    .map_err(|e| match maybe_stored {
+                        true => recovery_failed(run, e),
+                        false => e,
+                    });
                 self.handoff.recovered.fetch_add(1, Ordering::Relaxed);
                 Ok(r)
             }
@@ -1015,15 +1079,48 @@ impl Store {
             Some(Route::Commit(c)) => return Via::Commit(c),
             Some(Route::Direct(until)) if Instant::now() < until => return Via::Direct,
             Some(Route::Direct(_) | Route::Seen) => true,
+            Some(Route::Looking(l)) => {
+                drop(map);
+                return match l.wait() {
+                    true => self.route(run),
+                    // (A look that takes this long: directly meanwhile.)
+                    false => Via::Direct,
+                };
+            }
             None => false,
         };
-        let Some(route) = self.find_route(run, may_commit) else {
+        // Found without the map's lock: connecting waits up to `HELLO_TIMEOUT` for a
+        // committer, and every other run's appends take that lock (one slow committer
+        // stalled them all). Meanwhile this run's other appends wait for it.
+        let looking = Arc::new(Looking::default());
+        self.handoff
+            .insert(map, run, Route::Looking(looking.clone()));
+        let _done = LookDone(looking.clone());
+        let found = self.find_route(run, may_commit);
+        let map = lock(&self.handoff.map);
+        if !matches!(map.peek(run), Some(Route::Looking(l)) if Arc::ptr_eq(l, &looking)) {
+            // Its place was taken in the meantime (pushed out of the map, and a route
+            // found since): what is there stays, this one is let go.
+            drop(map);
+            if let Some(r @ Route::Commit(_)) = found {
+                Routes::close(vec![r]);
+            }
+            return self.route(run);
+        }
+        let Some(route) = found else {
+            // (No run yet: as before the look, so that the next append looks again.)
+            if may_commit {
+                self.handoff.insert(map, run, Route::Seen);
+            } else {
+                let mut map = map;
+                map.remove(run);
+            }
             return Via::Direct;
         };
         let via = match &route {
             Route::Hand(h) => Via::Hand(h.clone()),
             Route::Commit(c) => Via::Commit(c.clone()),
-            Route::Direct(_) | Route::Seen => Via::Direct,
+            Route::Direct(_) | Route::Seen | Route::Looking(_) => Via::Direct,
         };
         self.handoff.insert(map, run, route);
         via

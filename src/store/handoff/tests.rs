@@ -149,6 +149,91 @@ fn a_lost_answer_whose_recovery_fails_has_an_unknown_outcome() {
     );
 }
 
+/// A handed batch of id-less events (given generated ids by the handing process) to a
+/// run closed since is refused at once: it is no retry, so the archive is not read for
+/// it (it was, in full, for each such batch, on the commit thread).
+#[test]
+fn handed_batches_to_a_closed_run_do_not_read_its_archive() {
+    use crate::error::Error;
+    use crate::event::{EventType, NewEvent};
+    use crate::log::meta::Durability;
+    use crate::store::Store;
+    let dir = tempfile::tempdir().unwrap();
+    let run = "closing";
+    let ev = |c: &str| NewEvent::new("agent-1", EventType::Evidence, c);
+    let a = Store::open(dir.path()).unwrap();
+    // (The run's first append creates it, the next ones look for a committer and
+    // then become it.)
+    for c in ["one", "two", "three"] {
+        a.append(run, ev(c), Durability::Sync).unwrap();
+    }
+    let b = Store::open(dir.path()).unwrap();
+    b.append(run, ev("four"), Durability::Sync).unwrap();
+    assert!(b.hands_off(run), "b hands its appends to a");
+    Store::open(dir.path())
+        .unwrap()
+        .close_run(run, "lead")
+        .unwrap();
+    for _ in 0..3 {
+        let r = b.append(run, ev("late"), Durability::Sync);
+        assert!(
+            matches!(&r, Err(Error::Forbidden(w)) if w.contains("archived")),
+            "{r:?}"
+        );
+    }
+    let reads = super::super::archive::ARCHIVE_READS
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|p| p.starts_with(dir.path()))
+        .count();
+    assert_eq!(reads, 0);
+}
+
+/// Looking for a run's committer (up to `HELLO_TIMEOUT` when it does not greet) holds
+/// no lock other runs' appends need: they stalled behind it.
+#[test]
+fn a_committer_that_does_not_greet_stalls_no_other_run() {
+    use crate::event::{EventType, NewEvent};
+    use crate::log::meta::Durability;
+    use crate::store::Store;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let ev = || NewEvent::new("agent-1", EventType::Evidence, "e");
+    let a = Store::open(dir.path()).unwrap();
+    for run in ["slow", "other"] {
+        a.append(run, ev(), Durability::Sync).unwrap();
+    }
+    let (rendezvous, _, socket) = a.rendezvous("slow").unwrap();
+    drop(a);
+    std::fs::create_dir_all(rendezvous).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let (accepted, on_accept) = std::sync::mpsc::channel();
+    let (done, on_done) = std::sync::mpsc::channel::<()>();
+    let stand_in = std::thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        accepted.send(()).unwrap();
+        // No hello until the other run's append is done (or the test gives up).
+        let _ = on_done.recv_timeout(Duration::from_secs(10));
+        drop(s);
+    });
+    let b = std::sync::Arc::new(Store::open(dir.path()).unwrap());
+    // The first append of each run only looks (it connects, never commits).
+    let b2 = b.clone();
+    let slow = std::thread::spawn(move || b2.append("slow", ev(), Durability::Sync));
+    on_accept.recv_timeout(Duration::from_secs(10)).unwrap();
+    let t = Instant::now();
+    b.append("other", ev(), Durability::Sync).unwrap();
+    let took = t.elapsed();
+    done.send(()).unwrap();
+    stand_in.join().unwrap();
+    slow.join().unwrap().unwrap();
+    assert!(
+        took < Duration::from_secs(1),
+        "another run's append waited {took:?} for the look for this run's committer"
+    );
+}
+
 /// The commit thread panics with an append in flight: its waiter gets an error saying
 /// its outcome is unknown (it waited for ever before); then, under many threads of this
 /// store and of a handing one, every append returns, the log stays gap-free with each
