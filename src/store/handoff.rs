@@ -56,6 +56,7 @@ use crate::log::storage::{OpenMode, StorageFile};
 use crate::store::append::CheckedBatch;
 use crate::store::cache::Bounded;
 use crate::store::Store;
+use looking::{LookDone, Looking};
 
 #[cfg(test)]
 use self::wire::write_msg;
@@ -76,9 +77,6 @@ const IDLE_MAX: usize = 64;
 /// How long a process appends directly after it could not hand over, before it looks
 /// for a committer again (or becomes one).
 const DIRECT_FOR: Duration = Duration::from_millis(200);
-/// How long a run's appends wait for one of them looking for its committer (past
-/// `HELLO_TIMEOUT`, which bounds a look but for a `connect` that hangs).
-const LOOKING_WAIT_MAX: Duration = Duration::from_secs(3);
 /// Longest a committer spends writing one group's answers to clients that do not read
 /// them (each connection past it gets one try that does not wait, and is shut if its
 /// answer does not fit): however many such clients there are, the next group waits at
@@ -109,43 +107,6 @@ enum Route {
     /// An append of this process is looking for the run's committer: the run's other
     /// appends wait for what it finds (other runs' do not).
     Looking(Arc<Looking>),
-}
-
-/// A look for a run's committer under way (`Route::Looking`): done once its route is in.
-#[derive(Default)]
-struct Looking {
-    done: Mutex<bool>,
-    cv: Condvar,
-}
-
-impl Looking {
-    /// Waits until the look is done, or `LOOKING_WAIT_MAX`: whether it is done.
-    fn wait(&self) -> bool {
-        let until = Instant::now() + LOOKING_WAIT_MAX;
-        let mut done = lock(&self.done);
-        while !*done {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            done = self
-                .cv
-                .wait_timeout(done, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        true
-    }
-}
-
-/// Ends a look (every way out of it, a panic too): its waiters go on.
-struct LookDone(Arc<Looking>);
-
-impl Drop for LookDone {
-    fn drop(&mut self) {
-        *lock(&self.0.done) = true;
-        self.0.cv.notify_all();
-    }
 }
 
 /// A route, as one append takes it.
@@ -1218,6 +1179,7 @@ impl Store {
     }
 }
 
+mod looking;
 #[cfg(test)]
 mod tests;
 mod wire;
