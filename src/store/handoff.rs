@@ -57,6 +57,7 @@ use crate::store::append::CheckedBatch;
 use crate::store::cache::Bounded;
 use crate::store::Store;
 use looking::{LookDone, Looking};
+use peer::{answer_wait, recovery_failed, same_account};
 
 #[cfg(test)]
 use self::wire::write_msg;
@@ -77,6 +78,8 @@ const IDLE_MAX: usize = 64;
 /// How long a process appends directly after it could not hand over, before it looks
 /// for a committer again (or becomes one).
 const DIRECT_FOR: Duration = Duration::from_millis(200);
+/// Longest a handing process waits for a committer's answer (which includes its fsync).
+const ANSWER_WAIT_MAX: Duration = Duration::from_secs(60);
 /// Longest a committer spends writing one group's answers to clients that do not read
 /// them (each connection past it gets one try that does not wait, and is shut if its
 /// answer does not fit): however many such clients there are, the next group waits at
@@ -838,6 +841,9 @@ enum Sent {
     /// Sent, answer lost: recover, searching after this seq. `false`: the committer
     /// answered that it wrote nothing (its writer is poisoned).
     Lost(u64, bool),
+    /// Sent, and no answer within `answer_wait()`: the committer is alive (or was) but
+    /// stopped; the outcome is unknown.
+    Stuck,
 }
 
 impl Handing {
@@ -902,6 +908,18 @@ impl Handing {
         if send_all(&s, &msg, None).is_err() {
             return Sent::Lost(since, true);
         }
+        // A committer that does not answer (stopped: `SIGSTOP`, a frozen container, a
+        // debugger) holds this append for no longer than `answer_wait`. It may still
+        // write it when it goes on, so the outcome is unknown (a recovery now could
+        // miss a frame written after it looked); the connection is closed.
+        match wire::wait_readable(&s, answer_wait(&self.socket)) {
+            Ok(true) => {}
+            Ok(false) => {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+                return Sent::Stuck;
+            }
+            Err(_) => return Sent::Lost(since, true),
+        }
         let body = match read_msg(&s) {
             Ok(Some(b)) => b,
             _ => return Sent::Lost(since, true),
@@ -928,34 +946,6 @@ impl Handing {
             Answer::Refused(WireError::Poisoned { .. }) => Sent::Lost(since, false),
             Answer::Refused(e) => Sent::Answered(Err(e.into())),
         }
-    }
-}
-
-/// Whether the process at the other end of `s` runs as this process's account.
-fn same_account(s: &UnixStream) -> bool {
-    rustix::net::sockopt::socket_peercred(s).is_ok_and(|c| c.uid == rustix::process::geteuid())
-}
-
-/// The error of a batch whose committer went away with it in flight, when appending
-/// it here failed too: the committer may have stored it, and the caller never saw the
-/// ids generated for it, so any failure but a refusal (an I/O error, damage found on
-/// the way, this process's writer poisoned) says the outcome is unknown. (Refusals are
-/// definite: the recovery looked for the batch's ids first, and found none stored.)
-fn recovery_failed(run: &str, e: Error) -> Error {
-    match e {
-        Error::Invalid { .. }
-        | Error::SeqConflict { .. }
-        | Error::Forbidden(_)
-        | Error::Conflict(_)
-        | Error::Escalated { .. } => e,
-        e if e.to_string().contains("unknown") => e,
-        e => Error::Io {
-            op: "append",
-            path: PathBuf::from(run),
-            source: std::io::Error::other(format!(
-                "{e}; the run's committer went away with this append in flight and may have stored it: whether it is stored is unknown (read the run)"
-            )),
-        },
     }
 }
 
@@ -1001,6 +991,17 @@ impl Store {
                 Err(batch)
             }
             Sent::TooLarge => Err(batch),
+            Sent::Stuck => {
+                self.go_direct(run);
+                Ok(Err(Error::Io {
+                    op: "append",
+                    path: PathBuf::from(run),
+                    source: std::io::Error::other(format!(
+                        "the run's committer process has not answered in {:?}: whether this append is stored is unknown (read the run)",
+                        answer_wait(&h.socket)
+                    )),
+                }))
+            }
             Sent::Lost(since, maybe_stored) => {
                 self.go_direct(run);
                 tracing::info!(
@@ -1180,6 +1181,7 @@ impl Store {
 }
 
 mod looking;
+mod peer;
 #[cfg(test)]
 mod tests;
 mod wire;

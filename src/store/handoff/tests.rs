@@ -234,6 +234,52 @@ fn a_committer_that_does_not_greet_stalls_no_other_run() {
     );
 }
 
+/// A committer that reads a handed batch and does not answer (a stopped process) holds
+/// the append no longer than the answer wait: it returns an unknown outcome (it waited
+/// for as long as the committer was stopped), and the run's next append goes directly.
+#[test]
+fn a_committer_that_does_not_answer_holds_an_append_for_a_bounded_time() {
+    use crate::error::Error;
+    use crate::event::{EventType, NewEvent};
+    use crate::log::meta::Durability;
+    use crate::store::Store;
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let run = "stopped";
+    let ev = || NewEvent::new("agent-1", EventType::Evidence, "e");
+    let a = Store::open(dir.path()).unwrap();
+    a.append(run, ev(), Durability::Sync).unwrap();
+    let (rendezvous, _, socket) = a.rendezvous(run).unwrap();
+    drop(a);
+    std::fs::create_dir_all(rendezvous).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    super::lock(&super::peer::ANSWER_WAIT_FOR_TESTS).push((socket.clone(), 300));
+    let (done, on_done) = std::sync::mpsc::channel::<()>();
+    let stand_in = std::thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        let hello = super::Hello {
+            v: super::WIRE_VERSION,
+            user: "anonymous".into(),
+            head: 1,
+            pid: std::process::id(),
+        };
+        super::write_msg(&s, &hello).unwrap();
+        let _ = super::read_msg(&s).unwrap();
+        // Stopped: no answer (until the test is done).
+        let _ = on_done.recv_timeout(Duration::from_secs(30));
+    });
+    let b = Store::open(dir.path()).unwrap();
+    let r = b.append(run, ev(), Durability::Sync);
+    assert!(
+        matches!(&r, Err(Error::Io { source, .. })
+            if source.to_string().contains("not answered") && source.to_string().contains("unknown")),
+        "{r:?}"
+    );
+    assert_eq!(b.append(run, ev(), Durability::Sync).unwrap().seq, 2);
+    done.send(()).unwrap();
+    stand_in.join().unwrap();
+}
+
 /// The commit thread panics with an append in flight: its waiter gets an error saying
 /// its outcome is unknown (it waited for ever before); then, under many threads of this
 /// store and of a handing one, every append returns, the log stays gap-free with each

@@ -257,6 +257,25 @@ pub(super) fn read_msg_timed(s: &UnixStream, limit: Duration) -> std::io::Result
     read_msg(s)
 }
 
+/// Waits until `s` is readable (a message, or its end): `false` after `limit`.
+pub(super) fn wait_readable(s: &UnixStream, limit: Duration) -> std::io::Result<bool> {
+    let until = std::time::Instant::now() + limit;
+    loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        let ts = rustix::event::Timespec {
+            tv_sec: left.as_secs() as i64,
+            tv_nsec: left.subsec_nanos() as i64,
+        };
+        let mut fds = [rustix::event::PollFd::new(s, rustix::event::PollFlags::IN)];
+        match rustix::event::poll(&mut fds, Some(&ts)) {
+            Ok(0) if left.is_zero() => return Ok(false),
+            Ok(0) | Err(rustix::io::Errno::INTR) => {}
+            Ok(_) => return Ok(true),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// The next message, or `None` at the end of the stream before one began.
 pub(super) fn read_msg(mut s: &UnixStream) -> std::io::Result<Option<Vec<u8>>> {
     // Wait in `poll` for input, not in `recv`: a Unix socket wakes every thread sleeping
