@@ -586,22 +586,37 @@ mod tests {
     #[test]
     fn a_failed_write_whose_read_back_fails_has_an_unknown_outcome() {
         let mem = MemStorage::new();
-        let a = store(&mem, 1 << 20);
-        let ev = |c: &str| NewEvent::new("x", EventType::Evidence, c);
-        assert_eq!(a.append("r", ev("one"), Durability::Sync).unwrap().seq, 1);
-        let al = a.writer("r", "anonymous").unwrap();
-        let seg_path = crate::log::segment::segment_path(&al.dir, super::lock(&al.writer).seg_base);
+        let (a, _, seg_path) = run_of_one(&mem);
         let (mem2, p2) = (mem.clone(), seg_path.clone());
         mem.fail_next_write(&seg_path, usize::MAX, move || mem2.fail_next_reads(&p2, 1));
         let r = a.append("r", ev("two"), Durability::Sync);
+        stored_though_unknown(&mem, &a, r);
+    }
+
+    fn ev(c: &str) -> NewEvent {
+        NewEvent::new("x", EventType::Evidence, c)
+    }
+
+    /// A store on `mem` whose run "r" holds one event, "one"; the run's directory and
+    /// its segment's path.
+    fn run_of_one(mem: &MemStorage) -> (Store, std::path::PathBuf, std::path::PathBuf) {
+        let a = store(mem, 1 << 20);
+        assert_eq!(a.append("r", ev("one"), Durability::Sync).unwrap().seq, 1);
+        let al = a.writer("r", "anonymous").unwrap();
+        let seg_path = crate::log::segment::segment_path(&al.dir, super::lock(&al.writer).seg_base);
+        (a, al.dir.clone(), seg_path)
+    }
+
+    /// `r`, the answer of appending "two" after "one", is an unknown outcome of an
+    /// injected failure, and "two" is stored: the next append goes after it.
+    fn stored_though_unknown(mem: &MemStorage, a: &Store, r: crate::error::Result<crate::Event>) {
         assert!(
             matches!(&r, Err(Error::Io { source, .. })
                 if source.to_string().contains("injected") && source.to_string().contains("unknown")),
             "{r:?}"
         );
-        // The frame is the log's: the next append goes after it.
         assert_eq!(a.append("r", ev("three"), Durability::Sync).unwrap().seq, 3);
-        let now = contents(&store(&mem, 1 << 20));
+        let now = contents(&store(mem, 1 << 20));
         assert_eq!(now.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 2, 3]);
         assert!(now[1].1.contains("two"), "{now:?}");
     }
@@ -642,21 +657,10 @@ mod tests {
     #[test]
     fn an_error_after_a_groups_write_is_an_unknown_outcome() {
         let mem = MemStorage::new();
-        let a = store(&mem, 1 << 20);
-        let ev = |c: &str| NewEvent::new("x", EventType::Evidence, c);
-        assert_eq!(a.append("r", ev("one"), Durability::Sync).unwrap().seq, 1);
-        let al = a.writer("r", "anonymous").unwrap();
-        mem.fail_next_write(&al.dir.join(crate::log::meta::SYNCED_FILE), 0, || {});
+        let (a, dir, _) = run_of_one(&mem);
+        mem.fail_next_write(&dir.join(crate::log::meta::SYNCED_FILE), 0, || {});
         let r = a.append("r", ev("two"), Durability::None);
-        assert!(
-            matches!(&r, Err(Error::Io { source, .. })
-                if source.to_string().contains("injected") && source.to_string().contains("unknown")),
-            "{r:?}"
-        );
-        assert_eq!(a.append("r", ev("three"), Durability::Sync).unwrap().seq, 3);
-        let now = contents(&store(&mem, 1 << 20));
-        assert_eq!(now.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 2, 3]);
-        assert!(now[1].1.contains("two"), "{now:?}");
+        stored_though_unknown(&mem, &a, r);
     }
 
     /// Torn tails cut at one offset again and again (a write that keeps failing part-way)
@@ -664,21 +668,17 @@ mod tests {
     #[test]
     fn torn_tails_cut_at_one_offset_are_each_kept() {
         let mem = MemStorage::new();
-        let a = store(&mem, 1 << 20);
-        let ev = |c: &str| NewEvent::new("x", EventType::Evidence, c);
-        assert_eq!(a.append("r", ev("one"), Durability::Sync).unwrap().seq, 1);
-        let al = a.writer("r", "anonymous").unwrap();
-        let seg_path = crate::log::segment::segment_path(&al.dir, super::lock(&al.writer).seg_base);
+        let (a, dir, seg_path) = run_of_one(&mem);
         for keep in [10, 20] {
             mem.fail_next_write(&seg_path, keep, || {});
             assert!(a.append("r", ev("torn"), Durability::Sync).is_err());
         }
         assert_eq!(a.append("r", ev("two"), Durability::Sync).unwrap().seq, 2);
-        let mut kept: Vec<usize> = crate::log::storage::Storage::list(&mem, &al.dir)
+        let mut kept: Vec<usize> = crate::log::storage::Storage::list(&mem, &dir)
             .unwrap()
             .iter()
             .filter(|n| n.ends_with(".broken"))
-            .map(|n| mem.contents(&al.dir.join(n)).unwrap().len())
+            .map(|n| mem.contents(&dir.join(n)).unwrap().len())
             .collect();
         kept.sort();
         assert_eq!(kept, vec![10, 20]);

@@ -4,6 +4,39 @@
 use std::io::Read;
 use std::os::unix::net::UnixStream;
 
+/// A store at `dir` whose `run` holds one event ("created"), and a stand-in committer's
+/// socket, listening on the run's rendezvous (nothing else commits for it).
+fn stand_in_socket(
+    dir: &std::path::Path,
+    run: &str,
+) -> (std::os::unix::net::UnixListener, std::path::PathBuf) {
+    use crate::event::{EventType, NewEvent};
+    use crate::log::meta::Durability;
+    let a = crate::store::Store::open(dir).unwrap();
+    let created = NewEvent::new("lead", EventType::Evidence, "created");
+    a.append(run, created, Durability::Sync).unwrap();
+    let (rendezvous, _, socket) = a.rendezvous(run).unwrap();
+    std::fs::create_dir_all(rendezvous).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    (listener, socket)
+}
+
+/// Accepts a handing process on a stand-in's socket, greets it as the committer of
+/// user "anonymous" at head 1, and reads its request.
+fn greet_and_read(listener: &std::os::unix::net::UnixListener) -> (UnixStream, super::Handed) {
+    let (s, _) = listener.accept().unwrap();
+    let hello = super::Hello {
+        v: super::WIRE_VERSION,
+        user: "anonymous".into(),
+        head: 1,
+        pid: std::process::id(),
+    };
+    super::write_msg(&s, &hello).unwrap();
+    let body = super::read_msg(&s).unwrap().unwrap();
+    let req: super::Handed = serde_json::from_slice(&body).unwrap();
+    (s, req)
+}
+
 /// A message larger than the socket's buffer arrives whole, in order.
 #[test]
 fn send_all_writes_a_large_message_whole() {
@@ -34,24 +67,10 @@ fn a_lost_answer_for_a_run_archived_since_is_found_in_the_archive() {
     for stored in [true, false] {
         let dir = tempfile::tempdir().unwrap();
         let run = "closing";
-        let a = Store::open(dir.path()).unwrap();
-        let created = NewEvent::new("lead", EventType::Evidence, "created");
-        a.append(run, created, Durability::Sync).unwrap();
-        let (rendezvous, _, socket) = a.rendezvous(run).unwrap();
-        std::fs::create_dir_all(rendezvous).unwrap();
-        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let (listener, _) = stand_in_socket(dir.path(), run);
         let data = dir.path().to_path_buf();
         let committer = std::thread::spawn(move || {
-            let (s, _) = listener.accept().unwrap();
-            let hello = super::Hello {
-                v: super::WIRE_VERSION,
-                user: "anonymous".into(),
-                head: 1,
-                pid: std::process::id(),
-            };
-            super::write_msg(&s, &hello).unwrap();
-            let body = super::read_msg(&s).unwrap().unwrap();
-            let req: super::Handed = serde_json::from_slice(&body).unwrap();
+            let (_s, req) = greet_and_read(&listener);
             assert!(req.events[0].id.is_some(), "an id was generated");
             let c = Store::open(&data).unwrap();
             if stored {
@@ -97,27 +116,16 @@ fn a_lost_answer_whose_recovery_fails_has_an_unknown_outcome() {
     use crate::store::Store;
     let dir = tempfile::tempdir().unwrap();
     let run = "lost";
-    let a = Store::open(dir.path()).unwrap();
-    let created = NewEvent::new("lead", EventType::Evidence, "created");
-    a.append(run, created, Durability::Sync).unwrap();
-    let (rendezvous, _, socket) = a.rendezvous(run).unwrap();
-    std::fs::create_dir_all(rendezvous).unwrap();
-    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let (listener, _) = stand_in_socket(dir.path(), run);
     let data = dir.path().to_path_buf();
-    let lock_path = a.run_dir(run).unwrap().join(LOCK_FILE);
-    drop(a);
+    let lock_path = Store::open(dir.path())
+        .unwrap()
+        .run_dir(run)
+        .unwrap()
+        .join(LOCK_FILE);
     let lock_path2 = lock_path.clone();
     let committer = std::thread::spawn(move || {
-        let (s, _) = listener.accept().unwrap();
-        let hello = super::Hello {
-            v: super::WIRE_VERSION,
-            user: "anonymous".into(),
-            head: 1,
-            pid: std::process::id(),
-        };
-        super::write_msg(&s, &hello).unwrap();
-        let body = super::read_msg(&s).unwrap().unwrap();
-        let req: super::Handed = serde_json::from_slice(&body).unwrap();
+        let (_s, req) = greet_and_read(&listener);
         let c = Store::open(&data).unwrap();
         c.append_direct(run, req.events, None, Durability::Sync)
             .unwrap();
@@ -247,24 +255,11 @@ fn a_committer_that_does_not_answer_holds_an_append_for_a_bounded_time() {
     let dir = tempfile::tempdir().unwrap();
     let run = "stopped";
     let ev = || NewEvent::new("agent-1", EventType::Evidence, "e");
-    let a = Store::open(dir.path()).unwrap();
-    a.append(run, ev(), Durability::Sync).unwrap();
-    let (rendezvous, _, socket) = a.rendezvous(run).unwrap();
-    drop(a);
-    std::fs::create_dir_all(rendezvous).unwrap();
-    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let (listener, socket) = stand_in_socket(dir.path(), run);
     super::lock(&super::peer::ANSWER_WAIT_FOR_TESTS).push((socket.clone(), 300));
     let (done, on_done) = std::sync::mpsc::channel::<()>();
     let stand_in = std::thread::spawn(move || {
-        let (s, _) = listener.accept().unwrap();
-        let hello = super::Hello {
-            v: super::WIRE_VERSION,
-            user: "anonymous".into(),
-            head: 1,
-            pid: std::process::id(),
-        };
-        super::write_msg(&s, &hello).unwrap();
-        let _ = super::read_msg(&s).unwrap();
+        let _conn = greet_and_read(&listener);
         // Stopped: no answer (until the test is done).
         let _ = on_done.recv_timeout(Duration::from_secs(30));
     });
