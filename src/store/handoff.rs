@@ -59,13 +59,13 @@ use crate::store::Store;
 use looking::{LookDone, Looking};
 use peer::{answer_wait, recovery_failed, same_account};
 
-#[cfg(test)]
-use self::wire::write_msg;
 pub(crate) use self::wire::MESSAGE_BYTES_MAX;
 use self::wire::{
-    encode_msg, read_msg, read_msg_timed, send_all, write_msg_within, Answer, Handed, HandedRef,
-    Hello, WireError, WIRE_VERSION,
+    encode_msg, read_msg_timed, send_all, write_msg_within, Answer, Handed, HandedRef, Hello,
+    WireError, WIRE_VERSION,
 };
+#[cfg(test)]
+use self::wire::{read_msg, write_msg};
 
 /// The directory of every run's committer lock (`<run>.lock`, held for as long as it
 /// commits) and socket (`<run>.sock`), under the user's directory.
@@ -912,16 +912,12 @@ impl Handing {
         // debugger) holds this append for no longer than `answer_wait`. It may still
         // write it when it goes on, so the outcome is unknown (a recovery now could
         // miss a frame written after it looked); the connection is closed.
-        match wire::wait_readable(&s, answer_wait(&self.socket)) {
-            Ok(true) => {}
-            Ok(false) => {
+        let body = match read_msg_timed(&s, answer_wait(&self.socket)) {
+            Ok(Some(b)) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
                 let _ = s.shutdown(std::net::Shutdown::Both);
                 return Sent::Stuck;
             }
-            Err(_) => return Sent::Lost(since, true),
-        }
-        let body = match read_msg(&s) {
-            Ok(Some(b)) => b,
             _ => return Sent::Lost(since, true),
         };
         let answer: Answer = match serde_json::from_slice(&body) {

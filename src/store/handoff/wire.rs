@@ -244,31 +244,30 @@ pub(super) fn send_all(
     Ok(())
 }
 
-/// [`read_msg`], waiting at most `limit` for it to begin.
+/// [`read_msg`], waiting at most `limit` for it to begin (`TimedOut` after).
 pub(super) fn read_msg_timed(s: &UnixStream, limit: Duration) -> std::io::Result<Option<Vec<u8>>> {
-    let ts = rustix::event::Timespec {
-        tv_sec: limit.as_secs() as i64,
-        tv_nsec: limit.subsec_nanos() as i64,
-    };
-    let mut fds = [rustix::event::PollFd::new(s, rustix::event::PollFlags::IN)];
-    if rustix::event::poll(&mut fds, Some(&ts))? == 0 {
+    if !wait_readable(s, Some(limit))? {
         return Err(std::io::ErrorKind::TimedOut.into());
     }
-    read_msg(s)
+    read_body(s)
 }
 
 /// Waits until `s` is readable (a message, or its end): `false` after `limit`.
-pub(super) fn wait_readable(s: &UnixStream, limit: Duration) -> std::io::Result<bool> {
-    let until = std::time::Instant::now() + limit;
+///
+/// In `poll`, not in `recv`: a Unix socket wakes every thread sleeping in `recv` on it
+/// when the other side consumes what this side sent (write space), so each message
+/// would cost a wake-up for nothing; `poll` filters by event.
+fn wait_readable(s: &UnixStream, limit: Option<Duration>) -> std::io::Result<bool> {
+    let until = limit.map(|l| std::time::Instant::now() + l);
     loop {
-        let left = until.saturating_duration_since(std::time::Instant::now());
-        let ts = rustix::event::Timespec {
-            tv_sec: left.as_secs() as i64,
-            tv_nsec: left.subsec_nanos() as i64,
-        };
+        let left = until.map(|u| u.saturating_duration_since(std::time::Instant::now()));
+        let ts = left.map(|l| rustix::event::Timespec {
+            tv_sec: l.as_secs() as i64,
+            tv_nsec: l.subsec_nanos() as i64,
+        });
         let mut fds = [rustix::event::PollFd::new(s, rustix::event::PollFlags::IN)];
-        match rustix::event::poll(&mut fds, Some(&ts)) {
-            Ok(0) if left.is_zero() => return Ok(false),
+        match rustix::event::poll(&mut fds, ts.as_ref()) {
+            Ok(0) if left.is_some_and(|l| l.is_zero()) => return Ok(false),
             Ok(0) | Err(rustix::io::Errno::INTR) => {}
             Ok(_) => return Ok(true),
             Err(e) => return Err(e.into()),
@@ -276,19 +275,16 @@ pub(super) fn wait_readable(s: &UnixStream, limit: Duration) -> std::io::Result<
     }
 }
 
-/// The next message, or `None` at the end of the stream before one began.
-pub(super) fn read_msg(mut s: &UnixStream) -> std::io::Result<Option<Vec<u8>>> {
-    // Wait in `poll` for input, not in `recv`: a Unix socket wakes every thread sleeping
-    // in `recv` on it when the other side consumes what this side sent (write space),
-    // so each message would cost a wake-up for nothing; `poll` filters by event.
-    loop {
-        let mut fds = [rustix::event::PollFd::new(s, rustix::event::PollFlags::IN)];
-        match rustix::event::poll(&mut fds, None) {
-            Ok(_) => break,
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
+/// The next message, or `None` at the end of the stream before one began (tests: a
+/// stand-in committer's side).
+#[cfg(test)]
+pub(super) fn read_msg(s: &UnixStream) -> std::io::Result<Option<Vec<u8>>> {
+    wait_readable(s, None)?;
+    read_body(s)
+}
+
+/// The next message of a readable stream (`wait_readable`).
+fn read_body(mut s: &UnixStream) -> std::io::Result<Option<Vec<u8>>> {
     let mut len = [0u8; 4];
     let mut got = 0;
     while got < 4 {
