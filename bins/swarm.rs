@@ -402,6 +402,16 @@ enum Cmd {
         /// takes the place of --embed-model.
         #[arg(long, requires = "set")]
         embed_vectors: Option<PathBuf>,
+        /// With --set: the optional LLM step, as `swarm synth --llm-cmd` (borderline pairs
+        /// as JSON on stdin, `{"same": true|false}` on stdout), to measure a judge.
+        #[arg(long, requires = "set")]
+        llm_cmd: Option<String>,
+        /// With --llm-cmd: longest one call may take.
+        #[arg(long, default_value_t = 10_000, requires = "llm_cmd")]
+        llm_timeout_ms: u64,
+        /// With --llm-cmd: most calls per synthesized user.
+        #[arg(long, default_value_t = 200, requires = "llm_cmd")]
+        llm_calls_max: u64,
         /// JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -853,13 +863,21 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
             embed_model,
             embed_vectors,
+            llm_cmd,
+            llm_timeout_ms,
+            llm_calls_max,
             ..
         } => {
             let m = match embed_vectors {
                 Some(file) => search::table_model(&file)?,
                 None => search::model(embed_model.as_deref(), &cli.data_dir)?,
             };
-            synth::quality_set(&set, json, &m)
+            let llm = llm_cmd.map(|cmd| swarm_memory::synth::LlmOptions {
+                cmd,
+                timeout: std::time::Duration::from_millis(llm_timeout_ms),
+                calls_max: llm_calls_max,
+            });
+            synth::quality_set(&set, json, &m, llm)
         }
         Cmd::Quality { fixture, json, .. } => synth::quality(fixture, json),
         #[cfg(feature = "mcp")]

@@ -247,12 +247,14 @@ pub fn quality_set(
     set: &std::path::Path,
     json: bool,
     model: &crate::search::Model,
+    llm: Option<LlmOptions>,
 ) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(set)
         .map_err(|e| invalid("set", format!("{}: {e}", set.display())))?;
     let mut opts = SynthOptions {
         embedder: model.embedder.clone(),
         no_model_reason: model.reason.clone(),
+        llm,
         ..SynthOptions::default()
     };
     // A tuning aid: the semantic mode's thresholds as JSON (see SemanticConfig).
@@ -321,6 +323,10 @@ pub fn quality_set(
             format!("{} of {}", r.temporal_flagged, r.temporal_changes),
         ),
         ("cross-user merges", r.cross_user_merges.to_string()),
+        (
+            "llm step calls (no usable answer)",
+            format!("{} ({})", r.llm_calls, r.llm_fallbacks),
+        ),
         (
             "search mode",
             match &r.search_model {

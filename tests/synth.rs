@@ -1511,3 +1511,107 @@ fn a_snapshot_fold_equals_the_fold_from_the_start_field_by_field() {
         assert_eq!(with_snapshot[&k], from_start[&k], "field {k} differs");
     }
 }
+
+/// A fresh-eyes review's leaks (2026-11-29): the symptom taken from a hypothesis's
+/// subject (no `meta.symptom`) was shared unsanitized in the sanitized mode, cut to a
+/// slug no detector could read; an address after `_` in an argument or tool name, a
+/// listed name glued to a digit and a password under `MYSQL_PWD` / `DB_PASS` got through
+/// in both modes. Nothing of them may reach another user.
+#[test]
+fn the_shared_scope_carries_no_secret_of_a_subject_an_argument_or_a_tool_name() {
+    let secrets = [
+        "carol",
+        "acme",
+        "10_9_8_7",
+        "10.9.8.7",
+        "7946",
+        "0958",
+        "10.20.30.40",
+        "dana",
+        "whitfield",
+        "hunter",
+        "900123",
+        "0132",
+    ];
+    for mode in [None, Some(SharePatterns::Sanitized)] {
+        let env = Env::new();
+        let bob = user_store(&env, "bob").with_archive_dir(env.path().join(".archive"));
+        std::fs::create_dir_all(env.path().join("bob")).unwrap();
+        std::fs::write(
+            env.path().join("bob").join("settings.json"),
+            r#"{"redact_names": ["Dana Whitfield"]}"#,
+        )
+        .unwrap();
+        let run = "inc-9";
+        let mut h = NewEvent::new("lead", EventType::Hypothesis, "h");
+        h.subject = Some(
+            "login failure for carol.white@acme.com from 10.9.8.7 pager +44 20 7946 0958".into(),
+        );
+        append(&bob, run, h);
+        let mut first = NewEvent::new("a", EventType::ActionTaken, "x");
+        first.meta = Some(
+            json!({"tool": "check", "tool_status": "ok"})
+                .as_object()
+                .unwrap()
+                .clone(),
+        );
+        append(&bob, run, first);
+        for (status, pwd) in [("error", "hunter44"), ("ok", "hunter45")] {
+            let mut e = NewEvent::new("a", EventType::ActionTaken, "c");
+            e.meta = Some(
+                json!({"tool": "query_db", "tool_status": status, "error": "invalid argument",
+                       "args": {"host_10.20.30.40": status, "dana2": status, "MYSQL_PWD": pwd,
+                                "timeout_ms": status}})
+                .as_object()
+                .unwrap()
+                .clone(),
+            );
+            append(&bob, run, e);
+        }
+        let mut t = NewEvent::new("a", EventType::ActionTaken, "x");
+        t.meta = Some(
+            json!({"tool": "page_whitfield2", "tool_status": "ok"})
+                .as_object()
+                .unwrap()
+                .clone(),
+        );
+        append(&bob, run, t);
+        let mut d = NewEvent::new(
+            "lead",
+            EventType::Decision,
+            "DB_PASS=hunter22 was wrong; call phone:415-555-0132 or 07700 900123",
+        );
+        d.meta = Some(json!({"root_cause": "config"}).as_object().unwrap().clone());
+        append(&bob, run, d);
+        bob.close_run(run, "lead").expect("close");
+        let opts = SynthOptions {
+            share_patterns: mode,
+            ..SynthOptions::default()
+        };
+        assert_eq!(
+            bob.synth(&opts, |_| {}).unwrap().shared_copies,
+            1,
+            "{mode:?}"
+        );
+        let alice = user_store(&env, "alice");
+        let text = shared_scope_text(&env).to_lowercase();
+        let shown = serde_json::to_string(&alice.advise("query_db").unwrap())
+            .unwrap()
+            .to_lowercase();
+        assert!(
+            shown.contains("query_db"),
+            "{mode:?}: the lesson is shared: {shown}"
+        );
+        assert!(shown.contains("timeout_ms"), "{mode:?}: {shown}");
+        for secret in secrets {
+            assert!(
+                !text.contains(secret),
+                "{mode:?}: {secret:?} in the shared scope: {text}"
+            );
+            assert!(
+                !shown.contains(secret),
+                "{mode:?}: {secret:?} shown to alice: {shown}"
+            );
+        }
+    }
+}

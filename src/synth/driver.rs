@@ -420,13 +420,16 @@ pub(crate) fn sanitize_learnings(
     l
 }
 
-/// An event with its free text (content, subject, meta) through the sanitizer.
+/// An event with its free text (content, subject, meta) through the sanitizer. The
+/// subject always: the learner takes a run's symptom from its first hypothesis's subject
+/// when no `meta.symptom` names one, and cuts it to a slug, after which an address or a
+/// number is no longer recognizable.
 fn sanitize_event(s: &Sanitizer, mut e: Event) -> Event {
+    e.subject = e.subject.map(|x| s.text(&x));
     if e.meta.is_none() && e.kind != EventType::Decision {
         return e;
     }
     e.content = s.value(&e.content);
-    e.subject = e.subject.map(|x| s.text(&x));
     if let Some(m) = e.meta.take() {
         e.meta = match s.value(&Value::Object(m)) {
             Value::Object(m) => Some(m),

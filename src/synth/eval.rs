@@ -106,6 +106,10 @@ pub struct SetReport {
     pub contradiction_misses: Vec<(String, String)>,
     /// The contradictions reported that no label holds (each side's fact labels).
     pub contradiction_false: Vec<(BTreeSet<String>, BTreeSet<String>)>,
+    /// Calls to the optional LLM step (`SynthOptions::llm`), over every user.
+    pub llm_calls: u64,
+    /// Of them, those without a usable answer (the deterministic answer stood).
+    pub llm_fallbacks: u64,
 }
 
 /// A labelled query the search missed (top 3).
@@ -232,8 +236,11 @@ pub fn evaluate_set(
     let mut reported: Vec<(BTreeSet<String>, BTreeSet<String>)> = Vec::new();
     // Per user: fact number -> its slot in `made`.
     let mut fact_slots: BTreeMap<String, BTreeMap<usize, usize>> = BTreeMap::new();
+    let (mut llm_calls, mut llm_fallbacks) = (0, 0);
     for store in users.values() {
-        store.synth(opts, |_| {})?;
+        let synth = store.synth(opts, |_| {})?;
+        llm_calls += synth.llm_calls;
+        llm_fallbacks += synth.llm_fallbacks;
         let mut index: BTreeMap<usize, usize> = BTreeMap::new();
         let mut contradictions: Vec<(usize, usize)> = Vec::new();
         for e in store.read(FACTS_RUN, ReadOptions::default())? {
@@ -286,6 +293,8 @@ pub fn evaluate_set(
         users: users.len(),
         facts_labelled: fact_user.len(),
         facts_made: made.len(),
+        llm_calls,
+        llm_fallbacks,
         ..SetReport::default()
     };
     // Pairs.

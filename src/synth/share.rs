@@ -204,9 +204,7 @@ impl Store {
         let shared = self.shared_store();
         let mut n = 0;
         for (run, l) in items {
-            let mut ctx = self.sanitize_context(&run, opts)?;
-            ctx.names.extend(settings.redact_names.iter().cloned());
-            let s = Sanitizer::new(ctx);
+            let s = Sanitizer::new(self.sanitize_context(&run, opts)?);
             let mut clean = sanitize_learnings(&s, l);
             if mode == SharePatterns::Structured {
                 clean = structured(clean);
@@ -304,12 +302,18 @@ impl Store {
         run: &str,
         opts: &SynthOptions,
     ) -> Result<SanitizeContext> {
+        // The names of the command and of the user's settings: every pass of the
+        // sanitizer over this user's text knows both (the first pass, over the events,
+        // runs before the learnings are cut to their lengths, so a name cut in two
+        // there would no longer be found whole).
+        let mut names = opts.redact_names.clone();
+        names.extend(self.user_settings()?.redact_names);
         Ok(SanitizeContext {
             user_id: self.user().to_string(),
             identifiers: vec![run.to_string()],
             project_ids: opts.project_ids.clone(),
             env_names: opts.env_names.clone(),
-            names: opts.redact_names.clone(),
+            names,
         })
     }
 

@@ -32,9 +32,11 @@ pub(super) enum Det {
     AuthHeader,
     ProjectPath,
     Phone,
+    KeyedPhone,
+    SpelledEmail,
 }
 
-pub(super) const DETS: [Det; 21] = [
+pub(super) const DETS: [Det; 23] = [
     Det::Placeholder,
     Det::Pem,
     Det::UrlCredentials,
@@ -56,6 +58,8 @@ pub(super) const DETS: [Det; 21] = [
     Det::AuthHeader,
     Det::ProjectPath,
     Det::Phone,
+    Det::KeyedPhone,
+    Det::SpelledEmail,
 ];
 
 /// `a[-_.]?b[-_.]?c`: a key word as written with any separators (`api_key`, `API-KEY`).
@@ -81,7 +85,7 @@ pub(super) fn patterns() -> Vec<String> {
     );
     let key_value = format!(
         concat!(
-            r#"(?i:(?P<key>[A-Za-z0-9_.-]*(?:{suffixes})|-{{0,2}}(?:{exact})|-{{0,2}}(?:{projects})))"#,
+            r#"(?i:(?P<key>[A-Za-z0-9_.-]*(?:{suffixes})|[A-Za-z0-9_.-]*[-_.]pass|-{{0,2}}(?:{exact})|-{{0,2}}(?:{projects})))"#,
             r#"(?P<q>["']?)(?P<sp0>[ \t]{{0,4}})(?P<sep>[=:]?)[ \t]{{0,4}}"#,
             r#"(?:"(?P<dq>(?:[^"\\\n]|\\.)*)"?|'(?P<sq>(?:[^'\\\n]|\\.)*)'?|(?P<v>[^\s"'`,;&)\]}}<>]+))"#
         ),
@@ -90,17 +94,23 @@ pub(super) fn patterns() -> Vec<String> {
         projects = alternation(PROJECT_KEYS, spaced),
     );
     let placeholder = format!("<(?:{})>", PLACEHOLDER_NAMES.join("|"));
-    let p: [(Det, String); 21] = [
+    let p: [(Det, String); 23] = [
         (Det::Placeholder, placeholder),
         (
             Det::Pem,
             r"(?s)-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]{0,64}-----|\z)"
                 .into(),
         ),
-        (Det::UrlCredentials, r#"[A-Za-z]://([^\s/?#@"'<>]+)@"#.into()),
+        // `user:pass@`, the password with any of `/?#:` in it (`Xy9/Qz8+Kp2`), or
+        // userinfo without those.
+        (
+            Det::UrlCredentials,
+            r#"[A-Za-z]://([^\s/?#@"'<>]+|[^\s/?#@:"'<>]*:[^\s@"'<>]+)@"#.into(),
+        ),
+        // Letters of any script (`josé@`, `müller@`), and `%40` for `@` (URL-encoded).
         (
             Det::Email,
-            r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+".into(),
+            r"[\p{L}\p{N}._%+-]+(?:@|%40)[\p{L}\p{N}-]+(?:\.[\p{L}\p{N}-]+)+".into(),
         ),
         (Det::Ipv4, r"[0-9]{1,3}(?:\.[0-9]{1,3}){3}".into()),
         (
@@ -157,9 +167,37 @@ pub(super) fn patterns() -> Vec<String> {
                 // (Valid area and exchange codes only, 2-9 first: `120 450 1200 ms` is
                 // three latencies, not a number.)
                 r"|1[-. ][2-9][0-9]{2}[-. ][2-9][0-9]{2}[-. ][0-9]{4}|[2-9][0-9]{2} [2-9][0-9]{2} [0-9]{4}",
-                r"|0[1-9][0-9]{0,3}(?: [0-9]{2,4}){2,4}"
+                r"|0[1-9][0-9]{0,3}(?: [0-9]{2,4}){2,4}",
+                // Mixed separators (`415 555-0132`); national numbers after a trunk
+                // `0`: French (`06.12.34.56.78`), German and British (`030 12345678`,
+                // `0151 23456789`, `030/12345678`, `07700 900123`), Japanese
+                // (`03-1234-5678`, `090-1234-5678`); Brazilian (`(11) 91234-5678`).
+                r"|[2-9][0-9]{2}[ .-][2-9][0-9]{2}[ .-][0-9]{4}",
+                r"|0[1-9](?:[.-][0-9]{2}){4}|0[1-9][0-9]{1,4}[ /-][0-9]{5,8}",
+                r"|0[0-9]{1,3}-[0-9]{3,4}-[0-9]{4}|\([0-9]{2,3}\) ?[0-9]{4,5}-[0-9]{4}"
             )
             .into(),
+        ),
+        // A number after a phone-like key, whatever its form (`tel:4155550132`,
+        // `phone: 98765 43210`, `mobile=0412-345-678`).
+        (
+            Det::KeyedPhone,
+            r#"(?i:tel|phone|mobile|cell|fax|sms|whatsapp)["']?[ \t]{0,3}[:=]?[ \t]{0,3}(\+?[0-9][0-9 ().-]{5,24}[0-9])"#
+                .into(),
+        ),
+        // An address spelled out: `carol at acme dot com`, `carol[at]acme[dot]com`.
+        (
+            Det::SpelledEmail,
+            // (`at` as a word only with `dot` as a word: `hosted at github.com` is prose.)
+            format!(
+                concat!(
+                    r"(?i:[\p{{L}}\p{{N}}._+-]+ ?(?:\[at\]|\(at\)|\{{at\}}) ?[\p{{L}}\p{{N}}-]+",
+                    r"(?: ?(?:\[dot\]|\(dot\)|\{{dot\}}|\.) ?[\p{{L}}\p{{N}}-]+)*?",
+                    r" ?(?:\[dot\]|\(dot\)|\{{dot\}}|\.) ?(?:{tld})\b",
+                    r"|[\p{{L}}\p{{N}}._+-]+ at [\p{{L}}\p{{N}}-]+(?: dot [\p{{L}}\p{{N}}-]+)*? dot (?:{tld})\b)"
+                ),
+                tld = "com|org|net|edu|gov|io|dev|ai|app|co|uk|de|fr|es|it|nl|jp|in|br|au|ca|ch|se|eu|us"
+            ),
         ),
     ];
     debug_assert!(p.iter().zip(DETS).all(|((d, _), e)| *d == e));

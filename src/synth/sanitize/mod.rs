@@ -22,14 +22,19 @@
 //! whitespace when possible) and end with `<TRUNCATED>`; outputs never exceed it.
 //!
 //! What is redacted:
-//! - e-mail addresses -> `<EMAIL>` (except `git@host` ssh remotes);
+//! - e-mail addresses -> `<EMAIL>` (except `git@host` ssh remotes), in any script
+//!   (`josé@…`), URL-encoded (`carol%40acme.com`) or spelled out (`carol at acme dot
+//!   com`, `carol[at]acme[dot]com`);
 //! - IPv4 (with `:port` or `/cidr`) and IPv6 (full, `::`-compressed, embedded v4, `%zone`)
 //!   -> `<IP>`; `0.0.0.0`, `127.0.0.1`, `255.255.255.255`, `169.254.169.254` (metadata
 //!   server) and `::1` are kept: they identify nobody and are often the point of a lesson;
 //! - phone numbers -> `<PHONE>`: international (`+` and 8 to 15 digits in groups:
 //!   `+1 415 555 0132`, `+44 20 7946 0958`, `+4915123456789`) and national (`(415)
-//!   555-0132`, `415-555-0132`, `415.555.0132`, `020 7946 0958`); never a version, date,
-//!   IP, duration or port (separators and digit counts rule them out);
+//!   555-0132`, `415-555-0132`, `415.555.0132`, `415 555-0132`, `020 7946 0958`, and
+//!   after a trunk `0`: `07700 900123`, `030/12345678`, `06.12.34.56.78`, `03-1234-5678`,
+//!   `(11) 91234-5678`); any 7 to 15 digits after a phone key (`tel:4155550132`,
+//!   `phone: 98765 43210`, `mobile=…`); never a version, date, IP, duration or port
+//!   (separators and digit counts rule them out);
 //! - tokens -> `<TOKEN>`: `Bearer x`, `Authorization:`/`Cookie:` header values, JWTs,
 //!   AWS key ids (`AKIA`/`ASIA`/...), GitHub (`ghp_`, `gho_`, `ghs_`, `ghu_`, `ghr_`,
 //!   `github_pat_`), GitLab (`glpat-`), Slack (`xox?-`, `xapp-`), `sk-` keys, Google API
@@ -39,15 +44,21 @@
 //!   PEM private key blocks; the value of any `key=value` / `key: value` /
 //!   `"key": "value"` / `--key value` pair whose key ends in password, passwd, passphrase,
 //!   secret, token, api_key/apikey, access_key, secret_key, private_key, client_secret,
-//!   credential(s), connection_string, session_id, sig (the key is kept); URL credentials
-//!   (`scheme://user:pass@host`); long high-entropy strings (>= 24 chars mixing letters and
-//!   digits or cases, hex >= 32, slash-separated base64);
-//! - the user's `user_id` and `identifiers` (whole token, ASCII case-insensitive) ->
+//!   credential(s), connection_string, session_id, pwd, hmac_key, auth_key, app_key,
+//!   key_base, or is pass (also `DB_PASS`, `redis-pass`), sig, pin, otp, salt (the key is
+//!   kept); URL credentials (`scheme://user:pass@host`, the password with `/`, `#` or `?`
+//!   in it too); long high-entropy strings (>= 24 chars mixing letters and digits or
+//!   cases, hex >= 32, slash-separated base64);
+//! - the user's `user_id` and `identifiers` (whole token, case-insensitive) ->
 //!   `<USER>`; home directories `/home/<name>`, `/Users/<name>`, `C:\Users\<name>` ->
 //!   `/home/<USER>` etc.;
 //! - the names the user listed (`names`: people, customers, services), whole and each
-//!   word of 3+ letters of a multi-word name (whole token, ASCII case-insensitive) ->
+//!   word of 3+ letters of a multi-word name (whole token, case-insensitive: `ZOË`) ->
 //!   `<NAME>`;
+//! - before any of it, characters that hide a shape are made plain: zero-width and
+//!   other invisible characters dropped, no-break and other spaces as ` `, full-width
+//!   ASCII as ASCII (`carol＠acme.com`, `０７７００ 900123`); the output carries the plain
+//!   form.
 //! - project ids from the context and detected in `projects/<id>`, `--project=<id>`,
 //!   `--project <id>`, `gcloud config set project <id>`, `project_id=<id>`,
 //!   `GOOGLE_CLOUD_PROJECT=<id>` (and JSON keys `project`/`project_id`/...) ->
@@ -70,13 +81,16 @@
 //!   listed; so are bare host names without dots (`prod-db-7`), 2-label domains
 //!   (`acme.com`), cluster names outside a GKE context, pod/deployment names, bucket names
 //!   in `gs://` paths, AWS account ids outside ARNs, Azure regions (`eastus`), MAC
-//!   addresses, phone numbers written without separators and without `+`.
+//!   addresses, phone numbers written without separators, without `+` and without a
+//!   phone key, credit-card numbers, national ids and IBANs (not yet detected).
 //! - FQDNs are only recognized under a fixed TLD list; 4-part versions that are valid
 //!   IPv4 addresses (`10.2.0.1`) are redacted as IPs; git SHAs and digests (hex >= 32)
 //!   become `<TOKEN>`; a list of 2-digit numbers after a leading `0` (`05 10 15 20 25`)
 //!   looks like a national phone number and is redacted.
-//! - Identifier and name matching is ASCII case-insensitive only, on alphanumeric
-//!   boundaries (`alice` is found in `alice-agent` but not in `alice2`).
+//! - Identifier and name matching is whole-token: a letter next to a digit is a token
+//!   edge (`alice` is found in `alice-agent` and `alice2`), two letters are not
+//!   (`danawhitfield`, `dwhitfield` and other joined spellings are kept); letters whose
+//!   lowercase has another UTF-8 length (`İ`) are compared as written.
 //! - Key-value detection after `:` or a space skips a few English words ("token: expired"
 //!   keeps `expired`) and `$VAR`/`${VAR}` references; a real secret equal to one of those
 //!   words would survive.
@@ -102,8 +116,8 @@ use serde_json::{Map, Value};
 
 use self::detectors::{engine, Det, Engine, DETS};
 use self::tables::{
-    base64_with_slashes, is_host, is_reference, is_stopword, key_class, project_like, random_piece,
-    switches, KeyClass, WELL_KNOWN_V4,
+    base64_with_slashes, is_host, is_reference, is_stopword, key_class, lower_same_len,
+    plain_chars, project_like, random_piece, switches, KeyClass, WELL_KNOWN_V4,
 };
 
 /// Inputs longer than this (bytes) are cut and marked with `<TRUNCATED>`; outputs never
@@ -262,7 +276,7 @@ impl Sanitizer {
     pub fn new(ctx: SanitizeContext) -> Sanitizer {
         let mut needles: Vec<(String, Redaction)> = Vec::new();
         let mut add = |s: &str, kind: Redaction| {
-            let n = s.trim().to_ascii_lowercase();
+            let n = lower_same_len(plain_chars(s.trim()).as_ref());
             if n.len() >= 2 && !needles.iter().any(|(x, _)| *x == n) {
                 needles.push((n, kind));
             }
@@ -350,8 +364,9 @@ impl Sanitizer {
     /// Sanitizes to a fixed point: a redaction can change what its neighbours look like
     /// (`x.10.<TOKEN>` vs `x.10.Xk9...`), so passes repeat until one finds nothing.
     fn run(&self, s: &str, extra: &[String]) -> (String, Vec<Redaction>) {
+        let s = plain_chars(s);
         let mut known: Vec<String> = extra.to_vec();
-        let (mut out, mut kinds) = self.pass(s, &mut known);
+        let (mut out, mut kinds) = self.pass(&s, &mut known);
         let mut changed = !kinds.is_empty();
         let mut passes = 1;
         while changed && passes < 8 {
@@ -517,7 +532,7 @@ impl<'a> Scan<'a> {
         Scan {
             s,
             b: s.as_bytes(),
-            lower: s.to_ascii_lowercase(),
+            lower: lower_same_len(s),
             spans: Vec::new(),
             detected: Vec::new(),
             url_ats: Vec::new(),
@@ -569,7 +584,11 @@ impl<'a> Scan<'a> {
             }
             Det::Email => {
                 for m in re.find_iter(s) {
-                    let at_sign = m.start() + m.as_str().find('@').unwrap_or(0);
+                    // `@`, or `%40` (URL-encoded).
+                    let (at_sign, at_len) = match m.as_str().find('@') {
+                        Some(i) => (m.start() + i, 1),
+                        None => (m.start() + m.as_str().find("%40").unwrap_or(0), 3),
+                    };
                     let l = m.start() + m.as_str().len() - m.as_str().trim_start_matches('.').len();
                     let tld = m.as_str().rsplit('.').next().unwrap_or("");
                     if self.url_ats.contains(&at_sign)
@@ -582,7 +601,7 @@ impl<'a> Scan<'a> {
                     }
                     self.push(l, m.end(), Redaction::Email);
                     // `sa@<project>.iam.gserviceaccount.com` names the project
-                    let domain = &self.lower[at_sign + 1..m.end()];
+                    let domain = &self.lower[at_sign + at_len..m.end()];
                     if let Some(id) = domain
                         .strip_suffix(".iam.gserviceaccount.com")
                         .and_then(project_like)
@@ -595,9 +614,10 @@ impl<'a> Scan<'a> {
                 for m in re.find_iter(s) {
                     let (st, mut end) = (m.start(), m.end());
                     let (pv, nx) = (before(b, st), at(b, end));
-                    if word(pv)
+                    // (`_` is a boundary: `host_10.20.30.40` names the address.)
+                    if alnum(pv)
                         || pv == b'.'
-                        || word(nx)
+                        || alnum(nx)
                         || (nx == b'.' && alnum(at(b, end + 1)))
                         || m.as_str()
                             .split('.')
@@ -626,7 +646,7 @@ impl<'a> Scan<'a> {
                 for m in re.find_iter(s) {
                     let (st, mut end) = (m.start(), m.end());
                     let pv = before(b, st);
-                    if word(pv) || pv == b':' || pv == b'.' {
+                    if alnum(pv) || pv == b':' || pv == b'.' {
                         continue;
                     }
                     let mut cand = m.as_str();
@@ -635,7 +655,7 @@ impl<'a> Scan<'a> {
                         end -= 1;
                     }
                     if cand.parse::<std::net::Ipv6Addr>().is_err()
-                        || word(at(b, end))
+                        || alnum(at(b, end))
                         || cand == "::1"
                         || !cand.bytes().any(|c| c.is_ascii_digit())
                     {
@@ -879,6 +899,35 @@ impl<'a> Scan<'a> {
                     }
                 }
             }
+            Det::KeyedPhone => {
+                for c in re.captures_iter(s) {
+                    let (Some(all), Some(v)) = (c.get(0), c.get(1)) else {
+                        continue;
+                    };
+                    let t = v.as_str().trim_end_matches(['(', ' ', '.', '-']);
+                    let end = v.start() + t.len();
+                    let digits = t.bytes().filter(u8::is_ascii_digit).count();
+                    // A key of its own (`microphone: 3` is not one), a number of phone
+                    // length that is not a date (`2025-11-29`) and ends there.
+                    let date = t.len() >= 10
+                        && t.as_bytes()[4] == b'-'
+                        && t.as_bytes()[..4].iter().all(u8::is_ascii_digit);
+                    if !alnum(before(b, all.start()))
+                        && (7..=15).contains(&digits)
+                        && !date
+                        && !alnum(at(b, end))
+                    {
+                        self.push(v.start(), end, Redaction::Phone);
+                    }
+                }
+            }
+            Det::SpelledEmail => {
+                for m in re.find_iter(s) {
+                    if !alnum(before(b, m.start())) {
+                        self.push(m.start(), m.end(), Redaction::Email);
+                    }
+                }
+            }
         }
     }
 
@@ -1052,7 +1101,14 @@ impl<'a> Scan<'a> {
             let (first, last) = (n.as_bytes()[0], n.as_bytes()[n.len() - 1]);
             for (k, _) in self.lower.match_indices(n.as_str()) {
                 let e = k + n.len();
-                let edge_ok = |x: u8, y: u8| !(alnum(x) && alnum(y));
+                // A letter next to a digit is an edge (`dana2`, `whitfield2`, `2alice`);
+                // two letters or two digits are not (`danaher`, `agent-1` in `agent-10`).
+                let edge_ok = |x: u8, y: u8| {
+                    let same = |f: fn(&u8) -> bool| f(&x) && f(&y);
+                    !(same(u8::is_ascii_alphabetic)
+                        || same(u8::is_ascii_digit)
+                        || (x >= 0x80 && y >= 0x80))
+                };
                 if edge_ok(before(b, k), first) && edge_ok(at(b, e), last) {
                     found.push(Span {
                         start: k,

@@ -1,6 +1,8 @@
 //! Word lists of the sanitizer (key names, TLDs, public domains, cloud regions) and the
 //! checks built on them that accept or refuse a detector's candidate.
 
+use std::borrow::Cow;
+
 use regex::Regex;
 
 pub(super) const SECRET_SUFFIXES: &[&str] = &[
@@ -25,9 +27,20 @@ pub(super) const SECRET_SUFFIXES: &[&str] = &[
     "connectionstring",
     "sessionid",
     "sessioncookie",
+    // `MYSQL_PWD`, `HMAC_KEY`, `AUTH_KEY`, `SECRET_KEY_BASE`, `APP_KEY`, ...
+    "pwd",
+    "hmackey",
+    "authkey",
+    "keybase",
+    "appkey",
+    "sharedkey",
+    "clientkey",
+    "privkey",
 ];
 
-pub(super) const SECRET_EXACT: &[&str] = &["pass", "sig", "pw", "dbpwd", "auth"];
+pub(super) const SECRET_EXACT: &[&str] = &[
+    "pass", "sig", "pw", "dbpwd", "auth", "pin", "pincode", "otp", "otpcode", "salt",
+];
 
 pub(super) const PROJECT_KEYS: &[&str] = &[
     "project",
@@ -310,11 +323,21 @@ pub(super) fn key_class(key: &str) -> Option<KeyClass> {
         Some(KeyClass::Project)
     } else if SECRET_EXACT.contains(&norm.as_str())
         || SECRET_SUFFIXES.iter().any(|s| norm.ends_with(s))
+        || pass_suffix(key)
     {
         Some(KeyClass::Secret)
     } else {
         None
     }
+}
+
+/// `DB_PASS`, `redis-pass`, `smtp.pass`: `pass` after a separator (not `bypass`,
+/// `compass`).
+pub(super) fn pass_suffix(key: &str) -> bool {
+    let k = key.as_bytes();
+    k.len() > 5
+        && k[k.len() - 4..].eq_ignore_ascii_case(b"pass")
+        && matches!(k[k.len() - 5], b'_' | b'-' | b'.')
 }
 
 pub(super) fn is_stopword(v: &str) -> bool {
@@ -447,4 +470,45 @@ pub(super) fn switches(s: &[u8]) -> usize {
         _ => 3,
     };
     s.windows(2).filter(|w| class(w[0]) != class(w[1])).count()
+}
+
+/// `s` with the characters that hide a shape from the detectors made plain: invisible
+/// ones dropped (zero-width spaces and joiners, the word joiner, the BOM, soft hyphens:
+/// `ghp_<U+200B>abc…`, `carol<U+200B>@acme.com`), other spaces as ` ` (no-break,
+/// figure, narrow, ideographic: `+44<U+00A0>20…`), full-width ASCII as ASCII (`０７７００`,
+/// `carol＠acme.com`). Borrowed when there is none (the common case).
+pub(super) fn plain_chars(s: &str) -> Cow<'_, str> {
+    let odd = |c: char| {
+        matches!(c, '\u{00A0}' | '\u{00AD}' | '\u{2000}'..='\u{200D}' | '\u{202F}'
+            | '\u{205F}' | '\u{2060}' | '\u{3000}' | '\u{FEFF}' | '\u{FF01}'..='\u{FF5E}')
+    };
+    if !s.chars().any(odd) {
+        return Cow::Borrowed(s);
+    }
+    Cow::Owned(
+        s.chars()
+            .filter_map(|c| match c {
+                '\u{00AD}' | '\u{200B}'..='\u{200D}' | '\u{2060}' | '\u{FEFF}' => None,
+                '\u{00A0}' | '\u{2000}'..='\u{200A}' | '\u{202F}' | '\u{205F}' | '\u{3000}' => {
+                    Some(' ')
+                }
+                '\u{FF01}'..='\u{FF5E}' => char::from_u32(c as u32 - 0xFEE0),
+                c => Some(c),
+            })
+            .collect(),
+    )
+}
+
+/// `s` lowercased char by char where the lowercase letter has the same UTF-8 length
+/// (`ZOË` -> `zoë`), so byte offsets into `s` and into its lowercase agree.
+pub(super) fn lower_same_len(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            let mut l = c.to_lowercase();
+            match (l.next(), l.next()) {
+                (Some(x), None) if x.len_utf8() == c.len_utf8() => x,
+                _ => c,
+            }
+        })
+        .collect()
 }
