@@ -1548,41 +1548,32 @@ fn the_shared_scope_carries_no_secret_of_a_subject_an_argument_or_a_tool_name() 
             "login failure for carol.white@acme.com from 10.9.8.7 pager +44 20 7946 0958".into(),
         );
         append(&bob, run, h);
-        let mut first = NewEvent::new("a", EventType::ActionTaken, "x");
-        first.meta = Some(
-            json!({"tool": "check", "tool_status": "ok"})
-                .as_object()
-                .unwrap()
-                .clone(),
+        let with_meta = |agent: &str, kind, content: &str, meta: serde_json::Value| {
+            let mut e = NewEvent::new(agent, kind, content);
+            e.meta = Some(meta.as_object().unwrap().clone());
+            e
+        };
+        let act = EventType::ActionTaken;
+        append(
+            &bob,
+            run,
+            with_meta("a", act, "x", json!({"tool": "check", "tool_status": "ok"})),
         );
-        append(&bob, run, first);
         for (status, pwd) in [("error", "hunter44"), ("ok", "hunter45")] {
-            let mut e = NewEvent::new("a", EventType::ActionTaken, "c");
-            e.meta = Some(
-                json!({"tool": "query_db", "tool_status": status, "error": "invalid argument",
-                       "args": {"host_10.20.30.40": status, "dana2": status, "MYSQL_PWD": pwd,
-                                "timeout_ms": status}})
-                .as_object()
-                .unwrap()
-                .clone(),
-            );
-            append(&bob, run, e);
+            let meta = json!({"tool": "query_db", "tool_status": status, "error": "invalid argument",
+                              "args": {"host_10.20.30.40": status, "dana2": status, "MYSQL_PWD": pwd,
+                                       "timeout_ms": status}});
+            append(&bob, run, with_meta("a", act, "c", meta));
         }
-        let mut t = NewEvent::new("a", EventType::ActionTaken, "x");
-        t.meta = Some(
-            json!({"tool": "page_whitfield2", "tool_status": "ok"})
-                .as_object()
-                .unwrap()
-                .clone(),
+        let page = json!({"tool": "page_whitfield2", "tool_status": "ok"});
+        append(&bob, run, with_meta("a", act, "x", page));
+        let decision = "DB_PASS=hunter22 was wrong; call phone:415-555-0132 or 07700 900123";
+        let cause = json!({"root_cause": "config"});
+        append(
+            &bob,
+            run,
+            with_meta("lead", EventType::Decision, decision, cause),
         );
-        append(&bob, run, t);
-        let mut d = NewEvent::new(
-            "lead",
-            EventType::Decision,
-            "DB_PASS=hunter22 was wrong; call phone:415-555-0132 or 07700 900123",
-        );
-        d.meta = Some(json!({"root_cause": "config"}).as_object().unwrap().clone());
-        append(&bob, run, d);
         bob.close_run(run, "lead").expect("close");
         let opts = SynthOptions {
             share_patterns: mode,

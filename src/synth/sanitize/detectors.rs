@@ -34,9 +34,12 @@ pub(super) enum Det {
     Phone,
     KeyedPhone,
     SpelledEmail,
+    Card,
+    Ssn,
+    Iban,
 }
 
-pub(super) const DETS: [Det; 23] = [
+pub(super) const DETS: [Det; 26] = [
     Det::Placeholder,
     Det::Pem,
     Det::UrlCredentials,
@@ -60,6 +63,9 @@ pub(super) const DETS: [Det; 23] = [
     Det::Phone,
     Det::KeyedPhone,
     Det::SpelledEmail,
+    Det::Card,
+    Det::Ssn,
+    Det::Iban,
 ];
 
 /// `a[-_.]?b[-_.]?c`: a key word as written with any separators (`api_key`, `API-KEY`).
@@ -94,7 +100,7 @@ pub(super) fn patterns() -> Vec<String> {
         projects = alternation(PROJECT_KEYS, spaced),
     );
     let placeholder = format!("<(?:{})>", PLACEHOLDER_NAMES.join("|"));
-    let p: [(Det, String); 23] = [
+    let p: [(Det, String); 26] = [
         (Det::Placeholder, placeholder),
         (
             Det::Pem,
@@ -110,7 +116,9 @@ pub(super) fn patterns() -> Vec<String> {
         // Letters of any script (`josé@`, `müller@`), and `%40` for `@` (URL-encoded).
         (
             Det::Email,
-            r"[\p{L}\p{N}._%+-]+(?:@|%40)[\p{L}\p{N}-]+(?:\.[\p{L}\p{N}-]+)+".into(),
+            // (The top-level label ASCII: `carol@acme.comまで` ends at `.com`.)
+            r"[\p{L}\p{N}._%+-]+(?:@|%40)[\p{L}\p{N}-]+(?:\.[\p{L}\p{N}-]+)*\.[A-Za-z]{2,24}"
+                .into(),
         ),
         (Det::Ipv4, r"[0-9]{1,3}(?:\.[0-9]{1,3}){3}".into()),
         (
@@ -160,7 +168,7 @@ pub(super) fn patterns() -> Vec<String> {
         (
             Det::Phone,
             concat!(
-                r"\+[1-9][0-9]{0,3}(?:[ .-]?\(?[0-9]{1,4}\)?){2,6}",
+                r"(?:\+|00)[1-9][0-9]{0,3}(?:[ .-]?\(?[0-9]{1,4}\)?){2,6}",
                 r"|\([0-9]{3}\) ?[0-9]{3}[-. ][0-9]{4}|[0-9]{3}[-.][0-9]{3}[-.][0-9]{4}",
                 // North American numbers with the country code and no `+`
                 // (`1-415-555-0132`), or spaced (`415 555 0132`).
@@ -173,17 +181,21 @@ pub(super) fn patterns() -> Vec<String> {
                 // `0151 23456789`, `030/12345678`, `07700 900123`), Japanese
                 // (`03-1234-5678`, `090-1234-5678`); Brazilian (`(11) 91234-5678`).
                 r"|[2-9][0-9]{2}[ .-][2-9][0-9]{2}[ .-][0-9]{4}",
-                r"|0[1-9](?:[.-][0-9]{2}){4}|0[1-9][0-9]{1,4}[ /-][0-9]{5,8}",
+                r"|0[1-9](?:[.-][0-9]{2}){4}|0[1-9][0-9]{0,4}[ /-][0-9]{5,8}",
                 r"|0[0-9]{1,3}-[0-9]{3,4}-[0-9]{4}|\([0-9]{2,3}\) ?[0-9]{4,5}-[0-9]{4}"
             )
             .into(),
         ),
-        // A number after a phone-like key, whatever its form (`tel:4155550132`,
-        // `phone: 98765 43210`, `mobile=0412-345-678`).
+        // A number after a phone-like key and `:` or `=`, whatever its form
+        // (`tel:4155550132`, `phone: 98765 43210`, `"mobilePhone": "(415)5550132"`).
         (
             Det::KeyedPhone,
-            r#"(?i:tel|phone|mobile|cell|fax|sms|whatsapp)["']?[ \t]{0,3}[:=]?[ \t]{0,3}(\+?[0-9][0-9 ().-]{5,24}[0-9])"#
-                .into(),
+            concat!(
+                r#"(?i:(?:tele|cell|mobile|home|work|office)?phone(?:[-_ .]?(?:number|num|no))?"#,
+                r#"|tel(?:efon|efono|efone)?\.?|mobile|mob|cell|fax|sms|whatsapp)"#,
+                r#"["']?[ \t]{0,3}[:=][ \t]{0,3}["']?(\+?\(?[0-9][0-9 ().-]{5,24}[0-9])"#
+            )
+            .into(),
         ),
         // An address spelled out: `carol at acme dot com`, `carol[at]acme[dot]com`.
         (
@@ -194,10 +206,31 @@ pub(super) fn patterns() -> Vec<String> {
                     r"(?i:[\p{{L}}\p{{N}}._+-]+ ?(?:\[at\]|\(at\)|\{{at\}}) ?[\p{{L}}\p{{N}}-]+",
                     r"(?: ?(?:\[dot\]|\(dot\)|\{{dot\}}|\.) ?[\p{{L}}\p{{N}}-]+)*?",
                     r" ?(?:\[dot\]|\(dot\)|\{{dot\}}|\.) ?(?:{tld})\b",
-                    r"|[\p{{L}}\p{{N}}._+-]+ at [\p{{L}}\p{{N}}-]+(?: dot [\p{{L}}\p{{N}}-]+)*? dot (?:{tld})\b)"
+                    r"|[\p{{L}}\p{{N}}._+-]+ at [\p{{L}}\p{{N}}-]+(?: dot [\p{{L}}\p{{N}}-]+)*? dot (?:{word_tld})\b)"
                 ),
-                tld = "com|org|net|edu|gov|io|dev|ai|app|co|uk|de|fr|es|it|nl|jp|in|br|au|ca|ch|se|eu|us"
+                tld = "com|org|net|edu|gov|io|dev|ai|app|co|uk|de|fr|es|it|nl|jp|in|br|au|ca|ch|se|eu|us",
+                // (Spelled in words, only TLDs that are no English word: `breaks at the dot
+                // in hostnames` is prose.)
+                word_tld = "com|org|net|edu|gov"
             ),
+        ),
+        // Payment cards: four groups of four (the last 1-7) with one separator, American
+        // Express's 4-6-5, or 15-16 digits under a network's prefix (Visa, Mastercard,
+        // Amex, Discover); kept only if the Luhn check passes.
+        (
+            Det::Card,
+            concat!(
+                r"[0-9]{4}[ -][0-9]{4}[ -][0-9]{4}[ -][0-9]{1,7}|3[47][0-9]{2}[ -]?[0-9]{6}[ -]?[0-9]{5}",
+                r"|(?:4[0-9]{3}|5[1-5][0-9]{2}|2[2-7][0-9]{2}|6(?:011|5[0-9]{2}))[0-9]{12}"
+            )
+            .into(),
+        ),
+        // A US social security number (`123-45-6789`).
+        (Det::Ssn, r"[0-9]{3}-[0-9]{2}-[0-9]{4}".into()),
+        // An IBAN, compact or in groups of four, kept only if its check digits hold.
+        (
+            Det::Iban,
+            r"[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?".into(),
         ),
     ];
     debug_assert!(p.iter().zip(DETS).all(|((d, _), e)| *d == e));

@@ -55,6 +55,10 @@
 //! - the names the user listed (`names`: people, customers, services), whole and each
 //!   word of 3+ letters of a multi-word name (whole token, case-insensitive: `ZOË`) ->
 //!   `<NAME>`;
+//! - payment card numbers (grouped 4-4-4-4 or 4-6-5, or 15-16 digits under a network's
+//!   prefix) that pass the Luhn check -> `<CARD>`; US social security numbers
+//!   (`123-45-6789`, issued ranges only) -> `<ID>`; IBANs whose mod-97 check holds ->
+//!   `<ACCOUNT>` (`numbers.rs`);
 //! - before any of it, characters that hide a shape are made plain: zero-width and
 //!   other invisible characters dropped, no-break and other spaces as ` `, full-width
 //!   ASCII as ASCII (`carol＠acme.com`, `０７７００ 900123`); the output carries the plain
@@ -82,7 +86,7 @@
 //!   (`acme.com`), cluster names outside a GKE context, pod/deployment names, bucket names
 //!   in `gs://` paths, AWS account ids outside ARNs, Azure regions (`eastus`), MAC
 //!   addresses, phone numbers written without separators, without `+` and without a
-//!   phone key, credit-card numbers, national ids and IBANs (not yet detected).
+//!   phone key, national ids other than the US SSN.
 //! - FQDNs are only recognized under a fixed TLD list; 4-part versions that are valid
 //!   IPv4 addresses (`10.2.0.1`) are redacted as IPs; git SHAs and digests (hex >= 32)
 //!   become `<TOKEN>`; a list of 2-digit numbers after a leading `0` (`05 10 15 20 25`)
@@ -105,6 +109,7 @@
 //!   reach a fixed point within 8 passes (every observed input needs at most 2).
 
 mod detectors;
+mod numbers;
 mod tables;
 #[cfg(test)]
 mod tests;
@@ -116,8 +121,9 @@ use serde_json::{Map, Value};
 
 use self::detectors::{engine, Det, Engine, DETS};
 use self::tables::{
-    base64_with_slashes, is_host, is_reference, is_stopword, key_class, lower_same_len,
-    plain_chars, project_like, random_piece, switches, KeyClass, WELL_KNOWN_V4,
+    base64_with_slashes, is_host, is_reference, is_stopword, key_class, lower_same_len, phone_key,
+    phone_value, plain_chars, project_like, random_piece, switches, token_edge, KeyClass,
+    WELL_KNOWN_V4,
 };
 
 /// Inputs longer than this (bytes) are cut and marked with `<TRUNCATED>`; outputs never
@@ -143,6 +149,8 @@ const PLACEHOLDER_NAMES: &[&str] = &[
     "HOST",
     "ENV",
     "ID",
+    "CARD",
+    "ACCOUNT",
     "TRUNCATED",
 ];
 
@@ -177,8 +185,12 @@ pub enum Redaction {
     Zone,
     /// One of the context's environment names: `<ENV>`.
     Env,
-    /// A UUID: `<ID>`.
+    /// A UUID or a national id number (US SSN `123-45-6789`): `<ID>`.
     Id,
+    /// A payment card number (13-19 digits that pass the Luhn check): `<CARD>`.
+    Card,
+    /// A bank account number (an IBAN that passes its mod-97 check): `<ACCOUNT>`.
+    Account,
 }
 
 impl Redaction {
@@ -199,6 +211,8 @@ impl Redaction {
             Redaction::Zone => "<ZONE>",
             Redaction::Env => "<ENV>",
             Redaction::Id => "<ID>",
+            Redaction::Card => "<CARD>",
+            Redaction::Account => "<ACCOUNT>",
         }
     }
 
@@ -208,6 +222,7 @@ impl Redaction {
             Redaction::User | Redaction::HomePath => 12,
             Redaction::Name => 11,
             Redaction::Email => 10,
+            Redaction::Card | Redaction::Account => 9,
             Redaction::Token => 9,
             Redaction::ProjectId => 8,
             Redaction::GkeContext | Redaction::Arn => 7,
@@ -276,7 +291,7 @@ impl Sanitizer {
     pub fn new(ctx: SanitizeContext) -> Sanitizer {
         let mut needles: Vec<(String, Redaction)> = Vec::new();
         let mut add = |s: &str, kind: Redaction| {
-            let n = lower_same_len(plain_chars(s.trim()).as_ref());
+            let n = lower_same_len(plain_chars(s).trim());
             if n.len() >= 2 && !needles.iter().any(|(x, _)| *x == n) {
                 needles.push((n, kind));
             }
@@ -348,9 +363,12 @@ impl Sanitizer {
                         Value::Number(_) => true,
                         _ => false,
                     };
-                    let nx = match key_class(k) {
+                    // (The key as the detectors see it: `pass<U+200B>word` is `password`.)
+                    let plain = plain_chars(k);
+                    let nx = match key_class(&plain) {
                         Some(KeyClass::Secret) if fixed => redacted(Redaction::Token),
                         Some(KeyClass::Project) if fixed => redacted(Redaction::ProjectId),
+                        _ if phone_key(&plain) && phone_value(x) => redacted(Redaction::Phone),
                         _ => self.value_with(x, extra),
                     };
                     m.insert(self.run(k, extra).0, nx);
@@ -570,7 +588,15 @@ impl<'a> Scan<'a> {
             Det::UrlCredentials => {
                 for c in re.captures_iter(s) {
                     let Some(u) = c.get(1) else { continue };
-                    if u.len() > 256 {
+                    // `host:5173/@vite/client`, `registry:5000/app@sha256:…`: a host and
+                    // its port, then a path with an `@` in it, not `user:password@`.
+                    let port_then_path = u.as_str().split_once(':').is_some_and(|(_, rest)| {
+                        rest.split_once('/').is_some_and(|(port, _)| {
+                            (1..=5).contains(&port.len())
+                                && port.bytes().all(|c| c.is_ascii_digit())
+                        })
+                    });
+                    if u.len() > 256 || port_then_path {
                         continue;
                     }
                     let kind = if u.as_str().contains(':') {
@@ -885,6 +911,9 @@ impl<'a> Scan<'a> {
                     let digits = t.bytes().filter(u8::is_ascii_digit).count();
                     let ok = if t.starts_with('+') {
                         (8..=15).contains(&digits)
+                    } else if t.starts_with("00") {
+                        // `0044 20 7946 0958`: `00` for `+`.
+                        (10..=17).contains(&digits)
                     } else {
                         (9..=12).contains(&digits)
                     };
@@ -909,9 +938,12 @@ impl<'a> Scan<'a> {
                     let digits = t.bytes().filter(u8::is_ascii_digit).count();
                     // A key of its own (`microphone: 3` is not one), a number of phone
                     // length that is not a date (`2025-11-29`) and ends there.
-                    let date = t.len() >= 10
-                        && t.as_bytes()[4] == b'-'
-                        && t.as_bytes()[..4].iter().all(u8::is_ascii_digit);
+                    // A date in any order (`2025-11-29`, `29-11-2025`, `2025.11.29`): three
+                    // groups of digits, 8 in all, one separator.
+                    let groups: Vec<&str> = t.split(['-', '.', '/']).collect();
+                    let date = groups.len() == 3
+                        && digits == 8
+                        && groups.iter().all(|g| g.bytes().all(|c| c.is_ascii_digit()));
                     if !alnum(before(b, all.start()))
                         && (7..=15).contains(&digits)
                         && !date
@@ -921,6 +953,9 @@ impl<'a> Scan<'a> {
                     }
                 }
             }
+            Det::Card => self.cards(re),
+            Det::Ssn => self.national_ids(re),
+            Det::Iban => self.ibans(re),
             Det::SpelledEmail => {
                 for m in re.find_iter(s) {
                     if !alnum(before(b, m.start())) {
@@ -1095,21 +1130,17 @@ impl<'a> Scan<'a> {
 
     /// The context's identifiers, listed names and the detected project ids, whole-token.
     fn needles(&mut self, needles: &[(String, Redaction)]) {
-        let b = self.b;
         let mut found = Vec::new();
         for (n, kind) in needles {
-            let (first, last) = (n.as_bytes()[0], n.as_bytes()[n.len() - 1]);
+            let (first, last) = (n.chars().next(), n.chars().next_back());
             for (k, _) in self.lower.match_indices(n.as_str()) {
                 let e = k + n.len();
-                // A letter next to a digit is an edge (`dana2`, `whitfield2`, `2alice`);
-                // two letters or two digits are not (`danaher`, `agent-1` in `agent-10`).
-                let edge_ok = |x: u8, y: u8| {
-                    let same = |f: fn(&u8) -> bool| f(&x) && f(&y);
-                    !(same(u8::is_ascii_alphabetic)
-                        || same(u8::is_ascii_digit)
-                        || (x >= 0x80 && y >= 0x80))
-                };
-                if edge_ok(before(b, k), first) && edge_ok(at(b, e), last) {
+                // A letter next to a digit is an edge (`dana2`, `whitfield2`, `2alice`),
+                // and so is a letter of a script written without spaces (`田中さん`);
+                // two other letters or two digits are not (`danaher`, `agent-1` in
+                // `agent-10`). Compared as chars: `Zoë’s`, `«Zoë»`.
+                let (prev, next) = (self.s[..k].chars().next_back(), self.s[e..].chars().next());
+                if token_edge(prev, first) && token_edge(next, last) {
                     found.push(Span {
                         start: k,
                         end: e,

@@ -4,6 +4,7 @@
 use std::borrow::Cow;
 
 use regex::Regex;
+use serde_json::Value;
 
 pub(super) const SECRET_SUFFIXES: &[&str] = &[
     "password",
@@ -39,7 +40,7 @@ pub(super) const SECRET_SUFFIXES: &[&str] = &[
 ];
 
 pub(super) const SECRET_EXACT: &[&str] = &[
-    "pass", "sig", "pw", "dbpwd", "auth", "pin", "pincode", "otp", "otpcode", "salt",
+    "pass", "sig", "pw", "dbpwd", "auth", "pin", "pincode", "otp", "otpcode",
 ];
 
 pub(super) const PROJECT_KEYS: &[&str] = &[
@@ -322,7 +323,9 @@ pub(super) fn key_class(key: &str) -> Option<KeyClass> {
     } else if PROJECT_KEYS.contains(&norm.as_str()) {
         Some(KeyClass::Project)
     } else if SECRET_EXACT.contains(&norm.as_str())
-        || SECRET_SUFFIXES.iter().any(|s| norm.ends_with(s))
+        || (SECRET_SUFFIXES.iter().any(|s| norm.ends_with(s))
+            // (`PWD` and `OLDPWD` are the shell's directories.)
+            && !matches!(norm.as_str(), "pwd" | "oldpwd"))
         || pass_suffix(key)
     {
         Some(KeyClass::Secret)
@@ -332,12 +335,100 @@ pub(super) fn key_class(key: &str) -> Option<KeyClass> {
 }
 
 /// `DB_PASS`, `redis-pass`, `smtp.pass`: `pass` after a separator (not `bypass`,
-/// `compass`).
+/// `compass`), in an upper-case environment name or after a word that names a service or
+/// an account (`first_pass`, `all_pass`, `num_pass` are counts and flags).
 pub(super) fn pass_suffix(key: &str) -> bool {
+    const OWNERS: &[&str] = &[
+        "db",
+        "database",
+        "redis",
+        "mysql",
+        "pg",
+        "postgres",
+        "sql",
+        "mongo",
+        "smtp",
+        "mail",
+        "imap",
+        "ldap",
+        "admin",
+        "root",
+        "user",
+        "amqp",
+        "rabbit",
+        "rabbitmq",
+        "ftp",
+        "sftp",
+        "ssh",
+        "vnc",
+        "wifi",
+        "proxy",
+        "api",
+        "app",
+        "auth",
+        "login",
+        "bind",
+        "keystore",
+        "truststore",
+        "cert",
+        "key",
+        "basic",
+        "http",
+        "registry",
+        "docker",
+        "service",
+        "svc",
+    ];
     let k = key.as_bytes();
-    k.len() > 5
+    if !(k.len() > 5
         && k[k.len() - 4..].eq_ignore_ascii_case(b"pass")
-        && matches!(k[k.len() - 5], b'_' | b'-' | b'.')
+        && matches!(k[k.len() - 5], b'_' | b'-' | b'.'))
+    {
+        return false;
+    }
+    let head = &key[..key.len() - 5];
+    let owner = head
+        .rsplit(['_', '-', '.'])
+        .next()
+        .is_some_and(|w| OWNERS.iter().any(|o| o.eq_ignore_ascii_case(w)));
+    owner || !key.bytes().any(|c| c.is_ascii_lowercase())
+}
+
+/// A key naming a phone number (`phone`, `mobilePhone`, `phone_number`, `tel`, `fax`).
+pub(super) fn phone_key(key: &str) -> bool {
+    if key.len() > 32 {
+        return false;
+    }
+    let norm: String = key
+        .bytes()
+        .filter(|c| !matches!(c, b'-' | b'_' | b'.' | b' '))
+        .map(|c| c.to_ascii_lowercase() as char)
+        .collect();
+    let base = norm
+        .strip_suffix("number")
+        .or_else(|| norm.strip_suffix("num"))
+        .or_else(|| norm.strip_suffix("no"))
+        .unwrap_or(&norm);
+    matches!(
+        base,
+        "phone"
+            | "telephone"
+            | "tel"
+            | "telefon"
+            | "telefono"
+            | "mobile"
+            | "mobilephone"
+            | "mob"
+            | "cell"
+            | "cellphone"
+            | "fax"
+            | "sms"
+            | "whatsapp"
+            | "homephone"
+            | "workphone"
+            | "officephone"
+            | "contactphone"
+    )
 }
 
 pub(super) fn is_stopword(v: &str) -> bool {
@@ -478,20 +569,31 @@ pub(super) fn switches(s: &[u8]) -> usize {
 /// figure, narrow, ideographic: `+44<U+00A0>20…`), full-width ASCII as ASCII (`０７７００`,
 /// `carol＠acme.com`). Borrowed when there is none (the common case).
 pub(super) fn plain_chars(s: &str) -> Cow<'_, str> {
-    let odd = |c: char| {
-        matches!(c, '\u{00A0}' | '\u{00AD}' | '\u{2000}'..='\u{200D}' | '\u{202F}'
-            | '\u{205F}' | '\u{2060}' | '\u{3000}' | '\u{FEFF}' | '\u{FF01}'..='\u{FF5E}')
+    // Dropped: zero-width and joiners, direction marks and embeddings, invisible
+    // operators, the Mongolian vowel separator, the combining grapheme joiner, variation
+    // selectors, the word joiner, the BOM, soft hyphens.
+    let dropped = |c: char| {
+        matches!(c, '\u{00AD}' | '\u{034F}' | '\u{180E}' | '\u{200B}'..='\u{200F}'
+            | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}'
+            | '\u{FE00}'..='\u{FE0F}' | '\u{FEFF}')
     };
+    let spaces = |c: char| {
+        matches!(
+            c,
+            '\u{00A0}' | '\u{2000}'..='\u{200A}' | '\u{202F}' | '\u{205F}' | '\u{3000}'
+        )
+    };
+    let odd =
+        |c: char| dropped(c) || spaces(c) || matches!(c, '\u{FF01}'..='\u{FF5E}' | '\u{FE6B}');
     if !s.chars().any(odd) {
         return Cow::Borrowed(s);
     }
     Cow::Owned(
         s.chars()
             .filter_map(|c| match c {
-                '\u{00AD}' | '\u{200B}'..='\u{200D}' | '\u{2060}' | '\u{FEFF}' => None,
-                '\u{00A0}' | '\u{2000}'..='\u{200A}' | '\u{202F}' | '\u{205F}' | '\u{3000}' => {
-                    Some(' ')
-                }
+                c if dropped(c) => None,
+                c if spaces(c) => Some(' '),
+                '\u{FE6B}' => Some('@'),
                 '\u{FF01}'..='\u{FF5E}' => char::from_u32(c as u32 - 0xFEE0),
                 c => Some(c),
             })
@@ -511,4 +613,35 @@ pub(super) fn lower_same_len(s: &str) -> String {
             }
         })
         .collect()
+}
+
+/// Whether two chars side by side (one may be the text's start or end) part two tokens.
+pub(super) fn token_edge(a: Option<char>, b: Option<char>) -> bool {
+    let (Some(a), Some(b)) = (a, b) else {
+        return true;
+    };
+    // Han, kana, Hangul: words run together, so a listed name there has no other edge.
+    let spaceless = |c: char| {
+        matches!(c, '\u{3040}'..='\u{30FF}' | '\u{3400}'..='\u{9FFF}' | '\u{AC00}'..='\u{D7AF}'
+            | '\u{F900}'..='\u{FAFF}')
+    };
+    if spaceless(a) || spaceless(b) {
+        return true;
+    }
+    !((a.is_alphabetic() && b.is_alphabetic()) || (a.is_numeric() && b.is_numeric()))
+}
+
+/// A JSON value under a phone key that is a number: 7 to 15 digits, with nothing but
+/// `+`, spaces, dots, dashes and parentheses between them.
+pub(super) fn phone_value(v: &Value) -> bool {
+    let s = match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        _ => return false,
+    };
+    let s = plain_chars(&s);
+    let digits = s.bytes().filter(u8::is_ascii_digit).count();
+    (7..=15).contains(&digits)
+        && s.bytes()
+            .all(|c| c.is_ascii_digit() || matches!(c, b'+' | b' ' | b'.' | b'-' | b'(' | b')'))
 }

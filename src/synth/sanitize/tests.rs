@@ -990,3 +990,95 @@ fn forms_that_leaked_before_are_redacted() {
         assert_eq!(s.text(benign), benign);
     }
 }
+
+/// A second review of the mends above (2026-11-29): names in scripts without spaces and
+/// beside curly quotes, an address followed by other scripts, phone keys in JSON and
+/// their other spellings, `00` for `+`, invisible direction marks, and what must stay
+/// (a dev server's `host:port/@path`, prose with `at the dot`, the shell's `PWD`, counts
+/// named `*_pass`, numbers after a phone-like word without `:`).
+#[test]
+fn forms_a_second_review_found_are_redacted_and_prose_stays() {
+    let s = Sanitizer::new(SanitizeContext {
+        user_id: "bob".into(),
+        names: vec!["田中".into(), "Zoë Müller".into()],
+        ..SanitizeContext::default()
+    });
+    let cases: &[(&str, &str)] = &[
+        ("田中さんに連絡", "<NAME>さんに連絡"),
+        (
+            "Zoë\u{2019}s laptop, «Zoë»",
+            "<NAME>\u{2019}s laptop, «<NAME>»",
+        ),
+        ("메일은 carol@acme.com으로", "메일은 <EMAIL>으로"),
+        ("carol@acme.comまで", "<EMAIL>まで"),
+        ("carol\u{200e}@acme.com", "<EMAIL>"),
+        (r#""phone": "4155550132""#, r#""phone": "<PHONE>""#),
+        (
+            "Telephone: 4155550132, phone_number=4155550133",
+            "Telephone: <PHONE>, phone_number=<PHONE>",
+        ),
+        ("tel:(415)5550132", "tel:<PHONE>"),
+        ("0044 20 7946 0958 or 06-12345678", "<PHONE> or <PHONE>"),
+    ];
+    for (input, want) in cases {
+        let out = s.text(input);
+        assert_eq!(out, *want, "for {input:?}");
+        assert_eq!(s.text(&out), out, "not idempotent for {input:?}");
+    }
+    let v = serde_json::json!({"pass\u{200b}word": "hunter2", "phone": "4155550132",
+                               "mobilePhone": 4_155_550_133_u64, "port": 8080});
+    let out = s.value(&v);
+    assert_eq!(
+        out,
+        serde_json::json!({"password": "<TOKEN>", "phone": "<PHONE>", "mobilePhone": "<PHONE>",
+                           "port": 8080})
+    );
+    assert_eq!(s.value(&out), out);
+    for benign in [
+        "GET http://localhost:5173/@vite/client 404",
+        "the parser breaks at the dot in hostnames",
+        "PWD=/srv/app and OLDPWD=/tmp",
+        "first_pass: 12 ms, all_pass=false",
+        "mobile 1 234 567 users; sms: 29-11-2025",
+        "salt: 16 bytes",
+    ] {
+        assert_eq!(s.text(benign), benign);
+    }
+    // What the first mends caught still is.
+    assert_eq!(
+        s.text("DB_PASS=x1 MYSQL_PWD=x2"),
+        "DB_PASS=<TOKEN> MYSQL_PWD=<TOKEN>"
+    );
+}
+
+/// Payment cards (Luhn), US social security numbers and IBANs (mod 97): personal data
+/// the shared scope must not carry; numbers of the same shape that fail the checks stay.
+#[test]
+fn cards_national_ids_and_ibans_are_redacted() {
+    let s = Sanitizer::new(SanitizeContext::default());
+    let cases: &[(&str, &str)] = &[
+        ("card 4111 1111 1111 1111 declined", "card <CARD> declined"),
+        ("4111-1111-1111-1111, 4111111111111111", "<CARD>, <CARD>"),
+        (
+            "amex 3782 822463 10005; mc 5500000000000004",
+            "amex <CARD>; mc <CARD>",
+        ),
+        ("SSN 123-45-6789 on file", "SSN <ID> on file"),
+        ("IBAN GB82 WEST 1234 5698 7654 32", "IBAN <ACCOUNT>"),
+        ("to DE89370400440532013000.", "to <ACCOUNT>."),
+    ];
+    for (input, want) in cases {
+        let out = s.text(input);
+        assert_eq!(out, *want, "for {input:?}");
+        assert_eq!(s.text(&out), out, "not idempotent for {input:?}");
+    }
+    for benign in [
+        "card 4111 1111 1111 1112 (fails Luhn)",
+        "area 666-12-3456 and 000-12-3456 are never issued",
+        "GB82 WEST 1234 5698 7654 33 fails its check",
+        "on 2025-11-29 12:03:04, build 1700000000000",
+        "trace 4111111111111111234 is longer than a card",
+    ] {
+        assert_eq!(s.text(benign), benign);
+    }
+}
