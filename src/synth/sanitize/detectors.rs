@@ -168,7 +168,7 @@ pub(super) fn patterns() -> Vec<String> {
         (
             Det::Phone,
             concat!(
-                r"(?:\+|00)[1-9][0-9]{0,3}(?:[ .-]?\(?[0-9]{1,4}\)?){2,6}",
+                r"\+[1-9][0-9]{0,3}(?:[ .-]?\(?[0-9]{1,4}\)?){2,6}",
                 r"|\([0-9]{3}\) ?[0-9]{3}[-. ][0-9]{4}|[0-9]{3}[-.][0-9]{3}[-.][0-9]{4}",
                 // North American numbers with the country code and no `+`
                 // (`1-415-555-0132`), or spaced (`415 555 0132`).
@@ -177,11 +177,11 @@ pub(super) fn patterns() -> Vec<String> {
                 r"|1[-. ][2-9][0-9]{2}[-. ][2-9][0-9]{2}[-. ][0-9]{4}|[2-9][0-9]{2} [2-9][0-9]{2} [0-9]{4}",
                 r"|0[1-9][0-9]{0,3}(?: [0-9]{2,4}){2,4}",
                 // Mixed separators (`415 555-0132`); national numbers after a trunk
-                // `0`: French (`06.12.34.56.78`), German and British (`030 12345678`,
+                // `0`: French (`06.12.34.56.78`), Dutch (`06-12345678`), German and British (`030 12345678`,
                 // `0151 23456789`, `030/12345678`, `07700 900123`), Japanese
                 // (`03-1234-5678`, `090-1234-5678`); Brazilian (`(11) 91234-5678`).
                 r"|[2-9][0-9]{2}[ .-][2-9][0-9]{2}[ .-][0-9]{4}",
-                r"|0[1-9](?:[.-][0-9]{2}){4}|0[1-9][0-9]{0,4}[ /-][0-9]{5,8}",
+                r"|0[1-9](?:[.-][0-9]{2}){4}|0[1-9][0-9]{1,4}[ /-][0-9]{5,8}|0[1-9]-[0-9]{8}",
                 r"|0[0-9]{1,3}-[0-9]{3,4}-[0-9]{4}|\([0-9]{2,3}\) ?[0-9]{4,5}-[0-9]{4}"
             )
             .into(),
@@ -200,13 +200,16 @@ pub(super) fn patterns() -> Vec<String> {
         // An address spelled out: `carol at acme dot com`, `carol[at]acme[dot]com`.
         (
             Det::SpelledEmail,
-            // (`at` as a word only with `dot` as a word: `hosted at github.com` is prose.)
+            // (`at` as a word only with `dot` as a word: `hosted at github.com` is prose. The
+            // word boundary is ASCII's: a Unicode one makes the whole set fall back from the
+            // lazy DFA to the much slower PikeVM.)
             format!(
                 concat!(
                     r"(?i:[\p{{L}}\p{{N}}._+-]+ ?(?:\[at\]|\(at\)|\{{at\}}) ?[\p{{L}}\p{{N}}-]+",
-                    r"(?: ?(?:\[dot\]|\(dot\)|\{{dot\}}|\.) ?[\p{{L}}\p{{N}}-]+)*?",
-                    r" ?(?:\[dot\]|\(dot\)|\{{dot\}}|\.) ?(?:{tld})\b",
-                    r"|[\p{{L}}\p{{N}}._+-]+ at [\p{{L}}\p{{N}}-]+(?: dot [\p{{L}}\p{{N}}-]+)*? dot (?:{word_tld})\b)"
+                    // (A plain `.` takes no spaces: `(at) Google. It was` is prose.)
+                    r"(?:(?: ?(?:\[dot\]|\(dot\)|\{{dot\}}) ?|\.)[\p{{L}}\p{{N}}-]+)*?",
+                    r"(?: ?(?:\[dot\]|\(dot\)|\{{dot\}}) ?|\.)(?:{tld})(?-u:\b)",
+                    r"|[\p{{L}}\p{{N}}._+-]+ at [\p{{L}}\p{{N}}-]+(?: dot [\p{{L}}\p{{N}}-]+)*? dot (?:{word_tld})(?-u:\b))"
                 ),
                 tld = "com|org|net|edu|gov|io|dev|ai|app|co|uk|de|fr|es|it|nl|jp|in|br|au|ca|ch|se|eu|us",
                 // (Spelled in words, only TLDs that are no English word: `breaks at the dot
@@ -214,19 +217,25 @@ pub(super) fn patterns() -> Vec<String> {
                 word_tld = "com|org|net|edu|gov"
             ),
         ),
-        // Payment cards: four groups of four (the last 1-7) with one separator, American
-        // Express's 4-6-5, or 15-16 digits under a network's prefix (Visa, Mastercard,
-        // Amex, Discover); kept only if the Luhn check passes.
+        // Payment cards, always under a network's prefix (Visa 4, Mastercard 51-55 and
+        // 22-27, Discover 6011/65, JCB 35, UnionPay 62; `3000 3001 3002 3003` is a list):
+        // four groups of four (the last 1-7) with spaces, dashes, dots or underscores,
+        // American Express's 4-6-5, or the digits run together (Visa 13/16/19, the others
+        // 16, Amex 15, Diners 14); kept only if the Luhn check passes.
         (
             Det::Card,
             concat!(
-                r"[0-9]{4}[ -][0-9]{4}[ -][0-9]{4}[ -][0-9]{1,7}|3[47][0-9]{2}[ -]?[0-9]{6}[ -]?[0-9]{5}",
-                r"|(?:4[0-9]{3}|5[1-5][0-9]{2}|2[2-7][0-9]{2}|6(?:011|5[0-9]{2}))[0-9]{12}"
+                r"(?:4[0-9]{3}|5[1-5][0-9]{2}|2[2-7][0-9]{2}|6011|65[0-9]{2}|35[0-9]{2}|62[0-9]{2})",
+                r"(?:[ ._-][0-9]{4}){2}[ ._-][0-9]{1,7}",
+                r"|3[47][0-9]{2}[ -]?[0-9]{6}[ -]?[0-9]{5}",
+                r"|4[0-9]{12}(?:[0-9]{3}(?:[0-9]{3})?)?",
+                r"|(?:5[1-5][0-9]{2}|2[2-7][0-9]{2}|6011|65[0-9]{2}|35[0-9]{2})[0-9]{12}",
+                r"|62[0-9]{14,17}|3(?:0[0-5]|[68][0-9])[0-9]{11}"
             )
             .into(),
         ),
-        // A US social security number (`123-45-6789`).
-        (Det::Ssn, r"[0-9]{3}-[0-9]{2}-[0-9]{4}".into()),
+        // A US social security number (`123-45-6789`, `123 45 6789`, `123.45.6789`).
+        (Det::Ssn, r"[0-9]{3}[ .-][0-9]{2}[ .-][0-9]{4}".into()),
         // An IBAN, compact or in groups of four, kept only if its check digits hold.
         (
             Det::Iban,

