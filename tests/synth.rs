@@ -1283,6 +1283,18 @@ fn leaky_investigation(s: &Store, run: &str) {
     s.close_run(run, "lead").expect("close");
 }
 
+/// User bob, archiving under the data dir, whose settings list the name "Dana Whitfield".
+fn bob_listing_dana(env: &Env) -> Store {
+    let bob = user_store(env, "bob").with_archive_dir(env.path().join(".archive"));
+    std::fs::create_dir_all(env.path().join("bob")).unwrap();
+    std::fs::write(
+        env.path().join("bob").join("settings.json"),
+        r#"{"redact_names": ["Dana Whitfield"]}"#,
+    )
+    .unwrap();
+    bob
+}
+
 fn shared_scope_text(env: &Env) -> String {
     let dir = env.path().join(swarm_memory::synth::SHARED_USER);
     let mut bytes = Vec::new();
@@ -1321,13 +1333,7 @@ fn the_shared_scope_carries_no_tenant_secret() {
         Some(SharePatterns::Off),
     ] {
         let env = Env::new();
-        let bob = user_store(&env, "bob").with_archive_dir(env.path().join(".archive"));
-        std::fs::create_dir_all(env.path().join("bob")).unwrap();
-        std::fs::write(
-            env.path().join("bob").join("settings.json"),
-            r#"{"redact_names": ["Dana Whitfield"]}"#,
-        )
-        .unwrap();
+        let bob = bob_listing_dana(&env);
         leaky_investigation(&bob, "inc-7");
         let opts = SynthOptions {
             share_patterns: mode,
@@ -1535,13 +1541,7 @@ fn the_shared_scope_carries_no_secret_of_a_subject_an_argument_or_a_tool_name() 
     ];
     for mode in [None, Some(SharePatterns::Sanitized)] {
         let env = Env::new();
-        let bob = user_store(&env, "bob").with_archive_dir(env.path().join(".archive"));
-        std::fs::create_dir_all(env.path().join("bob")).unwrap();
-        std::fs::write(
-            env.path().join("bob").join("settings.json"),
-            r#"{"redact_names": ["Dana Whitfield"]}"#,
-        )
-        .unwrap();
+        let bob = bob_listing_dana(&env);
         let run = "inc-9";
         let mut h = NewEvent::new("lead", EventType::Hypothesis, "h");
         h.subject = Some(

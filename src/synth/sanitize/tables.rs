@@ -308,16 +308,21 @@ pub(super) enum KeyClass {
     Project,
 }
 
+/// A key as [`key_class`] and [`phone_key`] compare it: ASCII-lowercased, with `-`, `_`,
+/// `.` and spaces removed (`API-Key` and `api_key` are `apikey`).
+fn key_norm(key: &str) -> String {
+    key.bytes()
+        .filter(|c| !matches!(c, b'-' | b'_' | b'.' | b' '))
+        .map(|c| c.to_ascii_lowercase() as char)
+        .collect()
+}
+
 /// Whether a key names a secret or a project: lowercased with `-`, `_`, `.` removed.
 pub(super) fn key_class(key: &str) -> Option<KeyClass> {
     if key.len() > 64 {
         return None;
     }
-    let norm: String = key
-        .bytes()
-        .filter(|c| !matches!(c, b'-' | b'_' | b'.' | b' '))
-        .map(|c| c.to_ascii_lowercase() as char)
-        .collect();
+    let norm = key_norm(key);
     if norm.is_empty() {
         None
     } else if PROJECT_KEYS.contains(&norm.as_str()) {
@@ -399,11 +404,7 @@ pub(super) fn phone_key(key: &str) -> bool {
     if key.len() > 32 {
         return false;
     }
-    let norm: String = key
-        .bytes()
-        .filter(|c| !matches!(c, b'-' | b'_' | b'.' | b' '))
-        .map(|c| c.to_ascii_lowercase() as char)
-        .collect();
+    let norm = key_norm(key);
     let base = norm
         .strip_suffix("number")
         .or_else(|| norm.strip_suffix("num"))
