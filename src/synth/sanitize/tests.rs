@@ -989,7 +989,7 @@ fn forms_that_leaked_before_are_redacted() {
 
 /// A second review of the mends above (2026-11-29): names in scripts without spaces and
 /// beside curly quotes, an address followed by other scripts, phone keys in JSON and
-/// their other spellings, `00` for `+`, invisible direction marks, and what must stay
+/// their other spellings, a Dutch mobile, invisible direction marks, and what must stay
 /// (a dev server's `host:port/@path`, prose with `at the dot`, the shell's `PWD`, counts
 /// named `*_pass`, numbers after a phone-like word without `:`).
 #[test]
