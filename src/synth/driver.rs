@@ -993,6 +993,10 @@ impl Store {
 
     /// Learns patterns and mistakes from the runs this pass saw close (once per run).
     fn learn_closed(&self, pass: &mut Pass, fold: &FactsFold, opts: &SynthOptions) -> Result<()> {
+        if pass.closed.is_empty() {
+            return Ok(());
+        }
+        let settings = self.user_settings()?;
         for run in std::mem::take(&mut pass.closed) {
             if fold.learned.contains(&run) || pass.learned.iter().any(|(r, _, _)| *r == run) {
                 continue;
@@ -1000,7 +1004,7 @@ impl Store {
             // Two learners: the private one sees the events as they are; the shared one
             // sees them after the sanitizer (error texts are redacted before they are
             // normalized, which keeps e-mails and addresses recognizable).
-            let s = Sanitizer::new(self.sanitize_context(&run, opts)?);
+            let s = Sanitizer::new(self.sanitize_context(&run, opts, &settings));
             let mut private = patterns::Learner::default();
             let mut shared = patterns::Learner::default();
             // A damaged record is skipped, and an archive that cannot be read is left

@@ -204,7 +204,7 @@ impl Store {
         let shared = self.shared_store();
         let mut n = 0;
         for (run, l) in items {
-            let s = Sanitizer::new(self.sanitize_context(&run, opts)?);
+            let s = Sanitizer::new(self.sanitize_context(&run, opts, &settings));
             let mut clean = sanitize_learnings(&s, l);
             if mode == SharePatterns::Structured {
                 clean = structured(clean);
@@ -301,20 +301,21 @@ impl Store {
         &self,
         run: &str,
         opts: &SynthOptions,
-    ) -> Result<SanitizeContext> {
+        settings: &UserSettings,
+    ) -> SanitizeContext {
         // The names of the command and of the user's settings: every pass of the
         // sanitizer over this user's text knows both (the first pass, over the events,
         // runs before the learnings are cut to their lengths, so a name cut in two
         // there would no longer be found whole).
         let mut names = opts.redact_names.clone();
-        names.extend(self.user_settings()?.redact_names);
-        Ok(SanitizeContext {
+        names.extend(settings.redact_names.iter().cloned());
+        SanitizeContext {
             user_id: self.user().to_string(),
             identifiers: vec![run.to_string()],
             project_ids: opts.project_ids.clone(),
             env_names: opts.env_names.clone(),
             names,
-        })
+        }
     }
 
     /// The opaque id a run's learnings carry in the shared scope: keyed with a

@@ -44,9 +44,10 @@
 //!   PEM private key blocks; the value of any `key=value` / `key: value` /
 //!   `"key": "value"` / `--key value` pair whose key ends in password, passwd, passphrase,
 //!   secret, token, api_key/apikey, access_key, secret_key, private_key, client_secret,
-//!   credential(s), connection_string, session_id, pwd, hmac_key, auth_key, app_key,
-//!   key_base, or is pass (also `DB_PASS`, `redis-pass`), sig, pin, otp, salt (the key is
-//!   kept); URL credentials (`scheme://user:pass@host`, the password with `/`, `#` or `?`
+//!   credential(s), connection_string, session_id, pwd (not the shell's `PWD`), hmac_key,
+//!   auth_key, app_key, key_base, `_pass` in an upper-case name or after a service or
+//!   account word (`DB_PASS`, `redis-pass`; not `first_pass`), or is pass, sig, pin, otp
+//!   (the key is kept); the value of a JSON key naming a phone -> `<PHONE>`; URL credentials (`scheme://user:pass@host`, the password with `/`, `#` or `?`
 //!   in it too); long high-entropy strings (>= 24 chars mixing letters and digits or
 //!   cases, hex >= 32, slash-separated base64);
 //! - the user's `user_id` and `identifiers` (whole token, case-insensitive) ->
@@ -224,8 +225,7 @@ impl Redaction {
             Redaction::User | Redaction::HomePath => 12,
             Redaction::Name => 11,
             Redaction::Email => 10,
-            Redaction::Card | Redaction::Account => 9,
-            Redaction::Token => 9,
+            Redaction::Token | Redaction::Card | Redaction::Account => 9,
             Redaction::ProjectId => 8,
             Redaction::GkeContext | Redaction::Arn => 7,
             Redaction::Node | Redaction::Ip => 6,
@@ -936,8 +936,7 @@ impl<'a> Scan<'a> {
                     let end = v.start() + t.len();
                     let digits = t.bytes().filter(u8::is_ascii_digit).count();
                     // A key of its own (`microphone: 3` is not one), a number of phone
-                    // length that is not a date (`2025-11-29`) and ends there.
-                    // A date in any order (`2025-11-29`, `29-11-2025`, `2025.11.29`), maybe
+                    // length that is not a date and ends there. A date in any order (`2025-11-29`, `29-11-2025`, `2025.11.29`), maybe
                     // with a time after it: three groups of digits, 8 in all, one separator.
                     let head = t.split(' ').next().unwrap_or(t);
                     let groups: Vec<&str> = head.split(['-', '.', '/']).collect();

@@ -639,11 +639,10 @@ pub(super) fn token_edge(a: Option<char>, b: Option<char>) -> bool {
 /// `+`, spaces, dots, dashes and parentheses between them.
 pub(super) fn phone_value(v: &Value) -> bool {
     let s = match v {
-        Value::String(s) => s.clone(),
-        Value::Number(n) => n.to_string(),
+        Value::String(s) => plain_chars(s),
+        Value::Number(n) => Cow::Owned(n.to_string()),
         _ => return false,
     };
-    let s = plain_chars(&s);
     let digits = s.bytes().filter(u8::is_ascii_digit).count();
     (7..=15).contains(&digits)
         && s.bytes()
