@@ -753,6 +753,90 @@ fn serve_token_acts_only_as_its_agents_and_role() {
     assert_eq!(r.json()["state"]["head_seq"], 1, "{}", r.body);
 }
 
+/// Sends a request's head, then (after a pause) its body, on one keep-alive connection;
+/// returns the answer's head (lower case) and whether the server then closed the
+/// connection.
+fn head_then_body(srv: &Server, path: &str, token: &str, body: &[u8]) -> (String, bool) {
+    let mut c = TcpStream::connect(srv.addr()).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    let _ = c.write_all(body);
+    let mut r = BufReader::new(c);
+    let mut answer = String::new();
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap() == 0 || line == "\r\n" {
+            break;
+        }
+        answer.push_str(&line.to_ascii_lowercase());
+    }
+    let len: usize = answer
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .map_or(0, |n| n.trim().parse().unwrap());
+    r.read_exact(&mut vec![0; len]).unwrap();
+    // Closed: end of stream (or a reset); kept alive: no byte within the wait.
+    r.get_ref()
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut one = [0u8; 1];
+    let closed = match r.read(&mut one) {
+        Ok(n) => n == 0,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    };
+    (answer, closed)
+}
+
+#[test]
+fn an_answer_given_before_the_body_arrived_says_the_connection_closes() {
+    let env = Env::fast();
+    let srv = Server::start(&env, &[]);
+    let db = token(&env, "alice", &["db"], "agent");
+    let reader = token(&env, "alice", &["*"], "reader");
+    // Refused before the body was read (it arrives after the answer): hyper closes the
+    // connection, so the answer must say so, or a keep-alive client sends its next
+    // request into the closing connection (an unexpected EOF; a POST is not retried).
+    for path in ["/v1/runs/inc/events", "/v1/runs/inc/close"] {
+        let (head, closed) = head_then_body(&srv, path, &reader, b"{not json");
+        assert!(head.starts_with("http/1.1 403"), "{head}");
+        assert!(
+            closed,
+            "{path}: the refusal left the connection open: {head}"
+        );
+        assert!(head.contains("connection: close\r\n"), "{path}: {head}");
+    }
+    // A body read to its end keeps the connection, and the answer does not say close.
+    let body = ev("db", "late body").to_string();
+    let (head, closed) = head_then_body(&srv, "/v1/runs/inc/events", &db, body.as_bytes());
+    assert!(head.starts_with("http/1.1 201"), "{head}");
+    assert!(!closed && !head.contains("connection: close"), "{head}");
+    // The same through the keep-alive client the other tests use: refusals and writes
+    // interleaved on its pooled connections, every answer read.
+    for i in 0..20 {
+        srv.post_raw(
+            "/v1/runs/inc/close",
+            Some(&reader),
+            "application/json",
+            b"{x",
+        )
+        .problem(403);
+        srv.post(
+            "/v1/runs/inc/events",
+            Some(&db),
+            &ev("db", &format!("n{i}")),
+        );
+    }
+    assert_eq!(srv.get("/v1/runs/inc/events", Some(&db)).seqs().len(), 21);
+}
+
 #[test]
 fn serve_refuses_bad_bodies_and_writes_nothing() {
     let (_env, srv, t) = alice(&["db"], &[]);

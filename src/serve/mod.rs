@@ -20,6 +20,8 @@
 //! - `mcp.rs` (with feature `mcp`): `/mcp`, the MCP tools over streamable HTTP with the
 //!   token's identity.
 //! - `metrics.rs`: the counters `/metrics` shows (Prometheus text).
+//! - `unread.rs`: `Connection: close` on an answer given before its request's body was
+//!   read (so a keep-alive client does not reuse a connection hyper is closing).
 //! - `vectors.rs`: the embedding model (loaded once) and each user's vector cache, for
 //!   hybrid search.
 //! - `openapi.json`: the API's OpenAPI 3.1 document, served at `/v1/openapi.json`; a
@@ -47,6 +49,7 @@ pub mod routes;
 pub mod sse;
 pub mod tls;
 pub mod token;
+mod unread;
 pub mod vectors;
 
 use std::collections::HashMap;
@@ -334,11 +337,13 @@ async fn stop_signal() {
 
 /// Cuts off a request whose response headers are not ready in time (a body that never
 /// arrives, mostly) with a 408, and counts responses by status. A live tail's stream is
-/// not limited: its headers are sent at once.
+/// not limited: its headers are sent at once. An answer given before the request's body
+/// was read closes the connection ([`unread`]).
 async fn deadline(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let (req, ended) = unread::watch(req);
     let r = within_deadline(&app, req, next).await;
     app.metrics.request(r.status().as_u16());
-    r
+    unread::close_if_unread(r, ended)
 }
 
 async fn within_deadline(app: &App, req: Request, next: Next) -> Response {
