@@ -91,6 +91,9 @@ fn escalation_name(seq: u64) -> String {
     }
 }
 
+/// What every unknown-outcome error says ([`Error::outcome_unknown`]).
+pub(crate) const OUTCOME_UNKNOWN: &str = "is unknown (read the run";
+
 impl Error {
     /// The same error, an `Invalid` one about `from` now about `to`: a point checked by
     /// `state_at` (as `at-seq`) under another argument's name (`diff`'s two points).
@@ -102,6 +105,21 @@ impl Error {
             },
             e => e,
         }
+    }
+
+    /// Whether this is the error of a write whose outcome is unknown: its frame may be
+    /// in the log (a failed step after its write, a committer that went away). The
+    /// caller reads the run, or sends it again with the same id; never again without.
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(self, Error::Io { source, .. } if source.to_string().contains(OUTCOME_UNKNOWN))
+    }
+
+    /// Whether this is a plain refusal for lack of space (ENOSPC, EDQUOT): nothing of
+    /// the request was stored, and it may succeed once space is freed.
+    pub fn storage_full(&self) -> bool {
+        matches!(self, Error::Io { source, .. }
+            if matches!(source.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded))
+            && !self.outcome_unknown()
     }
 
     /// The `swarm` CLI exit code for this error (see `swarm --help`).

@@ -535,6 +535,33 @@ fn serve_refuses_missing_and_revoked_tokens() {
         .problem(401);
     srv.get("/v1/runs/inc/events", Some("swm_000000000000_00"))
         .problem(401);
+    // The scheme in any case (RFC 9110 11.1); two Authorization headers are refused,
+    // whatever their order (which one acted depended on it).
+    let reader = token(&env, "alice", &["db"], "reader");
+    let with = |values: &[String]| {
+        let mut r = srv.http.get(&format!("{}/v1/runs/inc/events", srv.url));
+        for v in values {
+            r = r.set("Authorization", v);
+        }
+        Resp::from(r.call())
+    };
+    for scheme in ["bearer", "BEARER", "Bearer"] {
+        let r = with(&[format!("{scheme} {t}")]);
+        assert_eq!(r.status, 200, "{scheme}: {}", r.body);
+    }
+    with(&[format!("Basic {t}")]).problem(401);
+    for (a, b) in [(&t, &reader), (&reader, &t)] {
+        let mut c = TcpStream::connect(srv.addr()).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let req = format!(
+            "GET /v1/runs/inc/events HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {a}\r\nAuthorization: Bearer {b}\r\n\r\n"
+        );
+        c.write_all(req.as_bytes()).unwrap();
+        let mut answer = String::new();
+        let _ = c.read_to_string(&mut answer);
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+        assert!(answer.contains("more than one"), "{answer}");
+    }
     let id = t.split('_').nth(1).unwrap();
     let out = env.swarm(&["token", "revoke", id]);
     assert_eq!(out.code, 0, "{}", out.stderr);
@@ -982,6 +1009,54 @@ fn serve_closes_a_slow_subscriber_naming_where_to_resume() {
     assert_eq!(sse.next_seq(), expect);
 }
 
+/// A subscriber that stopped reading for good (its socket full, so not even a heartbeat
+/// can be written) is disconnected once a write made no progress for the request
+/// timeout: its stream slot comes back (it was held for ever, with its task, its queue and
+/// its connection, and a SIGTERM waited the whole shutdown timeout for it).
+#[test]
+fn serve_disconnects_a_subscriber_that_stopped_reading() {
+    let extra = [
+        "--sse-streams-per-token",
+        "1",
+        "--request-timeout-ms",
+        "1000",
+        "--heartbeat-ms",
+        "200",
+    ];
+    let (_env, srv, t, sse) = a_subscriber_that_does_not_read(&extra, 4);
+    let path = "/v1/runs/inc/events?follow=1";
+    let started = Instant::now();
+    loop {
+        let r = srv
+            .http
+            .get(&format!("{}{path}", srv.url))
+            .set("Authorization", &format!("Bearer {t}"))
+            .call();
+        match r {
+            Ok(r) => {
+                assert_eq!(r.content_type(), "text/event-stream");
+                break;
+            }
+            Err(ureq::Error::Status(429, _)) if started.elapsed() < Duration::from_secs(30) => {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!(
+                "the stuck stream kept its slot for {:?}: {e}",
+                started.elapsed()
+            ),
+        }
+    }
+    drop(sse);
+    // Shut down promptly too (nothing left to wait for).
+    let stopped = Instant::now();
+    assert!(srv.stop().success());
+    assert!(
+        stopped.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        stopped.elapsed()
+    );
+}
+
 /// One token holds at most `--sse-streams-per-token` event streams open (each holds a
 /// task, a queue and file descriptors): past it 429, while another token still opens
 /// one; a stream that ends gives its place back.
@@ -995,7 +1070,17 @@ fn serve_bounds_the_event_streams_of_one_token() {
     for s in &mut open {
         assert_eq!(s.next_seq(), 1);
     }
-    srv.get(path, Some(&t)).problem(429);
+    let full = srv.get(path, Some(&t));
+    assert_eq!(full.problem(429)["type"], "/problems/sse-streams-per-token");
+    let r = srv
+        .http
+        .get(&format!("{}{path}", srv.url))
+        .set("Authorization", &format!("Bearer {t}"))
+        .call();
+    match r {
+        Err(ureq::Error::Status(429, r)) => assert_eq!(r.header("retry-after"), Some("1")),
+        other => panic!("want a 429: {other:?}"),
+    }
     let mut o = srv.follow(path, &other, None);
     assert_eq!(o.next_seq(), 1);
     drop(open.pop());

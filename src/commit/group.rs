@@ -403,7 +403,10 @@ impl RunLog {
             Ok(m.durable)
         })();
         let _ = self.synced.unlock();
-        r
+        // The frames are durable but their mark is not: the next flush publishes them,
+        // and a reader that rebuilds lost marks shows them; so whether they are stored is
+        // unknown, not "failed" (an id-less retry would store them twice).
+        r.map_err(|e| self.write_outcome_unknown(e))
     }
 
     /// The end of the last whole frame at or after `from` in `file` (and the seq of its

@@ -782,10 +782,12 @@ impl RunLog {
         // Torn tails can repeat at one offset (a write that keeps failing part-way):
         // each is kept in a file of its own, never over an earlier one. The same bytes
         // as a copy there (a repair resumed after a crash) reuse it.
+        // An empty copy holds nothing (a crash between its creation and its write) and
+        // is written over.
         for n in 1..=ASIDE_COPIES_MAX {
             let aside = name(n);
             if !self.storage.exists(&aside) {
-                self.write_aside(&aside, &bytes)?;
+                self.write_new_aside(&aside, &bytes)?;
                 return Ok((aside, bytes));
             }
             let f = self
@@ -793,6 +795,10 @@ impl RunLog {
                 .open(&aside, OpenMode::Read)
                 .ctx("open", &aside)?;
             let len = f.len().ctx("stat", &aside)?;
+            if len == 0 {
+                self.write_new_aside(&aside, &bytes)?;
+                return Ok((aside, bytes));
+            }
             if len == bytes.len() as u64 {
                 let mut have = vec![0u8; bytes.len()];
                 f.read_exact_at(&mut have, 0).ctx("read", &aside)?;
@@ -807,6 +813,30 @@ impl RunLog {
             source: std::io::Error::other(format!(
                 "{ASIDE_COPIES_MAX} cut tails are kept at this offset already; move them away to cut another"
             )),
+        })
+    }
+
+    /// [`Self::write_aside`] to a file that held nothing: a failed write removes it, so
+    /// that the attempts at a full disk do not pile up empty copies (each one new: after
+    /// `ASIDE_COPIES_MAX` of them no tail could be cut there again, and the run took no
+    /// append, even once space was freed).
+    fn write_new_aside(&self, aside: &std::path::Path, bytes: &[u8]) -> Result<()> {
+        let r = self.write_aside(aside, bytes);
+        if r.is_err() {
+            let _ = self.storage.remove_file(aside);
+        }
+        r.map_err(|e| match e {
+            Error::Io { op, path, source } if source.kind() == std::io::ErrorKind::StorageFull => {
+                Error::Io {
+                    op,
+                    path,
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::StorageFull,
+                        format!("{source}: a torn tail must be copied aside before it is cut, and the disk is full; nothing was appended"),
+                    ),
+                }
+            }
+            e => e,
         })
     }
 

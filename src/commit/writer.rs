@@ -110,6 +110,7 @@ impl RunLog {
                 seg: placeholder,
                 end: 0,
                 alloc: 0,
+                prealloc_warned: false,
                 head_seq: 0,
                 head_ts: Ts(0),
                 ids: HashMap::new(),
@@ -610,6 +611,11 @@ impl RunLog {
                 let e = if self.whole_frame_at(&w.seg, &seg_path, start) != Some(false) {
                     self.write_outcome_unknown(e)
                 } else {
+                    // Part of a frame, nobody's to publish: cut now (needs no space), not
+                    // copied aside by the next load, which fails too at a full disk.
+                    if w.seg.set_len(start).is_ok() {
+                        w.alloc = start;
+                    }
                     e
                 };
                 w.head_seq = saved.0;
@@ -1107,12 +1113,15 @@ impl RunLog {
         while at < target {
             let n = (target - at).min(ZEROS.len() as u64) as usize;
             if let Err(e) = w.seg.write_all_at(&ZEROS[..n], at) {
-                tracing::warn!(segment = %path.display(), error = %e, "cannot preallocate the segment");
+                if !std::mem::replace(&mut w.prealloc_warned, true) {
+                    tracing::warn!(segment = %path.display(), error = %e, "cannot preallocate the segment (said once until it succeeds)");
+                }
                 return;
             }
             at += n as u64;
         }
         w.alloc = target;
+        w.prealloc_warned = false;
     }
 
     /// Starts a new segment after a full one. The full one is trimmed to its last frame

@@ -99,22 +99,34 @@ impl Identity {
     }
 }
 
+/// The token of an `Authorization` value `Bearer TOKEN` (the scheme in any case, as
+/// RFC 9110 11.1 has it).
+fn bearer(v: &str) -> Option<&str> {
+    let (scheme, token) = v.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
 impl FromRequestParts<Arc<App>> for Identity {
     type Rejection = Problem;
 
     async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Problem> {
-        let value = parts
-            .headers
-            .get(header::AUTHORIZATION)
+        let mut values = parts.headers.get_all(header::AUTHORIZATION).iter();
+        let value = values
+            .next()
             .ok_or_else(|| Problem::unauthorized("no Authorization header (Bearer token)"))?;
-        let presented = value
-            .to_str()
-            .ok()
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .ok_or_else(|| {
-                Problem::unauthorized("the Authorization header is not `Bearer TOKEN`")
-            })?;
+        // Which of two tokens acts must not depend on the headers' order (a proxy that
+        // adds one).
+        if values.next().is_some() {
+            return Err(Problem::invalid(
+                "Authorization: the request carries more than one; send exactly one",
+            ));
+        }
+        let presented = value.to_str().ok().and_then(bearer).ok_or_else(|| {
+            Problem::unauthorized("the Authorization header is not `Bearer TOKEN`")
+        })?;
         let token = app
             .tokens
             .check(presented)

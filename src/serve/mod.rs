@@ -222,7 +222,7 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
                     continue;
                 };
                 let (router, watcher) = (router.clone(), graceful.watcher());
-                let timeout = opts.request_timeout;
+                let timeout = (opts.request_timeout, write_timeout(&opts));
                 let (acceptor, mut stop) = (tls.clone(), app.shutdown.clone());
                 tokio::spawn(async move {
                     let _permit = permit;
@@ -299,11 +299,22 @@ async fn accept(
 }
 
 /// Serves HTTP/1.1 on one connection until it closes (or the graceful shutdown ends it).
-async fn serve_conn<I>(io: I, router: axum::Router, watcher: Watcher, timeout: Duration)
-where
+async fn serve_conn<I>(
+    io: I,
+    router: axum::Router,
+    watcher: Watcher,
+    (timeout, write_timeout): (Duration, Duration),
+) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let svc = TowerToHyperService::new(router);
+    // A write that makes no progress for `write_timeout` ends the connection: a client
+    // that stopped reading (a live tail's, mostly: its heartbeats cannot be written
+    // either) held its task, its stream slot, its queue and a connection for ever, and
+    // held up shutdown.
+    let mut io = tokio_io_timeout::TimeoutStream::new(io);
+    io.set_write_timeout(Some(write_timeout));
+    let io = Box::pin(io);
     let mut b = hyper::server::conn::http1::Builder::new();
     // A client that never finishes its request headers is cut off here; one that never
     // finishes its body, by `deadline`.
@@ -314,6 +325,12 @@ where
     {
         tracing::debug!(error = %e, "connection ended with an error");
     }
+}
+
+/// How long a write may make no progress before its connection is ended: the request
+/// timeout, and at least two heartbeats (a live tail writes one at each).
+fn write_timeout(opts: &ServeOptions) -> Duration {
+    opts.request_timeout.max(opts.heartbeat * 2)
 }
 
 /// Resolves at the first SIGTERM or SIGINT.

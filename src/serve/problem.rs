@@ -130,6 +130,9 @@ impl Problem {
     }
 }
 
+/// `Retry-After` of a refusal for lack of space (an operator has to free some).
+const STORAGE_FULL_RETRY_S: u64 = 30;
+
 impl From<Error> for Problem {
     fn from(e: Error) -> Problem {
         match e {
@@ -189,6 +192,26 @@ impl From<Error> for Problem {
                 )
                 .with("seq", seq)
             }
+            Error::Io { .. } if e.outcome_unknown() => {
+                tracing::error!(error = %e, "request failed");
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "outcome-unknown",
+                    "Outcome unknown",
+                    "a step after the write failed (the server's log has the cause): whether the events are stored is unknown; read the run, or send them again with the same ids (never without)",
+                )
+            }
+            Error::Io { .. } if e.storage_full() => {
+                tracing::error!(error = %e, "request failed");
+                let mut p = Problem::new(
+                    StatusCode::INSUFFICIENT_STORAGE,
+                    "storage-full",
+                    "Storage full",
+                    "the server's disk is full: nothing of this request was stored; retry once space is freed",
+                );
+                p.retry_after_s = Some(STORAGE_FULL_RETRY_S);
+                p
+            }
             Error::Io { .. } | Error::External(_) => {
                 tracing::error!(error = %e, "request failed");
                 Problem::internal()
@@ -217,5 +240,48 @@ impl IntoResponse for Problem {
             );
         }
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io(kind: std::io::ErrorKind, msg: &str) -> Error {
+        Error::Io {
+            op: "write",
+            path: "/data/alice/inc/seg".into(),
+            source: std::io::Error::new(kind, msg),
+        }
+    }
+
+    /// A full disk is a 507 that says nothing was stored (and when to retry); a write
+    /// whose outcome is unknown says so, whatever its cause (a full disk too); any other
+    /// I/O error stays a generic 500.
+    #[test]
+    fn a_full_disk_and_an_unknown_outcome_have_answers_of_their_own() {
+        let full = Problem::from(io(
+            std::io::ErrorKind::StorageFull,
+            "No space left on device",
+        ));
+        assert_eq!(
+            (full.status, full.retry_after_s),
+            (507, Some(STORAGE_FULL_RETRY_S))
+        );
+        assert_eq!(full.kind, "/problems/storage-full");
+        let r = full.into_response();
+        assert_eq!(r.headers()[header::RETRY_AFTER], "30");
+        let unknown = format!(
+            "No space left on device; this append's frame may be in the log: whether it {} the run, or append again with the same id)",
+            crate::error::OUTCOME_UNKNOWN
+        );
+        let p = Problem::from(io(std::io::ErrorKind::StorageFull, &unknown));
+        assert_eq!(
+            (p.status, p.kind.as_str()),
+            (500, "/problems/outcome-unknown")
+        );
+        assert!(p.detail.contains("same ids"), "{}", p.detail);
+        let p = Problem::from(io(std::io::ErrorKind::PermissionDenied, "denied"));
+        assert_eq!((p.status, p.kind.as_str()), (500, "/problems/internal"));
     }
 }

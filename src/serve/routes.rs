@@ -68,6 +68,10 @@ pub fn router(app: Arc<App>) -> Router {
         .doc("/v1/synth", post(synth)).doc("/v1/search", get(search))
         .doc("/v1/memory-events", get(memory_events))
         .fallback(|| async { Problem::not_found("no such route") })
+        .method_not_allowed_fallback(|m: axum::http::Method| async move {
+            Problem::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed",
+                "Method not allowed", format!("this route does not take {m} (its Allow header lists what it takes)"))
+        })
         .with_state(app)
 }
 

@@ -91,14 +91,16 @@ impl StreamSlot {
         let n = m.entry(token.to_string()).or_default();
         let cap = app.opts.sse_streams_per_token;
         if *n >= cap {
-            return Err(Problem::new(
+            let mut p = Problem::new(
                 axum::http::StatusCode::TOO_MANY_REQUESTS,
-                "sse_streams_per_token",
+                "sse-streams-per-token",
                 "Too many event streams for this token",
                 format!(
                     "token {token} holds {cap} open event streams (--sse-streams-per-token); close one first"
                 ),
-            ));
+            );
+            p.retry_after_s = Some(1);
+            return Err(p);
         }
         *n += 1;
         Ok(StreamSlot {

@@ -342,6 +342,23 @@ impl Store {
                 Vec::new(),
             )?;
         }
+        // From here the run is closed: an I/O failure (a full disk, mostly) says so.
+        self.archive_closed(run).map_err(|e| match e {
+            Error::Io { op, path, source } => Error::Io {
+                op,
+                path,
+                source: std::io::Error::new(
+                    source.kind(),
+                    format!("{source}; run {run:?} is closed (it takes no appends) but not archived yet: run `swarm run close` again once the cause is fixed"),
+                ),
+            },
+            e => e,
+        })
+    }
+
+    /// The rest of [`Self::close_run`], once the run is closed: a checkpoint, the archive,
+    /// its check, the tombstone, the working files removed.
+    fn archive_closed(&self, run: &str) -> Result<ArchiveInfo> {
         self.checkpoint(run, |_| {})?;
         let head = self.head_state(run)?.state.head_seq;
         let files = self.run_files(run)?;
