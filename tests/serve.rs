@@ -114,6 +114,11 @@ impl Server {
         }
     }
 
+    /// The exit status, once the server exits (after a signal sent otherwise).
+    pub(crate) fn stop_waiting(mut self) -> std::process::ExitStatus {
+        self.child.wait().expect("wait for the server")
+    }
+
     /// SIGTERM, then the exit status.
     pub(crate) fn stop(mut self) -> std::process::ExitStatus {
         let ok = std::process::Command::new("kill")
@@ -1019,12 +1024,21 @@ fn serve_disconnects_a_subscriber_that_stopped_reading() {
         "--sse-streams-per-token",
         "1",
         "--request-timeout-ms",
-        "1000",
+        "2000",
         "--heartbeat-ms",
         "200",
     ];
-    let (_env, srv, t, sse) = a_subscriber_that_does_not_read(&extra, 4);
+    let (_env, srv, t) = alice(&["db"], &extra);
+    srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "x"));
     let path = "/v1/runs/inc/events?follow=1";
+    let sse = srv.follow(path, &t, None);
+    // ~14 MB in small requests (each well within the short request timeout, under load).
+    let big = "y".repeat(60_000);
+    for _ in 0..24 {
+        let batch: Vec<Value> = (0..10).map(|_| ev("db", &big)).collect();
+        let r = srv.post("/v1/runs/inc/events", Some(&t), &json!(batch));
+        assert_eq!(r.status, 201, "{}", r.body);
+    }
     let started = Instant::now();
     loop {
         let r = srv
@@ -1315,6 +1329,48 @@ fn next_ack(r: &mut BufReader<TcpStream>) -> Option<Value> {
         l.clear();
     }
     None
+}
+
+/// An NDJSON append stream open at SIGTERM ends with a problem line and a whole body,
+/// at once (it was cut mid-body at the shutdown timeout, a line in flight or not); and
+/// one that asks `Expect: 100-continue` is told to go on before it sends a line (curl
+/// asks it for any upload from stdin, and waited 1 s; a strict client sent nothing).
+#[test]
+fn serve_ndjson_streams_end_cleanly_at_shutdown_and_answer_expect() {
+    let (_env, srv, t) = alice(&["db"], &[]);
+    let mut c = TcpStream::connect(srv.addr()).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let head = format!(
+        "POST /v1/runs/inc/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {t}\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n"
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    let mut r = BufReader::new(c.try_clone().unwrap());
+    let mut status = String::new();
+    r.read_line(&mut status).unwrap();
+    assert!(status.starts_with("HTTP/1.1 100"), "{status}");
+    let mut blank = String::new();
+    r.read_line(&mut blank).unwrap();
+    send_line(&mut c, &ev("db", "one").to_string());
+    assert_eq!(next_ack(&mut r).unwrap()["line"], 1);
+    let stopped = Instant::now();
+    let ok = std::process::Command::new("kill")
+        .args(["-TERM", &srv.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let last = next_ack(&mut r).expect("a problem line");
+    assert_eq!(last["line"], 2, "{last}");
+    assert_eq!(last["problem"]["type"], "/problems/shutting-down", "{last}");
+    // The chunked body ends whole (its last chunk), and the server exits at once.
+    let mut rest = String::new();
+    let _ = r.read_to_string(&mut rest);
+    assert!(rest.contains("0\r\n\r\n"), "{rest:?}");
+    assert!(srv.stop_waiting().success());
+    assert!(
+        stopped.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        stopped.elapsed()
+    );
 }
 
 #[test]

@@ -79,7 +79,26 @@ pub(crate) async fn append(
         durability,
     };
     if ndjson {
-        return Ok(stream(target, req.into_body()));
+        let expects = req
+            .headers()
+            .get(header::EXPECT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"));
+        let mut data = req.into_body().into_data_stream();
+        // hyper sends `100 Continue` when the body is first read, and only before the
+        // response's head: read the first chunk before answering, or a client that waits
+        // for the 100 sends nothing (curl, for any upload from stdin, waits 1 s first).
+        let mut first = None;
+        if expects {
+            first = tokio::time::timeout(app.opts.request_timeout, data.next())
+                .await
+                .ok()
+                .flatten();
+        }
+        return Ok(stream(
+            target,
+            futures_util::stream::iter(first).chain(data),
+        ));
     }
     let JsonBody(body) = JsonBody::from_request(req, &app).await?;
     let stored = target.append(body).await?;
@@ -150,7 +169,10 @@ impl Target {
 
 /// Answers an NDJSON request with a stream of acknowledgement lines, appending each
 /// request line as soon as it is complete.
-fn stream(target: Target, body: Body) -> Response {
+fn stream<S>(target: Target, body: S) -> Response
+where
+    S: futures_util::Stream<Item = Result<Bytes, axum::Error>> + Unpin + Send + 'static,
+{
     let (tx, rx) = mpsc::channel::<Bytes>(ACKS_BUFFERED);
     tokio::spawn(async move {
         if let Err(last) = lines(&target, body, &tx).await {
@@ -179,10 +201,13 @@ fn line_of(v: &impl Serialize) -> Bytes {
 
 /// Reads request lines and appends them; `Err` carries the problem line that ends the
 /// stream.
-async fn lines(target: &Target, body: Body, tx: &mpsc::Sender<Bytes>) -> Result<(), Bytes> {
+async fn lines<S>(target: &Target, mut data: S, tx: &mpsc::Sender<Bytes>) -> Result<(), Bytes>
+where
+    S: futures_util::Stream<Item = Result<Bytes, axum::Error>> + Unpin,
+{
     let limit = usize::try_from(target.app.opts.body_limit_bytes).unwrap_or(usize::MAX);
     let idle = target.app.opts.request_timeout;
-    let mut data = body.into_data_stream();
+    let mut stop = target.app.shutdown.clone();
     let (mut buf, mut n) = (Vec::new(), 0u64);
     let problem = |n: u64, p: Problem| line_of(&json!({"line": n, "problem": p}));
     // The token is asked again as the stream runs (at most once a second): a revoked
@@ -194,7 +219,21 @@ async fn lines(target: &Target, body: Body, tx: &mpsc::Sender<Bytes>) -> Result<
     let mut line_began: Option<std::time::Instant> = None;
     loop {
         let wait = line_began.map_or(idle, |t| idle.saturating_sub(t.elapsed()));
-        let chunk = match tokio::time::timeout(wait, data.next()).await {
+        // At shutdown the stream ends between lines with a problem line (a line being
+        // appended is finished first): it was cut at the shutdown timeout, mid-body.
+        let next = tokio::select! {
+            r = tokio::time::timeout(wait, data.next()) => r,
+            _ = stop.wait_for(|s| *s) => {
+                let p = Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "shutting-down",
+                    "Shutting down",
+                    format!("the server is stopping: line {} and those after it were not appended; send them again once it is back", n + 1),
+                );
+                return Err(problem(n + 1, p));
+            }
+        };
+        let chunk = match next {
             Err(_) => {
                 let what = match line_began {
                     Some(_) => "a line not complete",
