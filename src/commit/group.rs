@@ -340,6 +340,17 @@ impl RunLog {
         cover_seq: u64,
         file: &Arc<dyn StorageFile>,
     ) -> Result<Pos> {
+        self.sync_and_publish_inner(id, cover, cover_seq, file)
+            .map_err(|e| self.flush_failed(e))
+    }
+
+    fn sync_and_publish_inner(
+        &self,
+        id: u64,
+        cover: Pos,
+        cover_seq: u64,
+        file: &Arc<dyn StorageFile>,
+    ) -> Result<Pos> {
         // Another process's fsync may have covered it already.
         let m = self.synced_marks();
         if m.durable >= cover {
@@ -364,6 +375,30 @@ impl RunLog {
             tracing::error!(error = %e, "cannot release the fsync lock");
         }
         r
+    }
+
+    /// The error of a flush of frames already written: whether they are stored is
+    /// unknown, whatever failed (the fsync, a lock, the mark's write: the next flush may
+    /// publish them, and a reader that rebuilds lost marks shows them). Not "failed",
+    /// which an id-less retry takes as "not stored", nor, at a full disk, "nothing was
+    /// stored". An fsync's error keeps its op (and the writer stays poisoned).
+    fn flush_failed(&self, e: Error) -> Error {
+        match e {
+            e if e.outcome_unknown() => e,
+            Error::Io {
+                op: "fsync",
+                path,
+                source,
+            } => Error::Io {
+                op: "fsync",
+                path,
+                source: std::io::Error::other(format!(
+                    "{source}; whether this append reached the disk {} the run, or append again with the same id)",
+                    crate::error::OUTCOME_UNKNOWN
+                )),
+            },
+            e => self.write_outcome_unknown(e),
+        }
     }
 
     fn sync_and_publish_locked(
@@ -403,10 +438,7 @@ impl RunLog {
             Ok(m.durable)
         })();
         let _ = self.synced.unlock();
-        // The frames are durable but their mark is not: the next flush publishes them,
-        // and a reader that rebuilds lost marks shows them; so whether they are stored is
-        // unknown, not "failed" (an id-less retry would store them twice).
-        r.map_err(|e| self.write_outcome_unknown(e))
+        r
     }
 
     /// The end of the last whole frame at or after `from` in `file` (and the seq of its
@@ -541,6 +573,9 @@ impl RunLog {
     /// published by another process's flush, so it stays), or a step after the write
     /// failed. Whether each append is stored is unknown.
     pub(super) fn write_outcome_unknown(&self, e: Error) -> Error {
+        if e.outcome_unknown() {
+            return e; // (said once)
+        }
         Error::Io {
             op: "write",
             path: self.dir.clone(),

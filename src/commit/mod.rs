@@ -43,9 +43,10 @@
 //! began (this process's, or a CRC-valid one of another process found after it), never the
 //! file's length, which may include a torn frame of a writer that died mid-`write`; so a
 //! tail repair never has to take back a durable position. (So a writer whose `pwrite`
-//! fails part-way never cuts what reached the file: its whole frames, which a flush may
-//! have published, stay, and the bytes after them are a torn tail, cut aside by the next
-//! load; its appends then have an unknown outcome.)
+//! fails part-way never cuts a whole frame that reached the file: those, which a flush may
+//! have published, stay, the bytes after them are a torn tail, cut aside by the next
+//! load, and its appends have an unknown outcome. When no whole frame reached the file,
+//! the part of one is cut at once, and not kept: nobody can have published it.)
 //!
 //! Lock order, always: writer mutex, then `LOCK`, then `SYNC_LOCK`, then the `sync_io`
 //! mutex, then `SYNCED`.
@@ -57,7 +58,8 @@
 //! was acknowledged; after a failed fsync this run's writer refuses every append.
 //! Invariant: seqs are handed out under the `LOCK` file only, gap-free, and `ts` never
 //! decreases in seq order.
-//! Invariant: only bytes after the last whole frame are ever cut (kept in `.broken`).
+//! Invariant: only bytes after the last whole frame are ever cut (kept in `.broken`, but
+//! for the part of a frame this process's own failed write left, cut at once).
 //! Never imports: `store`, `query`, `scratchpad`, `tail`, `synth` (this layer sits below
 //! the store and above `fold`, whose rules it checks every append against).
 

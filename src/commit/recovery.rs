@@ -826,13 +826,18 @@ impl RunLog {
             let _ = self.storage.remove_file(aside);
         }
         r.map_err(|e| match e {
-            Error::Io { op, path, source } if source.kind() == std::io::ErrorKind::StorageFull => {
+            Error::Io { op, path, source }
+                if matches!(
+                    source.kind(),
+                    std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+                ) =>
+            {
                 Error::Io {
                     op,
                     path,
                     source: std::io::Error::new(
-                        std::io::ErrorKind::StorageFull,
-                        format!("{source}: a torn tail must be copied aside before it is cut, and the disk is full; nothing was appended"),
+                        source.kind(),
+                        format!("{source}: a torn tail must be copied aside before it is cut, and there is no space for the copy"),
                     ),
                 }
             }

@@ -162,8 +162,8 @@ fn a_failed_write_never_takes_back_a_frame_another_process_published() {
 }
 
 /// A `pwrite` that fails before a whole frame reached the file: nothing of it can be
-/// published, so the append failed for sure (a plain write error), the bytes are a
-/// torn tail cut aside by the next load, and the next append takes the seq.
+/// published, so the append failed for sure (a plain write error), the bytes are cut at
+/// once, and the next append takes the seq.
 #[test]
 fn a_failed_write_of_no_whole_frame_fails_for_sure() {
     let (r, seen, a, reader) = a_write_fails_while_another_process_flushes(10);
@@ -353,6 +353,30 @@ fn a_durable_frame_whose_mark_fails_has_an_unknown_outcome() {
     stored_though_unknown(&mem, &a, r);
 }
 
+/// A flush whose fsync fails (a full disk at writeback, say: NFS, quotas) covers frames
+/// already written: its appends have an unknown outcome, never "nothing was stored"
+/// (a server answered that as 507 storage-full), and the error keeps its op.
+#[test]
+fn a_failed_fsync_is_never_storage_full() {
+    let mem = MemStorage::new();
+    let (a, _, _) = run_of_one(&mem);
+    mem.fail_syncs(1);
+    let r = a.append("r", ev("two"), Durability::Sync);
+    match &r {
+        Err(e @ Error::Io { op, .. }) => {
+            assert_eq!(*op, "fsync");
+            assert!(e.outcome_unknown() && !e.storage_full(), "{e}");
+        }
+        other => panic!("want the fsync's error: {other:?}"),
+    }
+    let full = Error::Io {
+        op: "fsync",
+        path: "/x".into(),
+        source: std::io::Error::new(std::io::ErrorKind::StorageFull, "no space"),
+    };
+    assert!(!full.storage_full());
+}
+
 /// The end of the first frame of the segment at `path` (its only one, in these tests).
 fn frame_end(mem: &MemStorage, path: &Path) -> usize {
     let bytes = mem.contents(path).unwrap();
@@ -395,12 +419,15 @@ fn a_group_with_a_retry_of_its_own_frame_shows_every_answered_append() {
 }
 
 /// Two handles on one run of one event; `a`'s next write group panics where `hook`
-/// says (the hook is taken). Returns the storage, both handles and `a`'s answer.
+/// says (the hook is taken). Returns the storage, both handles and `a`'s answer. The
+/// run's directory is this test's own (the hook is a process-wide static keyed by it:
+/// under `/data`, another test's group on run `r` running beside it took the panic).
 fn panic_in_a_group(
     hook: &std::sync::Mutex<Option<std::path::PathBuf>>,
+    root: &str,
 ) -> (MemStorage, Store, Store, crate::error::Result<crate::Event>) {
     let mem = MemStorage::new();
-    let (a, b) = (store(&mem, 1 << 20), store(&mem, 1 << 20));
+    let (a, b) = (panic_store(&mem, root), panic_store(&mem, root));
     let ev = || NewEvent::new("x", EventType::Evidence, "e");
     a.append("r", ev(), Durability::Sync).unwrap();
     *super::lock(hook) = Some(a.writer("r", "anonymous").unwrap().dir.clone());
@@ -415,7 +442,7 @@ fn panic_in_a_group(
 #[test]
 fn a_panicking_write_group_lets_the_append_lock_go() {
     let ev = || NewEvent::new("x", EventType::Evidence, "e");
-    let (mem, a, b, r) = panic_in_a_group(&super::writer::PANIC_IN_NEXT_GROUP);
+    let (mem, a, b, r) = panic_in_a_group(&super::writer::PANIC_IN_NEXT_GROUP, "/panic-in-group");
     assert!(matches!(r, Err(Error::Poisoned(_))), "{r:?}");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -428,8 +455,21 @@ fn a_panicking_write_group_lets_the_append_lock_go() {
     let r = a.append("r", ev(), Durability::Sync);
     assert!(matches!(r, Err(Error::Poisoned(_))), "{r:?}");
     assert_eq!(seqs(&a, "r", Visibility::Visible), vec![1, 2]);
-    let c = store(&mem, 1 << 20);
+    let c = panic_store(&mem, "/panic-in-group");
     assert_eq!(c.append("r", ev(), Durability::Sync).unwrap().seq, 3);
+}
+
+/// A store on `mem` under `root`, which no other test uses (`panic_in_a_group`).
+fn panic_store(mem: &MemStorage, root: &str) -> Store {
+    Store::open_with(
+        Arc::new(mem.clone()),
+        Path::new(root),
+        LogOptions {
+            segment_bytes: 1 << 20,
+            ..LogOptions::default()
+        },
+    )
+    .unwrap()
 }
 
 /// A write group that panics after its `pwrite` answers its appends with an unknown
@@ -438,7 +478,8 @@ fn a_panicking_write_group_lets_the_append_lock_go() {
 #[test]
 fn a_write_group_that_panics_after_its_write_has_an_unknown_outcome() {
     let ev = || NewEvent::new("x", EventType::Evidence, "e");
-    let (_mem, a, b, r) = panic_in_a_group(&super::writer::PANIC_AFTER_NEXT_WRITE);
+    let (_mem, a, b, r) =
+        panic_in_a_group(&super::writer::PANIC_AFTER_NEXT_WRITE, "/panic-after-write");
     assert!(
         matches!(&r, Err(Error::Io { source, .. }) if source.to_string().contains("unknown")),
         "{r:?}"

@@ -598,7 +598,7 @@ impl RunLog {
                 panic!("a write group panics after its write (injected by a test)");
             }
             if let Err(e) = written {
-                // The bytes that reached the file stay: never cut. Another process's
+                // Bytes after a whole frame of this group stay: never cut. Another process's
                 // flush extends its cover over whole frames it finds after its own
                 // (`whole_frames_after`), so a whole frame of this group may already be
                 // published and read, and cutting it would give its seqs to other events.

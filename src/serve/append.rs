@@ -90,10 +90,14 @@ pub(crate) async fn append(
         // for the 100 sends nothing (curl, for any upload from stdin, waits 1 s first).
         let mut first = None;
         if expects {
-            first = tokio::time::timeout(app.opts.request_timeout, data.next())
-                .await
-                .ok()
-                .flatten();
+            let mut stop = app.shutdown.clone();
+            tokio::select! {
+                r = tokio::time::timeout(app.opts.request_timeout, data.next()) => {
+                    first = r.ok().flatten();
+                }
+                // (The stream then ends at once, with its shutting-down line.)
+                _ = stop.wait_for(|s| *s) => {}
+            }
         }
         return Ok(stream(
             target,
@@ -222,6 +226,7 @@ where
         // At shutdown the stream ends between lines with a problem line (a line being
         // appended is finished first): it was cut at the shutdown timeout, mid-body.
         let next = tokio::select! {
+            biased; // a body that ended, or a chunk that came, goes first
             r = tokio::time::timeout(wait, data.next()) => r,
             _ = stop.wait_for(|s| *s) => {
                 let p = Problem::new(

@@ -347,10 +347,8 @@ impl Store {
             Error::Io { op, path, source } => Error::Io {
                 op,
                 path,
-                source: std::io::Error::new(
-                    source.kind(),
-                    format!("{source}; run {run:?} is closed (it takes no appends) but not archived yet: run `swarm run close` again once the cause is fixed"),
-                ),
+                // (Not its kind: at a full disk that would read "nothing was stored".)
+                source: std::io::Error::other(format!("{source}; run {run:?} is closed (it takes no appends) but not archived yet: run `swarm run close` again once the cause is fixed")),
             },
             e => e,
         })

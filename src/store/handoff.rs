@@ -374,10 +374,13 @@ impl Drop for CommitGuard<'_> {
 /// end: the client recovers its batch.)
 fn fail_local(reply: Reply) {
     if let Reply::Local(slot) = reply {
-        let e = Error::invalid(
-            "handoff",
-            "the commit thread failed; the append may or may not be stored: read the run, or append again with the same id",
-        );
+        let e = Error::Io {
+            op: "commit",
+            path: std::path::PathBuf::new(),
+            source: std::io::Error::other(
+                "the commit thread failed (a bug: it panicked): whether this append is stored is unknown (read the run, or append again with the same id)",
+            ),
+        };
         *lock(&slot.result) = Some((Err(e), None));
         slot.done.notify_one();
     }
