@@ -1039,27 +1039,7 @@ fn serve_disconnects_a_subscriber_that_stopped_reading() {
         let r = srv.post("/v1/runs/inc/events", Some(&t), &json!(batch));
         assert_eq!(r.status, 201, "{}", r.body);
     }
-    let started = Instant::now();
-    loop {
-        let r = srv
-            .http
-            .get(&format!("{}{path}", srv.url))
-            .set("Authorization", &format!("Bearer {t}"))
-            .call();
-        match r {
-            Ok(r) => {
-                assert_eq!(r.content_type(), "text/event-stream");
-                break;
-            }
-            Err(ureq::Error::Status(429, _)) if started.elapsed() < Duration::from_secs(30) => {
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            Err(e) => panic!(
-                "the stuck stream kept its slot for {:?}: {e}",
-                started.elapsed()
-            ),
-        }
-    }
+    stream_slot_within(&srv, path, &t, Duration::from_secs(30), || {});
     drop(sse);
     // Shut down promptly too (nothing left to wait for).
     let stopped = Instant::now();
@@ -1099,9 +1079,17 @@ fn serve_bounds_the_event_streams_of_one_token() {
     assert_eq!(o.next_seq(), 1);
     drop(open.pop());
     // The server sees the closed connection at its next write (a heartbeat at most).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
+    stream_slot_within(&srv, path, &t, Duration::from_secs(20), || {
         srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "y"));
+    });
+}
+
+/// Opens the stream at `path` with token `t` once the token has a free stream slot
+/// again, trying (after `before` each time) for at most `within`.
+fn stream_slot_within(srv: &Server, path: &str, t: &str, within: Duration, before: impl Fn()) {
+    let started = Instant::now();
+    loop {
+        before();
         let r = srv
             .http
             .get(&format!("{}{path}", srv.url))
@@ -1110,12 +1098,12 @@ fn serve_bounds_the_event_streams_of_one_token() {
         match r {
             Ok(r) => {
                 assert_eq!(r.content_type(), "text/event-stream");
-                break;
+                return;
             }
-            Err(ureq::Error::Status(429, _)) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(100));
+            Err(ureq::Error::Status(429, _)) if started.elapsed() < within => {
+                std::thread::sleep(Duration::from_millis(100));
             }
-            Err(e) => panic!("{e}"),
+            Err(e) => panic!("no free stream slot after {:?}: {e}", started.elapsed()),
         }
     }
 }
