@@ -117,7 +117,7 @@ impl Error {
     /// Whether this is a plain refusal for lack of space (ENOSPC, EDQUOT): nothing of
     /// the request was stored, and it may succeed once space is freed.
     pub fn storage_full(&self) -> bool {
-        // (An fsync's covers frames already written: never "nothing stored".)
+        // (A failed fsync covers frames already written: never "nothing stored".)
         matches!(self, Error::Io { op, source, .. }
             if *op != "fsync"
                 && matches!(source.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded))

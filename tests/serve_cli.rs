@@ -381,23 +381,18 @@ fn serve_operator_routes_health_metrics_and_openapi() {
             } else {
                 assert_eq!(r.status, 405, "{method} {p}: {}", r.body);
                 r.problem(405);
+                // It says what the route takes.
+                let allow = r.header("allow").unwrap_or_default();
+                for m in ["get", "post", "put"]
+                    .into_iter()
+                    .filter(|m| item.get(m).is_some())
+                {
+                    assert!(allow.contains(&m.to_uppercase()), "{method} {p}: {allow}");
+                }
             }
         }
     }
     assert!(checked >= 30, "{checked} routes");
-    // A 405 says what the route takes.
-    match srv
-        .http
-        .delete(&format!("{}/v1/runs/inc/events", srv.url))
-        .set("Authorization", &format!("Bearer {t}"))
-        .call()
-    {
-        Err(ureq::Error::Status(405, r)) => {
-            let allow = r.header("allow").unwrap_or_default().to_string();
-            assert!(allow.contains("GET") && allow.contains("POST"), "{allow}");
-        }
-        other => panic!("want a 405: {other:?}"),
-    }
     // Nothing was written by those bodiless calls.
     assert_eq!(srv.get("/v1/runs/inc/events", Some(&t)).seqs(), [1]);
 }

@@ -47,8 +47,9 @@
 //!   credential(s), connection_string, session_id, pwd (not the shell's `PWD`), hmac_key,
 //!   auth_key, app_key, key_base, `_pass` in an upper-case name or after a service or
 //!   account word (`DB_PASS`, `redis-pass`; not `first_pass`), or is pass, sig, pin, otp
-//!   (the key is kept); the value of a JSON key naming a phone -> `<PHONE>`; URL credentials (`scheme://user:pass@host`, the password with `/`, `#` or `?`
-//!   in it too); long high-entropy strings (>= 24 chars mixing letters and digits or
+//!   (the key is kept); the value of a JSON key naming a phone -> `<PHONE>`; URL
+//!   credentials (`scheme://user:pass@host`, the password with `/`, `#` or `?` in it
+//!   too); long high-entropy strings (>= 24 chars mixing letters and digits or
 //!   cases, hex >= 32, slash-separated base64);
 //! - the user's `user_id` and `identifiers` (whole token, case-insensitive) ->
 //!   `<USER>`; home directories `/home/<name>`, `/Users/<name>`, `C:\Users\<name>` ->
@@ -936,8 +937,9 @@ impl<'a> Scan<'a> {
                     let end = v.start() + t.len();
                     let digits = t.bytes().filter(u8::is_ascii_digit).count();
                     // A key of its own (`microphone: 3` is not one), a number of phone
-                    // length that is not a date and ends there. A date in any order (`2025-11-29`, `29-11-2025`, `2025.11.29`), maybe
-                    // with a time after it: three groups of digits, 8 in all, one separator.
+                    // length that is not a date and ends there. A date in any order
+                    // (`2025-11-29`, `29-11-2025`, `2025.11.29`), maybe with a time
+                    // after it: three groups of digits, 8 in all, one separator.
                     let head = t.split(' ').next().unwrap_or(t);
                     let groups: Vec<&str> = head.split(['-', '.', '/']).collect();
                     let date = groups.len() == 3
