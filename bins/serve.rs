@@ -64,7 +64,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = server::SHUTDOWN_TIMEOUT_MS_DEFAULT)]
     shutdown_timeout_ms: u64,
     /// Most connections open at once (each holds a task and a file descriptor); one
-    /// past it is closed as soon as it is accepted.
+    /// past it is answered `503 too-many-connections` with `Retry-After: 1` and closed
+    /// (closed without an answer under TLS, or when 64 are being answered already).
     #[arg(long, default_value_t = server::MAX_CONNECTIONS_DEFAULT)]
     max_connections: usize,
     /// Runs of one user kept open at once: their writers (4 file descriptors each),

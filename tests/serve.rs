@@ -1622,9 +1622,11 @@ fn serve_search_answers_as_the_tokens_user_and_agent() {
     srv.get("/v1/search?q=dns", None).problem(401);
 }
 
-/// At most `--max-connections` connections are open at once: one past it is closed as
-/// soon as it is accepted (each held a task and a descriptor for as long as its client
-/// kept it), and a place comes back when a connection ends.
+/// At most `--max-connections` connections are open at once (each held a task and a
+/// descriptor for as long as its client kept it): one past it is answered 503
+/// `too-many-connections` with `Retry-After` and closed (it was reset without an answer,
+/// so its client could not tell a full server from a dead one), and a place comes back
+/// when a connection ends.
 #[test]
 fn serve_bounds_its_open_connections() {
     let env = Env::fast();
@@ -1643,7 +1645,37 @@ fn serve_bounds_its_open_connections() {
         .map(|_| TcpStream::connect(srv.addr()).unwrap())
         .collect();
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(health(), "", "a third connection is closed at accept");
+    let refused = health();
+    let (head, body) = refused.split_once("\r\n\r\n").unwrap_or((&refused, ""));
+    assert!(head.starts_with("HTTP/1.1 503 "), "{refused}");
+    let head = head.to_ascii_lowercase();
+    assert!(head.contains("retry-after: 1"), "{refused}");
+    assert!(head.contains("connection: close"), "{refused}");
+    assert!(
+        head.contains("content-type: application/problem+json"),
+        "{refused}"
+    );
+    let p: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(p["type"], "/problems/too-many-connections", "{p}");
+    assert!(p["detail"].as_str().unwrap().contains("limit of 2"), "{p}");
+    // A client that sends a whole body before it reads still gets the answer (the
+    // server reads what it sends rather than reset the connection).
+    {
+        let mut c = TcpStream::connect(srv.addr()).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let body = vec![b'x'; 32 * 1024];
+        let head = format!(
+            "POST /v1/runs/r/events HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        c.write_all(head.as_bytes()).unwrap();
+        let _ = c.write_all(&body);
+        let mut buf = Vec::new();
+        let _ = c.read_to_end(&mut buf);
+        let text = String::from_utf8_lossy(&buf);
+        assert!(text.starts_with("HTTP/1.1 503 "), "{text}");
+        assert!(text.contains("too-many-connections"), "{text}");
+    }
     let m = {
         drop(idle);
         let deadline = Instant::now() + Duration::from_secs(10);

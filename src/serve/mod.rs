@@ -20,6 +20,8 @@
 //! - `mcp.rs` (with feature `mcp`): `/mcp`, the MCP tools over streamable HTTP with the
 //!   token's identity.
 //! - `metrics.rs`: the counters `/metrics` shows (Prometheus text).
+//! - `refuse.rs`: the 503 answer to a connection past `--max-connections` (bounded; no
+//!   reset without an answer).
 //! - `unread.rs`: `Connection: close` on an answer given before its request's body was
 //!   read (so a keep-alive client does not reuse a connection hyper is closing).
 //! - `vectors.rs`: the embedding model (loaded once) and each user's vector cache, for
@@ -45,6 +47,7 @@ pub mod listen;
 pub mod mcp;
 pub mod metrics;
 pub mod problem;
+mod refuse;
 pub mod routes;
 pub mod sse;
 pub mod tls;
@@ -203,6 +206,9 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
     // Every connection holds a task and a descriptor until its client leaves or a timeout
     // ends it: bounded, so that connections alone cannot take all of the server's.
     let connections = Arc::new(tokio::sync::Semaphore::new(opts.max_connections.max(1)));
+    // Connections past the limit are answered 503 (`refuse`), a bounded number at once.
+    let refusals = Arc::new(tokio::sync::Semaphore::new(refuse::REFUSALS_AT_ONCE));
+    let refusal: Arc<[u8]> = refuse::answer(opts.max_connections.max(1)).into();
     loop {
         tokio::select! {
             r = accept(tcp.as_ref(), unix.as_ref()) => {
@@ -216,9 +222,21 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
                     }
                 };
                 let Ok(permit) = connections.clone().try_acquire_owned() else {
-                    tracing::warn!(max = opts.max_connections, "too many connections; one closed at accept");
+                    tracing::warn!(max = opts.max_connections, "too many connections; one refused");
                     app.metrics.connection_refused();
-                    drop(io);
+                    // Answered 503 unless TLS (a handshake, just when the server is at
+                    // its limit) or too many are being answered already: then closed.
+                    let slot = refusals.clone().try_acquire_owned();
+                    if let (Ok(slot), None) = (slot, &tls) {
+                        let answer = refusal.clone();
+                        tokio::spawn(async move {
+                            let _slot = slot;
+                            match io {
+                                Accepted::Tcp(s) => refuse::refuse(s, &answer).await,
+                                Accepted::Unix(s) => refuse::refuse(s, &answer).await,
+                            }
+                        });
+                    }
                     continue;
                 };
                 let (router, watcher) = (router.clone(), graceful.watcher());
