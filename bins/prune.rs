@@ -77,10 +77,12 @@ pub fn context(store: &Store, a: ContextArgs) -> anyhow::Result<ExitCode> {
     let mut out = out.lock();
     if a.json {
         serde_json::to_writer(&mut out, &c)?;
+        out.write_all(b"\n")?;
     } else {
-        out.write_all(crate::term::escape(&c.text, true).as_bytes())?;
+        // Exactly the budgeted bytes: the library escaped what a terminal would
+        // interpret, and each line carries its own end.
+        out.write_all(c.text.as_bytes())?;
     }
-    out.write_all(b"\n")?;
     out.flush()?;
     Ok(ExitCode::SUCCESS)
 }

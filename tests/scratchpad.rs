@@ -249,6 +249,115 @@ fn scratchpad_bloat_is_pruned_and_context_stays_bounded() {
     }
 }
 
+/// `swarm context` prints at most `--budget-bytes` bytes, counted as printed: control
+/// and invisible characters (escaped for the terminal), multi-byte UTF-8 and each line's
+/// end. The CLI escaped after the library had counted (U+200B, 3 bytes, printed as the 8
+/// of `\u{200b}`) and added a newline nobody counted: 234 bytes for a budget of 200.
+#[test]
+fn context_prints_no_more_than_its_budget() {
+    let env = Env::new();
+    let nasty = [
+        "a\x1b[31mred\x1b[0m\u{202e}abc\x7f",
+        "zero\u{200b}width\u{feff} and\ttab\nnew line\r",
+        "ünïcödé 中文 ✓ 🦀 \u{9b}2J",
+        "plain ascii evidence with some length to it",
+    ];
+    let lines: Vec<Value> = (0..12)
+        .map(|i| entry("a", "evidence", "s\u{200b}", nasty[i % nasty.len()], 0.5))
+        .collect();
+    env.append_lines("c", &lines);
+    for budget in (0..=400).step_by(13) {
+        let b = budget.to_string();
+        let args = [
+            "context",
+            "--run",
+            "c",
+            "--agent",
+            "a",
+            "--budget-bytes",
+            &b,
+        ];
+        let text = env.swarm(&args).ok().stdout;
+        assert!(
+            text.len() <= budget,
+            "{} bytes printed for a budget of {budget}: {text:?}",
+            text.len()
+        );
+        assert!(
+            !text.chars().any(|c| (c.is_control() && c != '\n')
+                || matches!(c, '\u{200b}' | '\u{202e}' | '\u{feff}')),
+            "{text:?}"
+        );
+        let mut json_args = args.to_vec();
+        json_args.push("--json");
+        let v: Value = serde_json::from_str(env.swarm(&json_args).ok().stdout.trim()).unwrap();
+        assert_eq!(v["text"].as_str().unwrap(), text, "budget {budget}");
+        assert_eq!(v["used_bytes"], text.len(), "budget {budget}");
+        if budget >= 200 {
+            assert!(text.lines().count() >= 2, "{budget}: {text:?}");
+        }
+    }
+}
+
+/// An agent that may not read summaries (they quote every type) keeps, after a prune,
+/// the entries it may read that the summary replaced: they left its context with nothing
+/// in their place (10 lines before the prune, 5 after, `omitted` empty).
+#[test]
+fn a_prune_takes_nothing_from_an_agent_not_shown_summaries() {
+    let env = Env::new();
+    let policy = env.path().join("pol.json");
+    std::fs::write(
+        &policy,
+        r#"{"permissions":{"lead":{"read_types":["*"],"write_types":["*"],"read_channels":["*"],"write_channels":["*"],"admin":true},
+            "db":{"read_types":["evidence"],"write_types":["evidence"]}}}"#,
+    )
+    .unwrap();
+    let p = policy.to_str().unwrap();
+    env.swarm(&[
+        "policy", "set", "--run", "c", "--agent", "lead", "--file", p,
+    ])
+    .ok();
+    let lines: Vec<Value> = (1..=10)
+        .map(|i| {
+            entry(
+                "lead",
+                "evidence",
+                &format!("s{i}"),
+                &format!("evidence number {i}"),
+                0.5,
+            )
+        })
+        .collect();
+    env.append_lines("c", &lines);
+    let ctx = |agent: &str| -> Value {
+        let args = [
+            "context",
+            "--run",
+            "c",
+            "--agent",
+            agent,
+            "--budget-bytes",
+            "100000",
+            "--json",
+        ];
+        serde_json::from_str(env.swarm(&args).ok().stdout.trim()).unwrap()
+    };
+    let before = ctx("db");
+    assert_eq!(before["items"].as_array().unwrap().len(), 10, "{before}");
+    env.swarm(&["prune", "--run", "c", "--force", "--agent", "lead"])
+        .ok();
+    let after = ctx("db");
+    assert_eq!(
+        after["text"], before["text"],
+        "db's context after the prune"
+    );
+    // The lead, shown summaries, gets the summary instead of the entries it replaced.
+    let lead = ctx("lead");
+    let items = lead["items"].as_array().unwrap();
+    assert!(items.iter().any(|i| i["role"] == "summary"), "{lead}");
+    assert!(items.len() < 10, "{lead}");
+}
+
 /// A failing, silent or slow summariser leaves the run byte for byte unchanged.
 #[test]
 fn failing_summarizer_changes_nothing() {

@@ -7,7 +7,8 @@
 //! read under the run's policy is left out. Pinned entries come first because they are
 //! what the swarm committed to (seed 000's audit trail) and are few, while summaries
 //! grow with the run: a long run's summaries must never push its decisions out. The chosen items are printed in seq order,
-//! one line each; the budget counts the exact bytes of the rendered text.
+//! one line each (control and invisible characters escaped, so the text is what a
+//! terminal shows); the budget counts the exact bytes of the text, line ends included.
 
 use serde::Serialize;
 
@@ -47,7 +48,9 @@ pub struct Context {
     pub items: Vec<ContextItem>,
     /// Candidates left out for lack of budget, per role.
     pub omitted: std::collections::BTreeMap<&'static str, u64>,
-    /// The prompt text: the items' lines joined by newlines.
+    /// The prompt text: the items' lines, each ending in a newline (nothing when no item
+    /// fits), exactly as `swarm context` prints it: `used_bytes` bytes, never over the
+    /// budget.
     pub text: String,
 }
 
@@ -79,7 +82,7 @@ fn render(e: &Event) -> String {
                 .join(", ")
         )
     };
-    format!(
+    let line = format!(
         "#{} {} {} [{}]{}: {}",
         e.seq,
         e.kind.as_str(),
@@ -87,7 +90,32 @@ fn render(e: &Event) -> String {
         e.subject.as_deref().unwrap_or("-"),
         refs,
         c
-    )
+    );
+    plain(&line)
+}
+
+/// `s` as one plain line: line breaks and tabs become spaces; other control characters,
+/// and the invisible ones that reorder or hide text (C1 controls, zero-width and bidi
+/// marks, BOM), are written as escapes (`\x1b`, `\u{202e}`), as the CLI prints them. So
+/// the context is exactly what is printed, and the budget counts the bytes printed (the
+/// CLI escaped after the budget was counted: 3 bytes of U+200B printed as 8).
+fn plain(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\n' | '\r' | '\t' => out.push(' '),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if (0x80..0xa0).contains(&(c as u32))
+                || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}') =>
+            {
+                out.push_str(&format!("\\u{{{:x}}}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 impl Store {
@@ -104,14 +132,17 @@ impl Store {
                 cands.push((0, "pinned", e.clone()));
             }
         }
-        // A summary quotes the entries it replaced: only for an agent shown them.
-        if rules.may_read_kind(agent, EventType::Summary) {
+        // A summary quotes the entries it replaced: only for an agent shown them. An agent
+        // not shown summaries keeps the entries they replaced that it may read (they
+        // left its context at a prune, with nothing in their place).
+        let summaries = rules.may_read_kind(agent, EventType::Summary);
+        if summaries {
             for s in state.summaries.iter().rev() {
                 cands.push((1, "summary", s.clone()));
             }
         }
-        let from =
-            (rules.pruned_upto + 1).max(state.head_seq.saturating_sub(RECENT_EVENTS_MAX) + 1);
+        let first = if summaries { rules.pruned_upto + 1 } else { 1 };
+        let from = first.max(state.head_seq.saturating_sub(RECENT_EVENTS_MAX) + 1);
         let recent: Vec<Event> = self
             .read(
                 run,
@@ -137,7 +168,8 @@ impl Store {
         let mut omitted = std::collections::BTreeMap::new();
         for (_, role, e) in cands {
             let text = render(&e);
-            let cost = text.len() + usize::from(!chosen.is_empty());
+            // Its line and the line's end.
+            let cost = text.len() + 1;
             if used + cost <= budget_bytes {
                 used += cost;
                 chosen.push(ContextItem {
@@ -150,11 +182,11 @@ impl Store {
             }
         }
         chosen.sort_by_key(|i| i.seq);
-        let text = chosen
-            .iter()
-            .map(|i| i.text.as_str())
-            .collect::<Vec<_>>()
-            .join("\n");
+        let mut text = String::with_capacity(used);
+        for i in &chosen {
+            text.push_str(&i.text);
+            text.push('\n');
+        }
         debug_assert!(text.len() <= budget_bytes);
         Ok(Context {
             agent: agent.to_string(),
