@@ -358,6 +358,73 @@ fn a_prune_takes_nothing_from_an_agent_not_shown_summaries() {
     assert!(items.len() < 10, "{lead}");
 }
 
+/// `replay --agent A` counts what A may read, not the run's whole length: it said
+/// `visible_entries: 22` to an agent shown 2 events, which told it how many were hidden.
+#[test]
+fn an_agents_replay_counts_only_what_it_may_read() {
+    let env = Env::new();
+    let policy = env.path().join("pol.json");
+    std::fs::write(
+        &policy,
+        r#"{"permissions":{"lead":{"read_types":["*"],"write_types":["*"],"read_channels":["*"],"write_channels":["*"],"admin":true},
+            "db":{"read_types":["evidence"],"write_types":["evidence"],"read_channels":["ops"]}}}"#,
+    )
+    .unwrap();
+    let p = policy.to_str().unwrap();
+    env.swarm(&[
+        "policy", "set", "--run", "r", "--agent", "lead", "--file", p,
+    ])
+    .ok();
+    let mut lines: Vec<Value> = (1..=6)
+        .map(|i| entry("lead", "hypothesis", &format!("secret{i}"), "hidden", 0.5))
+        .collect();
+    lines.push(entry("lead", "evidence", "s", "visible", 0.5));
+    env.append_lines("r", &lines);
+    for (channel, n) in [("ops", 2), ("secret", 3)] {
+        env.swarm(&[
+            "channel",
+            "declare",
+            "--run",
+            "r",
+            "--agent",
+            "lead",
+            "--channel",
+            channel,
+            "--kind",
+            "append",
+        ])
+        .ok();
+        for i in 0..n {
+            let v = format!("{{\"n\":{i}}}");
+            env.swarm(&[
+                "channel",
+                "write",
+                "--run",
+                "r",
+                "--agent",
+                "lead",
+                "--channel",
+                channel,
+                "--value",
+                &v,
+            ])
+            .ok();
+        }
+    }
+    for agent in ["db", "lead", "nobody"] {
+        let read = env.swarm(&["read", "--run", "r", "--as-agent", agent]).ok();
+        let readable = read.stdout.lines().count();
+        let v: Value = serde_json::from_str(
+            env.swarm(&["replay", "--run", "r", "--agent", agent])
+                .ok()
+                .stdout
+                .trim(),
+        )
+        .unwrap();
+        assert_eq!(v["visible_entries"], readable, "{agent}: {v}");
+    }
+}
+
 /// A failing, silent or slow summariser leaves the run byte for byte unchanged.
 #[test]
 fn failing_summarizer_changes_nothing() {

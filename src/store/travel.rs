@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use crate::error::Result;
 use crate::event::ts::Ts;
-use crate::event::Event;
+use crate::event::{Event, EventType};
 use crate::fold::state::State;
 use crate::query::options::ReadOptions;
 use crate::store::Store;
@@ -55,7 +55,7 @@ pub struct AgentView {
     pub at_seq: u64,
     /// Its time.
     pub at_ts: Option<Ts>,
-    /// Entries visible to the agent at that point (every agent sees every entry).
+    /// Entries (and engine events) the agent may read, of those written by that point.
     pub visible_entries: u64,
     /// The agent's own entries by then.
     pub own_entries: u64,
@@ -155,11 +155,37 @@ impl Store {
             unseen.push_back(e);
         }
         let unseen: Vec<Event> = unseen.into();
+        // What the agent may read by then: counted per type from the state, channel events
+        // by their channel (a read of that type). It said `head_seq`, which told an agent
+        // how many entries were hidden from it.
+        let mut visible_entries = 0u64;
+        for (&kind, &n) in &s.counts.by_type {
+            if !rules.may_read_kind(agent, kind) {
+                continue;
+            }
+            if matches!(
+                kind,
+                EventType::ChannelDeclare | EventType::ChannelWrite | EventType::Conflict
+            ) {
+                let opts = ReadOptions {
+                    to_seq: Some(s.head_seq),
+                    kind: Some(kind),
+                    reader: Some(agent.to_string()),
+                    ..ReadOptions::default()
+                };
+                for e in self.read(run, opts)? {
+                    e?;
+                    visible_entries += 1;
+                }
+            } else {
+                visible_entries += n;
+            }
+        }
         Ok(AgentView {
             agent: agent.to_string(),
             at_seq: s.head_seq,
             at_ts: s.head_ts,
-            visible_entries: s.head_seq,
+            visible_entries,
             own_entries: own.map_or(0, |a| a.counts.total),
             last_own_seq: last_own,
             unseen_since_last_write: unseen,
