@@ -119,6 +119,95 @@ fn conflict_resolution_pick_and_tie() {
     );
 }
 
+/// Eight `pick` processes at once, and one more after them, store one decision on a
+/// decidable subject and open one escalation on a tie: each stored its own (8 identical
+/// decisions; 8 escalations, and resolving one left the subject blocked by another).
+#[test]
+fn concurrent_picks_store_one_decision_or_one_escalation() {
+    let env = Env::new();
+    env.append_lines(
+        "r",
+        &[
+            entry("a", "hypothesis", "cause", "pool saturation", 0.7),
+            entry("b", "hypothesis", "cause", "bad deploy", 0.6),
+            entry("c", "hypothesis", "tie", "x", 0.5),
+            entry("c", "hypothesis", "tie", "y", 0.5),
+        ],
+    );
+    let picks = |subject: &str| -> Vec<Value> {
+        let kids: Vec<_> = (0..8)
+            .map(|_| {
+                env.cmd(&["pick", "--run", "r", "--subject", subject])
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let mut out: Vec<Value> = kids
+            .into_iter()
+            .map(|k| {
+                let o = k.wait_with_output().unwrap();
+                serde_json::from_slice(&o.stdout)
+                    .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)))
+            })
+            .collect();
+        let again = env.swarm(&["pick", "--run", "r", "--subject", subject]);
+        out.push(serde_json::from_str(again.stdout.trim()).unwrap());
+        out
+    };
+    let decided = picks("cause");
+    let seqs: std::collections::BTreeSet<_> = decided
+        .iter()
+        .map(|v| v["decision"]["seq"].as_u64())
+        .collect();
+    assert_eq!(seqs.len(), 1, "{decided:?}");
+    assert!(decided.iter().all(|v| v["outcome"] == "picked"));
+    let tied = picks("tie");
+    assert!(tied.iter().all(|v| v["outcome"] == "escalated"), "{tied:?}");
+    let seqs: std::collections::BTreeSet<_> = tied
+        .iter()
+        .map(|v| v["escalation"]["seq"].as_u64())
+        .collect();
+    assert_eq!(seqs.len(), 1, "{tied:?}");
+    let all = env.read("r");
+    let count = |kind: &str, subject: &str| {
+        all.iter()
+            .filter(|e| e.kind.as_str() == kind && e.subject.as_deref() == Some(subject))
+            .count()
+    };
+    assert_eq!(count("decision", "cause"), 1);
+    assert_eq!(count("escalation", "tie"), 1);
+    // Resolving it unblocks the subject.
+    let esc = seqs.into_iter().next().flatten().unwrap().to_string();
+    env.swarm(&[
+        "resolve",
+        "--run",
+        "r",
+        "--escalation",
+        &esc,
+        "--by",
+        "human",
+        "--note",
+        "x",
+    ])
+    .ok();
+    env.swarm(&[
+        "append",
+        "--run",
+        "r",
+        "--agent",
+        "c",
+        "--type",
+        "action_taken",
+        "--subject",
+        "tie",
+        "--content",
+        "restart",
+    ])
+    .ok();
+}
+
 /// Scratchpad bloat: three agent processes write a long run with a small pruning
 /// threshold; summaries cover contiguous ranges, decisions are never summarised away, and
 /// the context stays within every budget however long the run gets.

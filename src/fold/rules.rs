@@ -512,6 +512,23 @@ impl Rules {
             )));
         }
         let mut fx = Effects::default();
+        // One open escalation per subject: a second (two picks of one tie at once) would
+        // stay open, and block the subject, after the first was resolved.
+        if e.kind == EventType::Escalation {
+            if let Some(rec) = parse::<EscalationRecord>(e.kind, e.content) {
+                if let Some(esc) = self.subjects.get(&rec.subject).and_then(|r| r.blocked_by) {
+                    let shown = self.may_read_kind(e.agent, EventType::Escalation);
+                    return Err(Error::Escalated {
+                        subject: rec.subject,
+                        escalation: if shown || e.agent == ENGINE_AGENT {
+                            esc
+                        } else {
+                            0
+                        },
+                    });
+                }
+            }
+        }
         // The engine's own events (escalations, conflicts) need no permission; a summary
         // it writes still goes through the pruning CAS below.
         if e.agent == ENGINE_AGENT && e.kind != EventType::Summary {

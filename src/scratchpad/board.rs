@@ -13,6 +13,7 @@ use crate::fold::rules::{
 };
 use crate::fold::state::State;
 use crate::log::meta::Durability;
+use crate::query::options::ReadOptions;
 use crate::store::{engine_log_hidden, Store};
 
 /// How many of a subject's seqs a board entry lists by default (`writes` counts them
@@ -58,6 +59,9 @@ fn entry_kind(s: &State, seq: u64) -> EventType {
         EventType::Evidence
     }
 }
+
+/// Attempts of one [`Store::pick`] when other writers change the subject meanwhile.
+const PICK_ATTEMPTS: u32 = 8;
 
 /// What `pick` did.
 #[derive(Clone, Debug, Serialize)]
@@ -289,6 +293,24 @@ impl Store {
     /// the agent whose latest entry is newest). Appends a `decision` by `orchestrator`
     /// citing the winner and the losers; a tie on all three is escalated, never guessed.
     pub fn pick(&self, run: &str, orchestrator: &str, subject: &str) -> Result<PickOutcome> {
+        // A pick is made again from a fresh state when another writer changed the subject
+        // (or opened an escalation on it) between its read and its append, so that
+        // concurrent picks store one decision or one escalation, never one each.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.pick_once(run, orchestrator, subject) {
+                Err(Error::Conflict(_) | Error::Escalated { .. }) if attempt < PICK_ATTEMPTS => {
+                    continue
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// One attempt of [`Store::pick`]: an `Error::Conflict` or `Error::Escalated` from
+    /// its append means the state it read is gone.
+    fn pick_once(&self, run: &str, orchestrator: &str, subject: &str) -> Result<PickOutcome> {
         let s = self.head(run)?;
         // A pick names hypotheses, their agents and seqs: only for an agent shown them.
         if !s.rules.may_read_kind(orchestrator, EventType::Hypothesis) {
@@ -300,6 +322,28 @@ impl Store {
             .subjects
             .get(subject)
             .ok_or_else(|| Error::invalid("subject", format!("no entry on {subject:?}")))?;
+        // An open escalation on the subject stands until a human resolves it: a pick never
+        // opens a second one (resolving one left the subject blocked by the other).
+        if let Some(esc) = s.rules.subjects.get(subject).and_then(|r| r.blocked_by) {
+            if !s.rules.may_read_kind(orchestrator, EventType::Escalation) {
+                return Err(Error::Escalated {
+                    subject: subject.to_string(),
+                    escalation: 0,
+                });
+            }
+            let escalation = self
+                .read(
+                    run,
+                    ReadOptions {
+                        from_seq: Some(esc),
+                        to_seq: Some(esc),
+                        ..ReadOptions::default()
+                    },
+                )?
+                .next()
+                .ok_or_else(|| Error::invalid("escalation", format!("#{esc} not found")))??;
+            return Ok(PickOutcome::Escalated { escalation });
+        }
         let mut cands: Vec<(u64, f64, usize, u64, String)> = st
             .hypotheses
             .iter()
@@ -366,9 +410,30 @@ impl Store {
             w.2,
             losers.iter().map(|l| format!("#{l}")).collect::<Vec<_>>().join(", ")
         );
+        // The same pick made already (and nothing written on the subject since): that
+        // decision is the answer, not a copy of it.
+        let made = st.latest.kind == EventType::Decision
+            && st
+                .latest
+                .meta
+                .as_ref()
+                .and_then(|m| m.get("pick"))
+                .is_some_and(|p| {
+                    p["winner"] == w.0 && p["losers"] == json!(losers) && p["rule"] == rule
+                });
+        if made {
+            return Ok(PickOutcome::Picked {
+                decision: st.latest.clone(),
+                winner: w.0,
+                losers,
+                rule: rule.to_string(),
+            });
+        }
         let mut ev = crate::event::NewEvent::new(orchestrator, EventType::Decision, text);
         ev.subject = Some(subject.to_string());
         ev.refs = refs;
+        // Only on the state this pick read.
+        ev.expect_subject_seq = Some(st.latest.seq);
         ev.meta = json!({"pick": {"winner": w.0, "losers": losers, "rule": rule}})
             .as_object()
             .cloned();
