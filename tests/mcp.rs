@@ -87,6 +87,9 @@ fn every_tool_answers_and_refusals_name_their_cause() {
         .as_array()
         .unwrap()
         .contains(&Value::from("repeated_failing_call")));
+    // Unknown arguments refused, no run made by a typo, cursors at their edges, and
+    // large entries paged by bytes (checked in the scenario).
+    assert!(v["read_pages"].as_u64().is_some_and(|p| p >= 2), "{v}");
 }
 
 #[test]

@@ -15,6 +15,10 @@ macro_rules! args {
         $(
             $(#[$sm])*
             #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+            // An argument a tool does not take is refused (its schema says
+            // `additionalProperties: false`): a misspelled `expected_seq` was ignored, and
+            // the compare-and-swap the agent asked for silently not made.
+            #[serde(deny_unknown_fields)]
             pub struct $name {
                 $( #[doc = $doc] $(#[$fm])* pub $field: $ty, )*
                 $(
@@ -80,7 +84,7 @@ args! {
     ReadEntriesArgs(agent) {
         run: String => "The run.",
         after_seq: Option<u64> => "Your cursor: only entries after this seq (0 or absent: from the start). Pass back the `next_cursor` of the previous call.",
-        limit: Option<usize> => "At most this many entries (default 50, at most 500).",
+        limit: Option<usize> => "At most this many entries (default 50, at most 500; fewer when they pass 512 KiB of JSON: then `more` is true).",
         from_agent: Option<String> => "Only entries written by this agent.",
         subject: Option<String> => "Only entries on this subject.",
         #[serde(rename = "type")]

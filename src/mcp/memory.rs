@@ -73,6 +73,15 @@ fn call_entry(
 /// what was closed and learned.
 pub fn complete(s: &Session, a: CompleteArgs) -> ToolResult {
     let agent = s.agent(a.agent.as_deref())?;
+    for (field, v) in [
+        ("symptom", &a.symptom),
+        ("root_cause", &a.root_cause),
+        ("resolution", &a.resolution),
+    ] {
+        if v.trim().is_empty() {
+            return Err(Error::invalid(field, "must not be empty").into());
+        }
+    }
     let text = format!(
         "investigation complete: root cause {}; resolution: {}",
         a.root_cause, a.resolution
@@ -86,7 +95,8 @@ pub fn complete(s: &Session, a: CompleteArgs) -> ToolResult {
             ))
             .into())
         }
-        Ok(_) | Err(Error::RunNotFound(_)) => {}
+        Ok(_) => {}
+        // A typo must not create, close and archive a run nobody wrote to.
         Err(e) => return Err(e.into()),
     }
     let mut ev = NewEvent::new(&agent, EventType::Decision, text);

@@ -120,7 +120,7 @@ pub async fn read(s: Arc<Session>, uri: &str) -> Result<ReadResourceResult, McpE
     let uri = uri.to_string();
     let text = blocking(move || {
         let info = s.store.run_info(&run)?;
-        let recent: Vec<_> = s
+        let mut recent: Vec<_> = s
             .store
             .read(
                 &run,
@@ -131,6 +131,19 @@ pub async fn read(s: Arc<Session>, uri: &str) -> Result<ReadResourceResult, McpE
                 },
             )?
             .collect::<crate::error::Result<_>>()?;
+        // The newest that fit in `READ_BYTES_MAX` (at least one), like `read_entries`.
+        let mut bytes = 0;
+        let keep = recent
+            .iter()
+            .rev()
+            .take_while(|e| {
+                bytes += serde_json::to_vec(e).map_or(0, |v| v.len());
+                bytes <= crate::mcp::scratch::READ_BYTES_MAX
+            })
+            .count()
+            .max(1)
+            .min(recent.len());
+        recent.drain(..recent.len() - keep);
         Ok(json!({"run": info, "recent": recent}).to_string())
     })
     .await?;

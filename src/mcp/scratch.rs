@@ -22,6 +22,11 @@ use crate::synth::views::FactsQuery;
 
 /// Entries `read_entries` returns at most per call.
 pub const READ_LIMIT_MAX: usize = 500;
+/// Bytes of entries (as JSON) one `read_entries` answer carries at most: past it the page
+/// ends early, `more: true` (one entry is at most 64 KiB of content, so one always fits).
+/// 250 entries of 60 KB were a 15 MB answer: over the SDK's 1 MiB event limit on HTTP,
+/// and of no use to a model.
+pub const READ_BYTES_MAX: usize = 512 * 1024;
 /// Default byte budget of `get_context`.
 pub const CONTEXT_BUDGET_DEFAULT: usize = 8000;
 /// Largest byte budget of `get_context`.
@@ -91,10 +96,17 @@ fn new_entry(s: &Session, a: AppendEntryArgs) -> Result<(String, NewEvent)> {
 /// Entries after a cursor, as `agent` may see them.
 pub fn read_entries(s: &Session, a: ReadEntriesArgs) -> ToolResult {
     let reader = s.agent(a.agent.as_deref())?;
-    let limit = a.limit.unwrap_or(50).clamp(1, READ_LIMIT_MAX);
+    let limit = match a.limit {
+        Some(0) => return Err(Error::invalid("limit", "must be 1 or more").into()),
+        l => l.unwrap_or(50).min(READ_LIMIT_MAX),
+    };
     let after = a.after_seq.unwrap_or(0);
+    let Some(from) = after.checked_add(1) else {
+        // Nothing comes after the largest seq (`after + 1` wrapped to the start).
+        return Ok(json!({"entries": [], "next_cursor": after, "more": false}));
+    };
     let opts = ReadOptions {
-        from_seq: Some(after + 1),
+        from_seq: Some(from),
         kind: a.kind.map(EntryKind::event_type),
         agent: a.from_agent,
         subject: a.subject,
@@ -102,9 +114,18 @@ pub fn read_entries(s: &Session, a: ReadEntriesArgs) -> ToolResult {
         reader: Some(reader),
         ..ReadOptions::default()
     };
-    let mut events: Vec<_> = s.store.read(&a.run, opts)?.collect::<Result<_>>()?;
-    let more = events.len() > limit;
-    events.truncate(limit);
+    let mut events = Vec::new();
+    let (mut bytes, mut more) = (0, false);
+    for e in s.store.read(&a.run, opts)? {
+        let e = e?;
+        let size = serde_json::to_vec(&e).map_or(0, |v| v.len());
+        if events.len() == limit || (!events.is_empty() && bytes + size > READ_BYTES_MAX) {
+            more = true;
+            break;
+        }
+        bytes += size;
+        events.push(e);
+    }
     let next = events.last().map_or(after, |e| e.seq);
     Ok(json!({"entries": events, "next_cursor": next, "more": more}))
 }
@@ -230,6 +251,9 @@ pub fn explain(s: &Session, a: ExplainArgs) -> ToolResult {
 /// `get_tool_advice`.
 pub fn advice(s: &Session, a: AdviceArgs) -> ToolResult {
     let agent = s.agent(a.agent.as_deref())?;
+    if a.tool.trim().is_empty() {
+        return Err(Error::invalid("tool", "must not be empty").into());
+    }
     let advice = s.store.advise_as(&a.tool, Some(&agent))?;
     let mut out = json!({"advice": to_json(&advice)?});
     if let Some(run) = &a.record_in {

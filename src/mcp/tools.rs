@@ -121,7 +121,8 @@ tools! {
     /// then those shared by other users, sanitized), how often, and the correction that
     /// made the next call succeed. Call it before a tool whose syntax is tricky. Returns
     /// {advice: [...]}, empty when nothing is known.
-    #[tool(annotations(read_only_hint = true))]
+    // Not read-only: with `record_in` it appends the look-up to that run.
+    #[tool(annotations(read_only_hint = false))]
     get_tool_advice(AdviceArgs) => scratch::advice;
 
     /// The runs (investigations) of your memory, with their number of events and times.
@@ -137,7 +138,8 @@ tools! {
     /// and findings (entries with their run and seq), only what your agent may read
     /// under each run's policy. Ranked by words, and by meaning when the server has an
     /// embedding model (the answer's `mode` says which).
-    #[tool(annotations(read_only_hint = true))]
+    // Not read-only: with `record_in` it appends the look-up to that run.
+    #[tool(annotations(read_only_hint = false))]
     search_memory(SearchArgs) => memory::search_memory;
 
     /// Store a finding in the investigation's run: an important observation, a confirmed
@@ -172,7 +174,8 @@ tools! {
     /// cause, tool sequence, resolution, occurrence count and confidence (0.6 + 0.1 per
     /// repeat). Follow a high-confidence sequence to skip exploration. Returns
     /// {strategies: [...]}, empty when the symptom is new.
-    #[tool(annotations(read_only_hint = true))]
+    // Not read-only: with `record_in` it appends the look-up to that run.
+    #[tool(annotations(read_only_hint = false))]
     get_recommended_investigation_strategy(StrategyArgs) => memory::strategy;
 
     /// Record one tool call you made (name, arguments, ok or error, the error message),

@@ -210,6 +210,46 @@ async def basic():
         body = json.loads(rr.contents[0].text)
         assert body["run"]["run_id"] == run and body["recent"], body
         out["resources"] = len(res.resources)
+
+        # Arguments a tool does not take are refused, never ignored: a misspelled
+        # expected_seq silently skipped the compare-and-swap.
+        for t in tools:
+            assert t.input_schema.get("additionalProperties") is False, t.name
+        res = await s.call_tool("append_entry", {"run": "inc-2", "type": "evidence", "content": "x", "expected_seq": 0})
+        assert res.is_error and "expected_seq" in res.content[0].text, res
+        # complete_investigation does not create, close and archive a run nobody wrote
+        # to, nor close one with nothing said.
+        err = await refused(s, "complete_investigation", {"run": "no-such-run", "symptom": "s", "root_cause": "c", "resolution": "r"})
+        assert err["error"] == "run_not_found", err
+        await call(s, "append_entry", {"run": "inc-2", "type": "evidence", "content": "x"})
+        err = await refused(s, "complete_investigation", {"run": "inc-2", "symptom": "s", "root_cause": " ", "resolution": "r"})
+        assert err["error"] == "invalid_input" and err["field"] == "root_cause", err
+        # Tools that write with record_in do not claim to be read-only.
+        for t in tools:
+            if "record_in" in t.input_schema.get("properties", {}):
+                assert not (t.annotations and t.annotations.read_only_hint), t.name
+        # Cursors and limits at their edges.
+        page = await call(s, "read_entries", {"run": "inc-2", "after_seq": 2**64 - 1})
+        assert page["entries"] == [] and not page["more"], page
+        err = await refused(s, "read_entries", {"run": "inc-2", "limit": 0})
+        assert err["error"] == "invalid_input" and err["field"] == "limit", err
+        # A page of large entries ends at 512 KiB of JSON; the cursor reads the rest.
+        big = "y" * 60_000
+        for i in range(12):
+            await call(s, "append_entry", {"run": "inc-big", "type": "evidence", "content": f"{i} {big}"})
+        seen, cursor, pages = [], 0, 0
+        while True:
+            res = await s.call_tool("read_entries", {"run": "inc-big", "after_seq": cursor, "limit": 500})
+            assert not res.is_error and len(res.content[0].text) <= 600_000, len(res.content[0].text)
+            page = json.loads(res.content[0].text)
+            seen += [e["seq"] for e in page["entries"]]
+            cursor, pages = page["next_cursor"], pages + 1
+            if not page["more"]:
+                break
+        assert seen == list(range(1, 13)) and pages >= 2, (seen, pages)
+        rr = await s.read_resource("swarm://runs/inc-big")
+        assert len(rr.contents[0].text) <= 600_000, len(rr.contents[0].text)
+        out["read_pages"] = pages
     return out
 
 
