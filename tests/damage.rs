@@ -1646,3 +1646,55 @@ fn a_cached_head_state_forgets_what_another_process_repair_declared_lost() {
     assert_eq!(evidence(&env.store()), 4);
     assert_eq!(evidence(&server), 4);
 }
+
+/// A checkpoint written before a record in the middle was lost, kept where `swarm repair`
+/// did not look (another checkpoint directory, a backup restored), is not used to answer
+/// a replay: it folded the event the repair declared lost, and a replay from it counted
+/// 200 events where the log has 199.
+#[test]
+fn a_checkpoint_that_folded_a_lost_event_is_not_used() {
+    let env = Env::new();
+    let lines: String = (1..=200)
+        .map(|i| {
+            format!(
+                "{{\"agent_id\":\"a{}\",\"type\":\"evidence\",\"content\":\"e{i}\"}}\n",
+                i % 3
+            )
+        })
+        .collect();
+    env.swarm_stdin(&["append", "--run", "r", "--stdin"], &lines)
+        .ok();
+    let elsewhere = env.path().join("../ck-elsewhere");
+    let ck = elsewhere.to_str().unwrap();
+    env.swarm(&["--checkpoint-dir", ck, "checkpoint", "--run", "r"])
+        .ok();
+    let seg = env.segments("r").remove(0);
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let at = bytes
+        .windows(15)
+        .position(|w| w == b"\"content\":\"e50\"")
+        .unwrap();
+    bytes[at + 13] ^= 1;
+    std::fs::write(&seg, &bytes).unwrap();
+    env.swarm(&["repair", "--run", "r"]).ok();
+    let total = |ck: &str| -> (u64, serde_json::Value) {
+        let out = env
+            .swarm(&[
+                "--checkpoint-dir",
+                ck,
+                "replay",
+                "--run",
+                "r",
+                "--at-seq",
+                "200",
+            ])
+            .ok();
+        let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+        (v["state"]["counts"]["total"].as_u64().unwrap(), v)
+    };
+    let none = env.path().join("../ck-none");
+    let (without, _) = total(none.to_str().unwrap());
+    let (with, v) = total(ck);
+    assert_eq!(without, 199);
+    assert_eq!(with, without, "{}", v["replay"]);
+}

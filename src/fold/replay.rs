@@ -76,15 +76,53 @@ pub(crate) struct RunPaths {
 }
 
 /// Reconstructs the state at `target`. `progress` gets the events applied so far.
+///
+/// A checkpoint that folded an event the log now declares lost (a `log_damaged` event
+/// after it whose lost seqs start at or before the checkpoint's seq: a record in the
+/// middle repaired after the checkpoint was written, where `swarm repair` did not see
+/// that checkpoint, e.g. one kept in another checkpoint directory or restored from a
+/// backup) is not used: the state is made again from a checkpoint before the loss, so
+/// that with or without checkpoints it is the same.
 pub(crate) fn state_at(
     p: &RunPaths,
     target: Target,
     mut progress: impl FnMut(u64),
 ) -> Result<Replayed> {
+    let mut below = u64::MAX;
+    let mut skipped = 0;
+    loop {
+        let (mut r, lost_from) = state_at_below(p, target, below, &mut progress)?;
+        r.stats.checkpoints_skipped += skipped;
+        match (r.stats.from_checkpoint, lost_from) {
+            (Some(c), Some(lost)) if lost <= c => {
+                tracing::warn!(
+                    checkpoint = c,
+                    lost_from = lost,
+                    "checkpoint folded events the log declares lost; using an older one"
+                );
+                below = lost;
+                skipped = r.stats.checkpoints_skipped + 1;
+            }
+            _ => return Ok(r),
+        }
+    }
+}
+
+/// [`state_at`] from checkpoints before seq `below` only; also the first seq the events
+/// folded after the checkpoint declare lost, if any.
+fn state_at_below(
+    p: &RunPaths,
+    target: Target,
+    below: u64,
+    progress: &mut impl FnMut(u64),
+) -> Result<(Replayed, Option<u64>)> {
     let visible = read_marks(&*p.storage, &p.run_dir)?.visible;
     let mut stats = ReplayStats::default();
     let mut start: Option<(State, CheckpointInfo)> = None;
     for seq in checkpoint::list(&*p.storage, &p.ck_dir)? {
+        if seq >= below {
+            continue;
+        }
         let path = p.ck_dir.join(checkpoint::checkpoint_name(seq));
         match checkpoint::load(&*p.storage, &path) {
             Ok((state, info)) => {
@@ -122,6 +160,25 @@ pub(crate) fn state_at(
             }
         }
     }
+    if let Some((_, info)) = &start {
+        // A target before the `log_damaged` event would not fold it: when a listed loss
+        // lies at or before the checkpoint, the events after it are looked through for
+        // one (only then: a read of the rest of the log, without folding).
+        let q = crate::log::quarantine::read(&*p.storage, &p.run_dir);
+        if q.ranges.iter().any(|r| r.lost_from <= info.seq) {
+            if let Some(lost) = declared_lost_after(p, info)?.filter(|l| *l <= info.seq) {
+                let r = Replayed {
+                    state: State::new(&p.run_id),
+                    stats: ReplayStats {
+                        from_checkpoint: Some(info.seq),
+                        ..stats
+                    },
+                    boundary: None,
+                };
+                return Ok((r, Some(lost)));
+            }
+        }
+    }
     let (mut state, mut boundary, mut walk) = match start {
         Some((state, info)) => {
             stats.from_checkpoint = Some(info.seq);
@@ -141,21 +198,23 @@ pub(crate) fn state_at(
     };
     if let Target::Seq(s) = target {
         if state.head_seq >= s && s > 0 {
-            return Ok(Replayed {
+            // (A loss declared after `s` cannot touch the state at `s`.)
+            let r = Replayed {
                 state,
                 stats,
                 boundary,
-            });
+            };
+            return Ok((r, None));
         }
     }
-    fold(
+    let lost_from = fold(
         p,
         &mut walk,
         target,
         &mut state,
         &mut stats,
         &mut boundary,
-        &mut progress,
+        progress,
     )?;
     progress(stats.events_applied);
     if let Target::Seq(s) = target {
@@ -175,11 +234,35 @@ pub(crate) fn state_at(
             ));
         }
     }
-    Ok(Replayed {
+    let r = Replayed {
         state,
         stats,
         boundary,
-    })
+    };
+    Ok((r, lost_from))
+}
+
+/// The first seq that a `log_damaged` event after `from` declares lost, if any.
+fn declared_lost_after(p: &RunPaths, from: &CheckpointInfo) -> Result<Option<u64>> {
+    let mut walk = FrameWalk::new(
+        p.storage.clone(),
+        p.run_dir.clone(),
+        &p.run_id,
+        Some((from.end(), from.seq + 1)),
+    )?;
+    let mut lost_from: Option<u64> = None;
+    walk.run(&mut |events, _| {
+        for e in events {
+            if e.kind == crate::event::EventType::LogDamaged {
+                let mut content = serde_json::Deserializer::from_str(e.content.get());
+                if let Some((l, _)) = crate::event::LogDamaged::declared(e.kind, &mut content) {
+                    lost_from = Some(lost_from.map_or(l, |x| x.min(l)));
+                }
+            }
+        }
+        true
+    })?;
+    Ok(lost_from)
 }
 
 /// Applies the events after `from` (a frame boundary whose state is `state`) up to the
@@ -193,7 +276,7 @@ pub(crate) fn advance(p: &RunPaths, mut state: State, from: CheckpointInfo) -> R
     )?;
     let mut stats = ReplayStats::default();
     let mut boundary = Some(from);
-    fold(
+    let lost_from = fold(
         p,
         &mut walk,
         Target::Head,
@@ -202,6 +285,11 @@ pub(crate) fn advance(p: &RunPaths, mut state: State, from: CheckpointInfo) -> R
         &mut boundary,
         &mut |_| {},
     )?;
+    if lost_from.is_some_and(|l| l <= from.seq) {
+        // The state brought up to date folded events since declared lost (repaired by
+        // another process): made again from the log.
+        return state_at(p, Target::Head, |_| {});
+    }
     Ok(Replayed {
         state,
         stats,
@@ -211,7 +299,8 @@ pub(crate) fn advance(p: &RunPaths, mut state: State, from: CheckpointInfo) -> R
 
 /// Applies the walk's events to `state` up to `target`, frame by frame, borrowed from the
 /// read buffer (see [`State::apply_ref`]). `boundary` ends at the frame boundary at the
-/// state's head, or `None` when the target stops inside a frame.
+/// state's head, or `None` when the target stops inside a frame. Returns the first seq
+/// that a `log_damaged` event among those applied declares lost, if any.
 fn fold(
     p: &RunPaths,
     walk: &mut FrameWalk,
@@ -220,12 +309,19 @@ fn fold(
     stats: &mut ReplayStats,
     boundary: &mut Option<CheckpointInfo>,
     progress: &mut dyn FnMut(u64),
-) -> Result<()> {
+) -> Result<Option<u64>> {
     let mut failed = None;
+    let mut lost_from: Option<u64> = None;
     walk.run(&mut |events, at| {
         for (i, e) in events.iter().enumerate() {
             if !target.admits(e.seq, e.ts) {
                 return false;
+            }
+            if e.kind == crate::event::EventType::LogDamaged {
+                let mut content = serde_json::Deserializer::from_str(e.content.get());
+                if let Some((from, _)) = crate::event::LogDamaged::declared(e.kind, &mut content) {
+                    lost_from = Some(lost_from.map_or(from, |l| l.min(from)));
+                }
             }
             if let Err(reason) = state.apply_ref(e) {
                 let path = segment::segment_path(&p.run_dir, at.seg);
@@ -246,5 +342,5 @@ fn fold(
         }
         true
     })?;
-    failed.map_or(Ok(()), Err)
+    failed.map_or(Ok(lost_from), Err)
 }
