@@ -237,10 +237,8 @@ pub fn policy(store: &Store, cmd: PolicyCmd) -> anyhow::Result<ExitCode> {
     match cmd {
         PolicyCmd::Set { run, agent, file } => {
             let p = read_policy(&file)?;
-            Ok(print_ack(
-                &store.set_policy(&run, &agent, &p)?,
-                "policy set",
-            ))
+            let e = store.set_policy(&run, &agent, &p)?;
+            Ok(print_ack(&e, &format!("policy set as seq {}", e.seq)))
         }
         PolicyCmd::Show { run } => print_json(&store.policy(&run)?),
     }
@@ -281,10 +279,8 @@ pub fn channel(store: &Store, cmd: ChannelCmd) -> anyhow::Result<ExitCode> {
                 on_conflict,
                 max_size_kb,
             };
-            Ok(print_ack(
-                &store.declare_channel(&run, &agent, &d)?,
-                "channel declared",
-            ))
+            let e = store.declare_channel(&run, &agent, &d)?;
+            Ok(print_ack(&e, &format!("channel declared as seq {}", e.seq)))
         }
         ChannelCmd::Write {
             run,
@@ -294,10 +290,8 @@ pub fn channel(store: &Store, cmd: ChannelCmd) -> anyhow::Result<ExitCode> {
             base_version,
         } => {
             let v = serde_json::from_str(&value).unwrap_or(Value::String(value));
-            Ok(print_ack(
-                &store.write_channel(&run, &agent, &channel, v, base_version)?,
-                "channel written",
-            ))
+            let e = store.write_channel(&run, &agent, &channel, v, base_version)?;
+            Ok(print_ack(&e, &format!("channel written as seq {}", e.seq)))
         }
         ChannelCmd::Read {
             run,
@@ -357,7 +351,15 @@ pub fn board(store: &Store, a: BoardArgs) -> anyhow::Result<ExitCode> {
 
 pub fn pick(store: &Store, a: PickArgs) -> anyhow::Result<ExitCode> {
     let r = store.pick(&a.run, &a.agent, &a.subject)?;
-    let acked = print_ack(&r, "pick stored");
+    let what = match &r {
+        swarm_memory::PickOutcome::Picked { decision, .. } => {
+            format!("pick stored as seq {}", decision.seq)
+        }
+        swarm_memory::PickOutcome::Escalated { escalation } => {
+            format!("pick escalated as seq {}", escalation.seq)
+        }
+    };
+    let acked = print_ack(&r, &what);
     if acked != ExitCode::SUCCESS {
         return Ok(acked);
     }
@@ -369,7 +371,10 @@ pub fn pick(store: &Store, a: PickArgs) -> anyhow::Result<ExitCode> {
 
 pub fn resolve(store: &Store, a: ResolveArgs) -> anyhow::Result<ExitCode> {
     let r = store.resolve(&a.run, &a.by, a.escalation, a.winner, &a.note)?;
-    Ok(print_ack(&r, "resolution stored"))
+    Ok(print_ack(
+        &r,
+        &format!("resolution stored as seq {}", r.seq),
+    ))
 }
 
 pub fn escalations(

@@ -172,6 +172,11 @@ fn an_acknowledgement_that_cannot_be_written_exits_7_naming_the_stored_seq() {
         if args[0] != "checkpoint" {
             assert!(env.read("r").len() > before, "{args:?} stored nothing");
         }
+        // The stored write's seq is named, so a script can find it without retrying.
+        if ["channel", "pick", "policy", "resolve"].contains(&args[0]) {
+            let seq = env.read("r").last().unwrap().seq;
+            assert!(stderr.contains(&format!("seq {seq}")), "{args:?}: {stderr}");
+        }
     }
 }
 

@@ -178,6 +178,26 @@ fn concurrent_picks_store_one_decision_or_one_escalation() {
     };
     assert_eq!(count("decision", "cause"), 1);
     assert_eq!(count("escalation", "tie"), 1);
+    // A seq that is no escalation is named as such.
+    let wrong = env.swarm(&[
+        "resolve",
+        "--run",
+        "r",
+        "--escalation",
+        "999",
+        "--by",
+        "human",
+        "--note",
+        "x",
+    ]);
+    assert_ne!(wrong.code, 0);
+    assert!(
+        wrong
+            .stderr
+            .contains("#999 is not an escalation of this run"),
+        "{}",
+        wrong.stderr
+    );
     // Resolving it unblocks the subject.
     let esc = seqs.into_iter().next().flatten().unwrap().to_string();
     env.swarm(&[

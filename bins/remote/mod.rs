@@ -206,7 +206,20 @@ fn print_raw(text: &str) -> anyhow::Result<ExitCode> {
 /// Prints the answer of a write as one line ([`crate::scratch::print_ack`]: the write
 /// happened, so a stdout failure is exit 7, never a retryable error).
 fn print_ack(text: &str, what: &str) -> anyhow::Result<ExitCode> {
-    Ok(crate::scratch::print_ack(&raw(text)?, what))
+    // The stored event's seq is named (as the embedded mode does), so that a script
+    // whose stdout failed can find its write without retrying it.
+    let seq = serde_json::from_str::<serde_json::Value>(text)
+        .ok()
+        .and_then(|v| {
+            [&v["seq"], &v["decision"]["seq"], &v["escalation"]["seq"]]
+                .into_iter()
+                .find_map(serde_json::Value::as_u64)
+        });
+    let what = match seq {
+        Some(seq) if !what.contains("seq") => format!("{what} as seq {seq}"),
+        _ => what.to_string(),
+    };
+    Ok(crate::scratch::print_ack(&raw(text)?, &what))
 }
 
 fn raw(text: &str) -> anyhow::Result<Box<RawValue>> {

@@ -456,12 +456,23 @@ impl Store {
         winner: Option<u64>,
         note: &str,
     ) -> Result<Event> {
-        let subject = self
-            .head(run)?
+        let head = self.head(run)?;
+        let subject = head
             .rules
             .escalations
             .get(&escalation)
             .map(|e| e.record.subject.clone());
+        // Only to an agent shown escalations: to the others the rules' refusal says no
+        // more than that it may not resolve.
+        if subject.is_none() && head.rules.may_read_kind(by, EventType::Escalation) {
+            // (Said here: the refs check below would call it "not an earlier event".)
+            return Err(Error::invalid(
+                "escalation",
+                format!(
+                    "#{escalation} is not an escalation of this run (swarm escalations lists them)"
+                ),
+            ));
+        }
         let r = ResolutionRecord {
             escalation,
             winner,
