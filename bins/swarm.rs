@@ -132,7 +132,8 @@ enum Cmd {
     /// most the one event printed last (drop it by seq: seqs only grow). Wake-ups come
     /// from inotify on the run's SYNCED file, with polling every --poll-ms as the safety
     /// net (the only mechanism with --no-notify). A run that does not exist yet is
-    /// waited for when following.
+    /// waited for when following; the data directory must exist (a misspelled one is an
+    /// error, exit 1, not a wait for ever).
     ///
     /// Examples:
     ///   swarm tail --run inc-42 --follow | jq -r '"\(.seq) \(.agent_id): \(.content)"'

@@ -412,9 +412,24 @@ pub(crate) fn sanitize_learnings(
     for m in &mut l.mistakes {
         m.tool = s.text(&m.tool);
         m.error = s.text(&m.error);
-        m.correction = m.correction.as_deref().map(|c| s.text(c));
-        // (Not text the sanitizer rewrites in place: a name it would change is dropped.)
-        m.changed_args = crate::synth::sanitize::shareable_arg_names(s, &m.changed_args);
+        // (Not text the sanitizer rewrites in place: a name it would change is dropped,
+        // and where the correction's text names it, it says `<ARG>`.)
+        let kept = crate::synth::sanitize::shareable_arg_names(s, &m.changed_args);
+        let dropped: Vec<&String> = m
+            .changed_args
+            .iter()
+            .filter(|n| !kept.contains(n))
+            .collect();
+        m.correction = m.correction.as_deref().map(|c| {
+            let mut c = s.text(c);
+            for name in &dropped {
+                if let Ok(re) = regex::Regex::new(&format!(r"(?i)\b{}\b", regex::escape(name))) {
+                    c = re.replace_all(&c, "<ARG>").into_owned();
+                }
+            }
+            c
+        });
+        m.changed_args = kept;
         m.fingerprint = patterns::fingerprint(&[&m.tool, &m.error]);
     }
     l

@@ -41,3 +41,33 @@ fn a_fact_found_often_is_split_into_records_of_their_own_size() {
     assert_eq!(records.len(), 11);
     assert_eq!(seqs, (1..=n as u64).collect::<Vec<_>>());
 }
+
+/// An argument name left out of a shared mistake's `changed_args` (shaped like data) is
+/// not named by its correction's text either: `changed x4155550132 from v1 to v2` kept
+/// what the list dropped.
+#[test]
+fn a_dropped_argument_name_is_not_named_by_the_correction() {
+    let s = Sanitizer::new(crate::synth::sanitize::SanitizeContext::default());
+    let l = patterns::RunLearnings {
+        mistakes: vec![patterns::ToolMistake {
+            tool: "query".into(),
+            error: "bad filter".into(),
+            correction: Some("changed X4155550132 from v1 to v2, ip_10_20_30_40 and limit".into()),
+            changed_args: vec![
+                "x4155550132".into(),
+                "ip_10_20_30_40".into(),
+                "limit".into(),
+            ],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let m = &sanitize_learnings(&s, l).mistakes[0];
+    assert_eq!(m.changed_args, ["limit"]);
+    let c = m.correction.as_deref().unwrap();
+    assert!(
+        !c.contains("4155550132") && !c.contains("10_20_30_40"),
+        "{c}"
+    );
+    assert!(c.contains("limit"), "{c}");
+}

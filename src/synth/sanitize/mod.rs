@@ -25,14 +25,17 @@
 //! - e-mail addresses -> `<EMAIL>` (except `git@host` ssh remotes), in any script
 //!   (`josé@…`), URL-encoded (`carol%40acme.com`) or spelled out (`carol at acme dot
 //!   com`, `carol[at]acme[dot]com`);
-//! - IPv4 (with `:port` or `/cidr`) and IPv6 (full, `::`-compressed, embedded v4, `%zone`)
+//! - IPv4 (with `:port` or `/cidr`; also with `_` between the octets) and IPv6 (full, `::`-compressed, embedded v4, `%zone`)
 //!   -> `<IP>`; `0.0.0.0`, `127.0.0.1`, `255.255.255.255`, `169.254.169.254` (metadata
 //!   server) and `::1` are kept: they identify nobody and are often the point of a lesson;
 //! - phone numbers -> `<PHONE>`: international (`+` and 8 to 15 digits in groups:
 //!   `+1 415 555 0132`, `+44 20 7946 0958`, `+4915123456789`) and national (`(415)
 //!   555-0132`, `415-555-0132`, `415.555.0132`, `415 555-0132`, `020 7946 0958`, and
 //!   after a trunk `0`: `07700 900123`, `030/12345678`, `06.12.34.56.78`, `03-1234-5678`,
-//!   `(11) 91234-5678`); any 7 to 15 digits after a phone key (`tel:4155550132`,
+//!   `(11) 91234-5678`, `(020) 7946 0958`, `070-123 45 67`); with `00` for the `+`
+//!   (`0049 30 12345678`); Russian `8 (912) 345-67-89`, Indian `98765 43210`, Spanish
+//!   `612 345 678`; unbroken Chinese mobiles (`13800138000`) and North American numbers
+//!   (`4155550132`); any 7 to 15 digits after a phone key (`tel:4155550132`,
 //!   `phone: 98765 43210`, `mobile=…`); never a version, date, IP, duration or port
 //!   (separators and digit counts rule them out);
 //! - tokens -> `<TOKEN>`: `Bearer x`, `Authorization:`/`Cookie:` header values, JWTs,
@@ -253,17 +256,24 @@ pub(crate) fn shareable_arg_names(s: &Sanitizer, names: &[String]) -> Vec<String
 }
 
 /// An argument name shaped like data: four digits in a row (ids, keys, phone numbers),
-/// or a part between `_` and `.` over 20 characters (a token, a hash). Checked again
-/// where other users read shared copies (`ToolMistake::redact`), which may predate it.
+/// six digits or more in three groups or more (`ip_10_20_30_40`: an address), or a part
+/// between `_` and `.` over 20 characters (a token, a hash). Checked again where other
+/// users read shared copies (`ToolMistake::redact`), which may predate it.
 pub(crate) fn arg_name_is_data(name: &str) -> bool {
-    let mut run = 0;
+    let (mut run, mut digits, mut groups) = (0, 0, 0);
     for c in name.chars() {
-        run = if c.is_ascii_digit() { run + 1 } else { 0 };
+        if c.is_ascii_digit() {
+            groups += usize::from(run == 0);
+            run += 1;
+            digits += 1;
+        } else {
+            run = 0;
+        }
         if run >= 4 {
             return true;
         }
     }
-    name.split(['_', '.']).any(|part| part.len() > 20)
+    (digits >= 6 && groups >= 3) || name.split(['_', '.']).any(|part| part.len() > 20)
 }
 
 /// What the sanitizer knows about the user whose record is being shared.
@@ -649,7 +659,7 @@ impl<'a> Scan<'a> {
                         || alnum(nx)
                         || (nx == b'.' && alnum(at(b, end + 1)))
                         || m.as_str()
-                            .split('.')
+                            .split(['.', '_'])
                             .any(|o| o.parse::<u16>().map_or(true, |v| v > 255))
                     {
                         continue;
@@ -914,6 +924,9 @@ impl<'a> Scan<'a> {
                     let digits = t.bytes().filter(u8::is_ascii_digit).count();
                     let ok = if t.starts_with('+') {
                         (8..=15).contains(&digits)
+                    } else if t.starts_with("00") {
+                        // (`00` dialled for the `+`.)
+                        (10..=17).contains(&digits)
                     } else {
                         (9..=12).contains(&digits)
                     };

@@ -1115,3 +1115,44 @@ fn expect_each(s: &Sanitizer, cases: &[(&str, &str)]) {
         assert_eq!(s.text(&out), out, "not idempotent for {input:?}");
     }
 }
+
+/// Forms a fourth review found shared: phone numbers dialled with `00`, in national
+/// formats, or unbroken; an IPv4 address with `_` between its octets (an argument or
+/// tool name: `ip_10_20_30_40`), which the argument-name shape rule now drops too.
+#[test]
+fn numbers_a_fourth_review_found() {
+    let s = san();
+    let cases: &[(&str, &str)] = &[
+        ("call 0049 30 12345678 now", "call <PHONE> now"),
+        ("call 0044 7700 900123 now", "call <PHONE> now"),
+        ("office (020) 7946 0958", "office <PHONE>"),
+        ("mobile 8 (912) 345-67-89", "mobile <PHONE>"),
+        ("cn 13800138000 ok", "cn <PHONE> ok"),
+        ("us 4155550132 ok", "us <PHONE> ok"),
+        ("in 98765 43210 ok", "in <PHONE> ok"),
+        ("es 612 345 678 ok", "es <PHONE> ok"),
+        ("se 070-123 45 67 ok", "se <PHONE> ok"),
+        ("call_4155550132", "call_<PHONE>"),
+        ("ip_10_20_30_40 and 10_20_30_42", "ip_<IP> and <IP>"),
+    ];
+    expect_each(&s, cases);
+    for benign in [
+        "epoch 1732924800 and 1732924800123 ms",
+        "p50 120 ms, p99 450 ms, 3 of 512 pods",
+        "offset=0012345678, seq 001 002 003 004",
+        "batch 1000 2000 3000 4000 done",
+        "version 1.2.3 on port 8080",
+    ] {
+        assert_eq!(s.text(benign), benign);
+    }
+    assert!(arg_name_is_data("ip_10_20_30_40"));
+    for name in [
+        "v2_api",
+        "s3_bucket",
+        "ec2_instance_id",
+        "x509_cert",
+        "page_size_100",
+    ] {
+        assert!(!arg_name_is_data(name), "{name}");
+    }
+}
