@@ -11,25 +11,7 @@
 /// `\x1b`, `\r`, `\u{9b}`, `\u{202e}`. A right-to-left override would otherwise make
 /// `exe.txt` of `txt.exe` in the reader's terminal.
 pub fn escape(s: &str, keep_lines: bool) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '\n' | '\t' if keep_lines => out.push(c),
-            '\r' => out.push_str("\\r"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                out.push_str(&format!("\\x{:02x}", c as u32));
-            }
-            c if (0x80..0xa0).contains(&(c as u32))
-                || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}') =>
-            {
-                out.push_str(&format!("\\u{{{:x}}}", c as u32));
-            }
-            c => out.push(c),
-        }
-    }
-    out
+    swarm_memory::scratchpad::context::escape_controls(s, keep_lines)
 }
 
 /// One line of a table or timeline: every control character escaped, line breaks too.

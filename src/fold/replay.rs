@@ -182,12 +182,7 @@ fn state_at_below(
     let (mut state, mut boundary, mut walk) = match start {
         Some((state, info)) => {
             stats.from_checkpoint = Some(info.seq);
-            let walk = FrameWalk::new(
-                p.storage.clone(),
-                p.run_dir.clone(),
-                &p.run_id,
-                Some((info.end(), info.seq + 1)),
-            )?;
+            let walk = after(p, &info)?;
             (state, Some(info), walk)
         }
         None => (
@@ -244,36 +239,39 @@ fn state_at_below(
 
 /// The first seq that a `log_damaged` event after `from` declares lost, if any.
 fn declared_lost_after(p: &RunPaths, from: &CheckpointInfo) -> Result<Option<u64>> {
-    let mut walk = FrameWalk::new(
-        p.storage.clone(),
-        p.run_dir.clone(),
-        &p.run_id,
-        Some((from.end(), from.seq + 1)),
-    )?;
+    let mut walk = after(p, from)?;
     let mut lost_from: Option<u64> = None;
     walk.run(&mut |events, _| {
-        for e in events {
-            if e.kind == crate::event::EventType::LogDamaged {
-                let mut content = serde_json::Deserializer::from_str(e.content.get());
-                if let Some((l, _)) = crate::event::LogDamaged::declared(e.kind, &mut content) {
-                    lost_from = Some(lost_from.map_or(l, |x| x.min(l)));
-                }
-            }
-        }
+        events.iter().for_each(|e| note_lost(e, &mut lost_from));
         true
     })?;
     Ok(lost_from)
 }
 
-/// Applies the events after `from` (a frame boundary whose state is `state`) up to the
-/// visible head: how a cached head state is brought up to date.
-pub(crate) fn advance(p: &RunPaths, mut state: State, from: CheckpointInfo) -> Result<Replayed> {
-    let mut walk = FrameWalk::new(
+/// The walk of the events after frame boundary `from`.
+fn after(p: &RunPaths, from: &CheckpointInfo) -> Result<FrameWalk> {
+    FrameWalk::new(
         p.storage.clone(),
         p.run_dir.clone(),
         &p.run_id,
         Some((from.end(), from.seq + 1)),
-    )?;
+    )
+}
+
+/// Lowers `lost_from` to the first seq `e` declares lost, when it is a `log_damaged`.
+fn note_lost(e: &crate::event::EventRef<'_>, lost_from: &mut Option<u64>) {
+    if e.kind == crate::event::EventType::LogDamaged {
+        let mut content = serde_json::Deserializer::from_str(e.content.get());
+        if let Some((l, _)) = crate::event::LogDamaged::declared(e.kind, &mut content) {
+            *lost_from = Some(lost_from.map_or(l, |x| x.min(l)));
+        }
+    }
+}
+
+/// Applies the events after `from` (a frame boundary whose state is `state`) up to the
+/// visible head: how a cached head state is brought up to date.
+pub(crate) fn advance(p: &RunPaths, mut state: State, from: CheckpointInfo) -> Result<Replayed> {
+    let mut walk = after(p, &from)?;
     let mut stats = ReplayStats::default();
     let mut boundary = Some(from);
     let lost_from = fold(
@@ -317,12 +315,7 @@ fn fold(
             if !target.admits(e.seq, e.ts) {
                 return false;
             }
-            if e.kind == crate::event::EventType::LogDamaged {
-                let mut content = serde_json::Deserializer::from_str(e.content.get());
-                if let Some((from, _)) = crate::event::LogDamaged::declared(e.kind, &mut content) {
-                    lost_from = Some(lost_from.map_or(from, |l| l.min(from)));
-                }
-            }
+            note_lost(e, &mut lost_from);
             if let Err(reason) = state.apply_ref(e) {
                 let path = segment::segment_path(&p.run_dir, at.seg);
                 failed = Some(Error::corrupt(&path, at.start, e.seq, reason));

@@ -94,16 +94,26 @@ fn render(e: &Event) -> String {
     plain(&line)
 }
 
-/// `s` as one plain line: line breaks and tabs become spaces; other control characters,
-/// and the invisible ones that reorder or hide text (C1 controls, zero-width and bidi
-/// marks, BOM), are written as escapes (`\x1b`, `\u{202e}`), as the CLI prints them. So
+/// `s` as one plain line: line breaks and tabs become spaces; the other characters a
+/// terminal would interpret are escaped ([`escape_controls`]), as the CLI prints them. So
 /// the context is exactly what is printed, and the budget counts the bytes printed (the
 /// CLI escaped after the budget was counted: 3 bytes of U+200B printed as 8).
 fn plain(s: &str) -> String {
+    escape_controls(&s.replace(['\n', '\r', '\t'], " "), false)
+}
+
+/// `s` with what a terminal would interpret written as escapes: control characters
+/// (`\x1b`, `\r`; line breaks and tabs kept when `keep_lines`, else `\n`, `\t`), C1
+/// controls and the invisible characters that reorder or hide text (zero-width and bidi
+/// marks, BOM: `\u{202e}`). Agents' text reaches terminals and prompts through it.
+pub fn escape_controls(s: &str, keep_lines: bool) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
-            '\n' | '\r' | '\t' => out.push(' '),
+            '\n' | '\t' if keep_lines => out.push(c),
+            '\r' => out.push_str("\\r"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
             c if (c as u32) < 0x20 || c as u32 == 0x7f => {
                 out.push_str(&format!("\\x{:02x}", c as u32));
             }
