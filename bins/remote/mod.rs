@@ -566,12 +566,13 @@ fn context(c: &Client, a: ContextArgs) -> anyhow::Result<ExitCode> {
     let mut out = out.lock();
     if a.json {
         out.write_all(text.trim_end().as_bytes())?;
+        out.write_all(b"\n")?;
     } else {
+        // Exactly the budgeted bytes, as the embedded mode prints them: the text is
+        // already escaped, and each line carries its own end.
         let v: Value = serde_json::from_str(&text)?;
-        let t = v["text"].as_str().unwrap_or_default();
-        out.write_all(crate::term::escape(t, true).as_bytes())?;
+        out.write_all(v["text"].as_str().unwrap_or_default().as_bytes())?;
     }
-    out.write_all(b"\n")?;
     out.flush()?;
     Ok(ExitCode::SUCCESS)
 }
