@@ -47,6 +47,20 @@ impl Answer {
     }
 }
 
+/// The context of a failure talking to the server. Never a closed stdout: a broken pipe
+/// under it (the server went away while the request's body was being sent) is an error
+/// (exit 1: the outcome is unknown, retry with the same ids), where a broken stdout
+/// (`swarm read | head`) ends the command quietly. The remote `append` exited 0, printing
+/// nothing, for events that were never stored.
+#[derive(Debug)]
+pub struct ServerIo(pub String);
+
+impl std::fmt::Display for ServerIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 impl Transport {
     /// The transport of `url` (`SWARM_URL`).
     pub fn new(url: &str) -> anyhow::Result<Transport> {
@@ -93,6 +107,7 @@ impl Transport {
 
     /// Sends `method target` (`target`: the path and the encoded query) with `headers`
     /// and `body`.
+    /// A failure to send the request or read the answer's head is [`ServerIo`].
     pub fn send(
         &self,
         method: &str,
@@ -125,13 +140,15 @@ impl Transport {
                     }),
                     Err(e) => {
                         let hint = tls_hint(&e.to_string(), ca.as_deref());
-                        Err(anyhow::Error::new(e).context(format!("cannot reach {base}{hint}")))
+                        Err(anyhow::Error::new(e)
+                            .context(ServerIo(format!("cannot reach {base}{hint}"))))
                     }
                 }
             }
             Transport::Unix(path, read) => unix_send(path, *read, method, target, headers, body)
                 .map_err(|e| {
-                    anyhow::Error::new(e).context(format!("cannot reach unix://{}", path.display()))
+                    anyhow::Error::new(e)
+                        .context(ServerIo(format!("cannot reach unix://{}", path.display())))
                 }),
         }
     }

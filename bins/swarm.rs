@@ -704,6 +704,10 @@ fn error_message(e: &anyhow::Error) -> String {
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    // (A broken connection to a server is not a closed stdout.)
+    if e.downcast_ref::<crate::http::ServerIo>().is_some() {
+        return false;
+    }
     e.chain().any(|c| {
         // serde_json wraps the writer's io::Error in its own error type (and does not
         // return it as the source), so look there too.
@@ -1425,4 +1429,23 @@ fn replay(store: &Store, a: ReplayArgs) -> anyhow::Result<ExitCode> {
     out.write_all(b"\n")?;
     out.flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A broken pipe to the server (its body could not be sent) is an error, exit 1; only
+    /// a broken stdout ends a command quietly.
+    #[test]
+    fn a_broken_connection_to_the_server_is_not_a_closed_stdout() {
+        let pipe = || io::Error::new(io::ErrorKind::BrokenPipe, "Broken pipe");
+        assert!(is_broken_pipe(
+            &anyhow::Error::new(pipe()).context("printing")
+        ));
+        let server = anyhow::Error::new(pipe())
+            .context(crate::http::ServerIo("cannot reach http://x".into()))
+            .context("appending");
+        assert!(!is_broken_pipe(&server));
+    }
 }

@@ -228,6 +228,33 @@ fn concurrent_picks_store_one_decision_or_one_escalation() {
     .ok();
 }
 
+/// Picking again answers with the standing decision: the first pick's decision made its
+/// agent (`lead`, also the author of one hypothesis) the most recent, and the second pick
+/// stored a decision for the other hypothesis "by recency".
+#[test]
+fn picking_again_does_not_flip_the_decision() {
+    let env = Env::new();
+    env.append_lines(
+        "r",
+        &[
+            entry("lead", "hypothesis", "rc", "A", 0.7),
+            entry("db-1", "hypothesis", "rc", "B", 0.7),
+        ],
+    );
+    let pick = || -> Value {
+        let out = env.swarm(&["pick", "--run", "r", "--subject", "rc", "--agent", "lead"]);
+        serde_json::from_str(out.ok().stdout.trim()).unwrap()
+    };
+    let (first, second) = (pick(), pick());
+    assert_eq!(first["winner"], second["winner"], "{first} / {second}");
+    assert_eq!(first["decision"]["seq"], second["decision"]["seq"]);
+    // Something new on the subject: the next pick decides again.
+    env.append_lines("r", &[json!({"agent_id": "c", "type": "evidence", "subject": "rc", "content": "supports A", "refs": [1]})]);
+    let third = pick();
+    assert_eq!(third["winner"], 1, "{third}");
+    assert_ne!(third["decision"]["seq"], first["decision"]["seq"]);
+}
+
 /// Scratchpad bloat: three agent processes write a long run with a small pruning
 /// threshold; summaries cover contiguous ranges, decisions are never summarised away, and
 /// the context stays within every budget however long the run gets.

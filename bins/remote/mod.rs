@@ -137,7 +137,9 @@ impl Client {
         let mut text = String::new();
         self.send(self.request(method, path, &[]), body.as_deref())?
             .read_to_string(&mut text)
-            .with_context(|| format!("reading the answer of {}", self.server.name()))?;
+            .with_context(|| {
+                crate::http::ServerIo(format!("reading the answer of {}", self.server.name()))
+            })?;
         Ok(text)
     }
 
@@ -145,7 +147,9 @@ impl Client {
         let mut text = String::new();
         self.send(self.request("GET", path, query), None)?
             .read_to_string(&mut text)
-            .with_context(|| format!("reading the answer of {}", self.server.name()))?;
+            .with_context(|| {
+                crate::http::ServerIo(format!("reading the answer of {}", self.server.name()))
+            })?;
         Ok(text)
     }
 }

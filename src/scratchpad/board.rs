@@ -362,6 +362,31 @@ impl Store {
                 ),
             ));
         }
+        // A pick standing over these hypotheses (nothing written on the subject since) is
+        // the answer, not a copy of it: picking again must not store a second decision,
+        // nor flip it (the pick's own decision made its agent the most recent one, which
+        // can turn a recency tie-break the other way).
+        let standing = (st.latest.kind == EventType::Decision)
+            .then(|| st.latest.meta.as_ref()?.get("pick"))
+            .flatten()
+            .and_then(|p| {
+                let winner = p["winner"].as_u64()?;
+                let losers: Vec<u64> = serde_json::from_value(p["losers"].clone()).ok()?;
+                let mut picked: Vec<u64> = losers.iter().copied().chain([winner]).collect();
+                let mut now: Vec<u64> = cands.iter().map(|c| c.0).collect();
+                picked.sort_unstable();
+                now.sort_unstable();
+                (picked == now)
+                    .then(|| (winner, losers, p["rule"].as_str().unwrap_or("").to_string()))
+            });
+        if let Some((winner, losers, rule)) = standing {
+            return Ok(PickOutcome::Picked {
+                decision: st.latest.clone(),
+                winner,
+                losers,
+                rule,
+            });
+        }
         cands.sort_by(|a, b| {
             b.1.total_cmp(&a.1)
                 .then(b.2.cmp(&a.2))
@@ -410,25 +435,6 @@ impl Store {
             w.2,
             losers.iter().map(|l| format!("#{l}")).collect::<Vec<_>>().join(", ")
         );
-        // The same pick made already (and nothing written on the subject since): that
-        // decision is the answer, not a copy of it.
-        let made = st.latest.kind == EventType::Decision
-            && st
-                .latest
-                .meta
-                .as_ref()
-                .and_then(|m| m.get("pick"))
-                .is_some_and(|p| {
-                    p["winner"] == w.0 && p["losers"] == json!(losers) && p["rule"] == rule
-                });
-        if made {
-            return Ok(PickOutcome::Picked {
-                decision: st.latest.clone(),
-                winner: w.0,
-                losers,
-                rule: rule.to_string(),
-            });
-        }
         let mut ev = crate::event::NewEvent::new(orchestrator, EventType::Decision, text);
         ev.subject = Some(subject.to_string());
         ev.refs = refs;
