@@ -957,3 +957,43 @@ fn remote_reads_of_a_damaged_run_exit_3_as_embedded() {
         out.stderr
     );
 }
+
+/// A live tail through the server whose token is revoked ends saying so, exit 5 (as a
+/// 401): it said only that the server closed the stream, exit 1, as for a lost server.
+#[test]
+fn a_remote_tail_whose_token_is_revoked_says_so() {
+    let env = Env::fast();
+    let srv = Server::start(&env, &["--heartbeat-ms", "100"]);
+    let t = token(&env, "alice", &["*"], "admin");
+    local(
+        &env,
+        &[
+            "append",
+            "--run",
+            "inc",
+            "--agent",
+            "a",
+            "--type",
+            "evidence",
+            "--content",
+            "x",
+        ],
+        "",
+    )
+    .ok();
+    let mut c = env.cmd(&["tail", "--run", "inc", "--follow"]);
+    c.env("SWARM_URL", &srv.url)
+        .env("SWARM_TOKEN", &t)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("tail");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    assert!(lines.next().unwrap().unwrap().contains("\"seq\":1"));
+    let id = t.split('_').nth(1).unwrap();
+    env.swarm(&["token", "revoke", id]).ok();
+    let out = child.wait_with_output().expect("tail ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{stderr}");
+    assert!(stderr.contains("revoked"), "{stderr}");
+}

@@ -534,6 +534,28 @@ fn follow(
                 let v: Value = serde_json::from_str(&data)?;
                 return Ok(v["resume_from_seq"].as_u64());
             }
+            // The token was revoked: a refusal (exit 5, as a 401), saying so; it said
+            // only that the server closed the stream (exit 1).
+            "revoked" => {
+                let v: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+                let from = v["resume_from_seq"].as_u64().unwrap_or(*next);
+                bail!(Refused {
+                    code: exit_code(401),
+                    detail: format!(
+                        "the token this stream was opened with was revoked; the stream ended before seq {from}"
+                    ),
+                    status: Some(401),
+                });
+            }
+            "shutdown" => {
+                bail!(Refused {
+                    code: 1,
+                    detail: format!(
+                        "the server is shutting down; resume with --from-seq {next} when it is back"
+                    ),
+                    status: None,
+                });
+            }
             "error" => {
                 let v: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
                 bail!(Refused {
