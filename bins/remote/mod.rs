@@ -138,7 +138,16 @@ impl Client {
         self.send(self.request(method, path, &[]), body.as_deref())?
             .read_to_string(&mut text)
             .with_context(|| {
-                crate::http::ServerIo(format!("reading the answer of {}", self.server.name()))
+                // A write was answered 2xx, so it was done: only its answer was lost.
+                let done = if method == "GET" {
+                    ""
+                } else {
+                    " (the server did the write: its answer was cut short; read it back)"
+                };
+                crate::http::ServerIo(format!(
+                    "reading the answer of {}{done}",
+                    self.server.name()
+                ))
             })?;
         Ok(text)
     }
@@ -311,7 +320,14 @@ fn append(c: &Client, a: AppendArgs) -> anyhow::Result<ExitCode> {
     let mut out = out.lock();
     let post = |body: &str, out: &mut io::StdoutLock| -> anyhow::Result<Option<ExitCode>> {
         let resp = c.send(c.request("POST", &path, &query), Some(body))?;
-        let stored: Events = serde_json::from_reader(resp)?;
+        // A 2xx is sent once the events are stored: an answer cut short after it says so.
+        let stored: Events = serde_json::from_reader(resp).map_err(|e| {
+            anyhow::Error::new(e).context(crate::http::ServerIo(format!(
+                "{} stored the append but its answer was cut short: read the run, or append \
+                 again with the same --id to get the stored event",
+                c.server.name()
+            )))
+        })?;
         Ok(crate::acknowledge(out, &stored.events).err())
     };
     if a.stdin {

@@ -175,7 +175,16 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Q<T> {
             .map_err(|_| Problem::invalid("query: not a valid query string"))?;
         match Query::<T>::try_from_uri(&uri) {
             Ok(Query(t)) => Ok(Q(t)),
-            Err(e) => Err(Problem::invalid(format!("query: {}", e.body_text()))),
+            Err(e) => {
+                let text = e.body_text();
+                // (`as` was taken out before: the list serde gives leaves it out.)
+                let also = if text.contains("unknown field") {
+                    "; `as` (the agent to act as) is taken too"
+                } else {
+                    ""
+                };
+                Err(Problem::invalid(format!("query: {text}{also}")))
+            }
         }
     }
 }
