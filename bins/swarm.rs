@@ -705,6 +705,7 @@ fn error_message(e: &anyhow::Error) -> String {
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
     // (A broken connection to a server is not a closed stdout.)
+    #[cfg(feature = "server")]
     if e.downcast_ref::<crate::http::ServerIo>().is_some() {
         return false;
     }
@@ -1431,7 +1432,7 @@ fn replay(store: &Store, a: ReplayArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "server"))]
 mod tests {
     use super::*;
 
