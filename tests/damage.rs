@@ -1697,4 +1697,12 @@ fn a_checkpoint_that_folded_a_lost_event_is_not_used() {
     let (with, v) = total(ck);
     assert_eq!(without, 199);
     assert_eq!(with, without, "{}", v["replay"]);
+    // At the head (the fold meets the `log_damaged` event itself): the same.
+    let out = env
+        .swarm(&["--checkpoint-dir", ck, "replay", "--run", "r"])
+        .ok();
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    let head = v["state"]["counts"]["total"].as_u64().unwrap();
+    // (The head also counts the `log_damaged` event: one more than at seq 200.)
+    assert_eq!(head, without + 1, "{}", v["replay"]);
 }

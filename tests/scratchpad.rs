@@ -435,24 +435,30 @@ fn context_prints_no_more_than_its_budget() {
     }
 }
 
+/// Sets `run`'s policy: `lead` an admin shown everything, `db` as `db_rights` say.
+fn lead_and_db(env: &Env, run: &str, db_rights: &str) {
+    let policy = env.path().join("pol.json");
+    let lead = r#"{"read_types":["*"],"write_types":["*"],"read_channels":["*"],"write_channels":["*"],"admin":true}"#;
+    let text = format!(r#"{{"permissions":{{"lead":{lead},"db":{db_rights}}}}}"#);
+    std::fs::write(&policy, text).unwrap();
+    let p = policy.to_str().unwrap();
+    env.swarm(&[
+        "policy", "set", "--run", run, "--agent", "lead", "--file", p,
+    ])
+    .ok();
+}
+
 /// An agent that may not read summaries (they quote every type) keeps, after a prune,
 /// the entries it may read that the summary replaced: they left its context with nothing
 /// in their place (10 lines before the prune, 5 after, `omitted` empty).
 #[test]
 fn a_prune_takes_nothing_from_an_agent_not_shown_summaries() {
     let env = Env::new();
-    let policy = env.path().join("pol.json");
-    std::fs::write(
-        &policy,
-        r#"{"permissions":{"lead":{"read_types":["*"],"write_types":["*"],"read_channels":["*"],"write_channels":["*"],"admin":true},
-            "db":{"read_types":["evidence"],"write_types":["evidence"]}}}"#,
-    )
-    .unwrap();
-    let p = policy.to_str().unwrap();
-    env.swarm(&[
-        "policy", "set", "--run", "c", "--agent", "lead", "--file", p,
-    ])
-    .ok();
+    lead_and_db(
+        &env,
+        "c",
+        r#"{"read_types":["evidence"],"write_types":["evidence"]}"#,
+    );
     let lines: Vec<Value> = (1..=10)
         .map(|i| {
             entry(
@@ -499,18 +505,11 @@ fn a_prune_takes_nothing_from_an_agent_not_shown_summaries() {
 #[test]
 fn an_agents_replay_counts_only_what_it_may_read() {
     let env = Env::new();
-    let policy = env.path().join("pol.json");
-    std::fs::write(
-        &policy,
-        r#"{"permissions":{"lead":{"read_types":["*"],"write_types":["*"],"read_channels":["*"],"write_channels":["*"],"admin":true},
-            "db":{"read_types":["evidence"],"write_types":["evidence"],"read_channels":["ops"]}}}"#,
-    )
-    .unwrap();
-    let p = policy.to_str().unwrap();
-    env.swarm(&[
-        "policy", "set", "--run", "r", "--agent", "lead", "--file", p,
-    ])
-    .ok();
+    lead_and_db(
+        &env,
+        "r",
+        r#"{"read_types":["evidence"],"write_types":["evidence"],"read_channels":["ops"]}"#,
+    );
     let mut lines: Vec<Value> = (1..=6)
         .map(|i| entry("lead", "hypothesis", &format!("secret{i}"), "hidden", 0.5))
         .collect();

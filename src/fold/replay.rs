@@ -160,10 +160,12 @@ fn state_at_below(
             }
         }
     }
-    if let Some((_, info)) = &start {
-        // A target before the `log_damaged` event would not fold it: when a listed loss
-        // lies at or before the checkpoint, the events after it are looked through for
-        // one (only then: a read of the rest of the log, without folding).
+    if let (Some((_, info)), false) = (&start, target == Target::Head) {
+        // A target before the `log_damaged` event would not fold it (the head's fold
+        // does, and `state_at` goes back a checkpoint then): when a listed loss lies at
+        // or before the checkpoint, the events after it are looked through for one.
+        // Only then, and never for the head, whose state every cache miss rebuilds: a
+        // read of the rest of the log, without folding, on a run repaired mid-log.
         let q = crate::log::quarantine::read(&*p.storage, &p.run_dir);
         if q.ranges.iter().any(|r| r.lost_from <= info.seq) {
             if let Some(lost) = declared_lost_after(p, info)?.filter(|l| *l <= info.seq) {
