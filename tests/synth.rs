@@ -663,6 +663,85 @@ fn investigation(s: &Store, run: &str, project: &str) {
     s.close_run(run, "lead").expect("close");
 }
 
+/// A user who changes `share_patterns` between synths goes on being learned: the last
+/// pass's copies, sent again in the other mode, differ from the ones stored under their
+/// ids, and the synth failed on that conflict from then on (exit 4), its new runs never
+/// learned. The first copy of a run stands; the new run is shared in the new mode.
+#[test]
+fn changing_the_share_mode_does_not_stop_the_synth() {
+    let env = Env::new();
+    let alice = user_store(&env, "alice").with_archive_dir(env.path().join(".archive"));
+    let mode = |m| SynthOptions {
+        share_patterns: Some(m),
+        ..SynthOptions::default()
+    };
+    investigation(&alice, "inc-1", "acme-prod-7781");
+    let r = alice
+        .synth(&mode(SharePatterns::Sanitized), |_| {})
+        .unwrap();
+    assert_eq!(r.learned_runs, vec!["inc-1"], "{r:?}");
+    investigation(&alice, "inc-2", "acme-prod-7781");
+    let r = alice
+        .synth(&mode(SharePatterns::Structured), |_| {})
+        .unwrap();
+    assert_eq!(r.learned_runs, vec!["inc-2"], "{r:?}");
+    let r = alice
+        .synth(&mode(SharePatterns::Sanitized), |_| {})
+        .unwrap();
+    assert!(r.nothing_new, "{r:?}");
+    let bob = user_store(&env, "bob");
+    let shared: u64 = bob
+        .patterns("high_latency_checkout")
+        .unwrap()
+        .iter()
+        .map(|p| p.item.occurrence_count)
+        .sum();
+    assert_eq!(shared, 2, "each run shared once");
+}
+
+/// A run counts once for a shared mistake even when its shared copy holds several mistakes
+/// that became one: `--share-patterns structured` keeps an error's category, not its text
+/// (each was counted once per mistake it held before: 291 runs for 5).
+#[test]
+fn a_shared_mistake_counts_each_run_once() {
+    let env = Env::new();
+    let alice = user_store(&env, "alice").with_archive_dir(env.path().join(".archive"));
+    for run in ["inc-1", "inc-2"] {
+        for what in ["table orders", "table users", "schema billing"] {
+            let mut e = NewEvent::new("db", EventType::Evidence, "query failed");
+            e.meta = Some(
+                json!({"tool": "query_db", "tool_status": "error",
+                    "error": format!("permission denied for {what}"),
+                    "args": {"sql": "select 1"}})
+                .as_object()
+                .unwrap()
+                .clone(),
+            );
+            append(&alice, run, e);
+        }
+        alice.close_run(run, "lead").expect("close");
+    }
+    let opts = SynthOptions {
+        share_patterns: Some(SharePatterns::Structured),
+        ..SynthOptions::default()
+    };
+    alice.synth(&opts, |_| {}).unwrap();
+    assert_eq!(
+        alice.advise("query_db").unwrap().len(),
+        3 + 1,
+        "three of its own"
+    );
+    let bob = user_store(&env, "bob");
+    let tips = bob.advise("query_db").unwrap();
+    assert_eq!(tips.len(), 1, "{tips:?}");
+    assert_eq!(tips[0].scope, "shared");
+    assert_eq!(
+        (tips[0].item.runs_seen, tips[0].item.occurrence_count),
+        (2, 6),
+        "{tips:?}"
+    );
+}
+
 /// A pattern quotes its run's decision and resolution, a mistake the tool's arguments
 /// and errors: read as an agent, the user's own come only from runs whose policy shows
 /// that agent every entry type (the library call behind `swarm patterns --as-agent`,

@@ -420,14 +420,16 @@ pub(crate) fn sanitize_learnings(
             .iter()
             .filter(|n| !kept.contains(n))
             .collect();
+        // The names first: the sanitizer would turn a name it recognizes into its own
+        // placeholder (`<NAME>`), which says less than `<ARG>`.
         m.correction = m.correction.as_deref().map(|c| {
-            let mut c = s.text(c);
+            let mut c = c.to_string();
             for name in &dropped {
                 if let Ok(re) = regex::Regex::new(&format!(r"(?i)\b{}\b", regex::escape(name))) {
                     c = re.replace_all(&c, "<ARG>").into_owned();
                 }
             }
-            c
+            s.text(&c)
         });
         m.changed_args = kept;
         m.fingerprint = patterns::fingerprint(&[&m.tool, &m.error]);

@@ -764,18 +764,24 @@ impl PatternBook {
                 }
             }
         }
+        // A run counts once per mistake: its sanitized copy can hold several mistakes
+        // that became one (errors that differed only in what the sanitizer replaced).
+        let mut counted = BTreeSet::new();
         for m in &l.mistakes {
+            let first_in_run = counted.insert(m.fingerprint.as_str());
             match self.mistakes.get_mut(&m.fingerprint) {
                 None => {
                     let mut m = m.clone();
-                    m.runs_seen = m.runs_seen.max(1);
+                    m.runs_seen = 1;
                     m.provenance.add(&l.contributor, None);
                     self.mistakes.insert(m.fingerprint.clone(), m);
                 }
                 Some(q) => {
                     q.provenance.add(&l.contributor, None);
                     q.occurrence_count += m.occurrence_count;
-                    q.runs_seen += m.runs_seen.max(1);
+                    if first_in_run {
+                        q.runs_seen += 1;
+                    }
                 }
             }
             if let Some(c) = m.correction.as_deref().filter(|c| !c.is_empty()) {

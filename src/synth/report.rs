@@ -57,7 +57,8 @@ pub struct SynthReport {
     pub resolutions: u64,
     /// Closed runs learned from.
     pub learned_runs: Vec<String>,
-    /// Sanitized copies sent to the shared scope.
+    /// Sanitized copies this synth sent to the shared scope, the last pass's re-sent ones
+    /// included (a copy already shared in another form is not sent again).
     pub shared_copies: u64,
     /// LLM calls made.
     pub llm_calls: u64,

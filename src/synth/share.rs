@@ -231,8 +231,15 @@ impl Store {
                 to_value(&rec)?,
             );
             ev.id = Some(format!("shared-{}", &shared_run[1..]));
-            shared.append_checked(SHARED_RUN, vec![ev], None, Durability::Sync)?;
-            n += 1;
+            match shared.append_checked(SHARED_RUN, vec![ev], None, Durability::Sync) {
+                Ok(_) => n += 1,
+                // The run's copy is already shared in another form: made in the other
+                // mode (the user changed `share_patterns`) or by an older sanitizer. The
+                // first copy stands (the shared log is append-only, and a second copy
+                // would count the run twice); this run is not the user's to fail over.
+                Err(Error::Conflict(_)) => {}
+                Err(e) => return Err(e),
+            }
         }
         Ok(n)
     }
@@ -429,8 +436,20 @@ impl Store {
         symptom: &str,
         reader: Option<&str>,
     ) -> Result<Vec<Scoped<InvestigationPattern>>> {
+        if patterns::slugify(symptom).is_empty() {
+            return Err(Error::invalid(
+                "symptom",
+                "empty: name the symptom to look up",
+            ));
+        }
         let (own, shared) = self.books_as(reader)?;
-        Ok(scoped(own.recommend(symptom), shared.recommend(symptom)))
+        // The book lists exact matches first, then patterns sharing a word: keep them so.
+        let exact = patterns::slugify(symptom);
+        Ok(scoped(
+            own.recommend(symptom),
+            shared.recommend(symptom),
+            |p| p.symptom_type != exact,
+        ))
     }
 
     /// Known mistakes of a tool, before calling it: the user's own, then the shared
@@ -441,8 +460,11 @@ impl Store {
 
     /// [`Store::advise`] for a read made as `reader` ([`Store::own_book_as`]).
     pub fn advise_as(&self, tool: &str, reader: Option<&str>) -> Result<Vec<Scoped<ToolMistake>>> {
+        if tool.trim().is_empty() {
+            return Err(Error::invalid("tool", "empty: name the tool to look up"));
+        }
         let (own, shared) = self.books_as(reader)?;
-        Ok(scoped(own.advise(tool), shared.advise(tool)))
+        Ok(scoped(own.advise(tool), shared.advise(tool), |_| false))
     }
 }
 
@@ -508,33 +530,77 @@ impl Redacted for ToolMistake {
 /// The user's own items, then the shared scope's, those taught by more users first (one
 /// user alone can raise an item's confidence and occurrences, not its count of users),
 /// each redacted ([`Redacted`]).
-fn scoped<T: Clone + Redacted>(own: Vec<&T>, shared: Vec<&T>) -> Vec<Scoped<T>> {
+/// The user's own items (in the book's order), then the shared ones: by `later` (its
+/// `false` group first: exact matches before the ones sharing a word), then by distinct
+/// users who taught them, most first.
+fn scoped<T: Clone + Redacted>(
+    own: Vec<&T>,
+    shared: Vec<&T>,
+    later: impl Fn(&T) -> bool,
+) -> Vec<Scoped<T>> {
     let mine = own.into_iter().map(|item| Scoped {
         scope: "private",
         users: None,
         item: item.clone(),
     });
-    let mut theirs: Vec<Scoped<T>> = shared
+    let mut theirs: Vec<(bool, Scoped<T>)> = shared
         .into_iter()
         .map(|item| {
+            let group = later(item);
             let mut item = item.clone();
             let users = item.users();
             item.redact();
-            Scoped {
+            let s = Scoped {
                 scope: "shared",
                 users: Some(users),
                 item,
-            }
+            };
+            (group, s)
         })
         .collect();
     // Stable: the book's order (confidence, occurrences, fingerprint) among equals.
-    theirs.sort_by_key(|s| std::cmp::Reverse(s.users));
-    mine.chain(theirs).collect()
+    theirs.sort_by_key(|(group, s)| (*group, std::cmp::Reverse(s.users)));
+    mine.chain(theirs.into_iter().map(|(_, s)| s)).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--help` says exact match first: a pattern of the exact symptom comes before one
+    /// that shares a word, however many more users taught the second.
+    #[test]
+    fn shared_exact_matches_come_before_shared_words() {
+        let p = |symptom: &str, users: &[&str]| InvestigationPattern {
+            fingerprint: format!("{symptom}{}", users.len()),
+            symptom_type: symptom.into(),
+            provenance: patterns::Provenance {
+                contributors: users.iter().map(|u| u.to_string()).collect(),
+                first_seen: None,
+            },
+            ..InvestigationPattern::default()
+        };
+        let (a, b, c) = (
+            p("checkout_latency", &["u1", "u2"]),
+            p("checkout_latency_spike", &["u1", "u2", "u3"]),
+            p("checkout_latency", &["u1"]),
+        );
+        let got = scoped(vec![], vec![&b, &c, &a], |x| {
+            x.symptom_type != "checkout_latency"
+        });
+        let order: Vec<_> = got
+            .iter()
+            .map(|s| (s.item.symptom_type.as_str(), s.users))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                ("checkout_latency", Some(2)),
+                ("checkout_latency", Some(1)),
+                ("checkout_latency_spike", Some(3))
+            ]
+        );
+    }
 
     #[test]
     fn a_shared_symptom_keeps_only_words_of_its_vocabulary() {
