@@ -146,7 +146,9 @@ enum Cmd {
     /// Exits 3 if any run has a corrupt record, or lost acknowledged bytes (a segment
     /// shorter than its durable mark, damage below it: `swarm repair`). A torn tail past
     /// the durable mark (a write in progress, or one cut by a crash, repaired at the next
-    /// append) is reported but is not corruption.
+    /// append) is reported but is not corruption. A closed run whose archive is missing
+    /// or does not read back is reported as `{"run", "ok": false, "error"}` (exit 3), and
+    /// the other runs are still checked.
     ///
     /// Example:
     ///   swarm verify --run inc-42 | jq '.ok, .corrupt'
@@ -1250,9 +1252,22 @@ fn verify(store: &Store, run: Option<String>) -> anyhow::Result<ExitCode> {
     let mut out = out.lock();
     let mut bad = false;
     for r in runs {
-        let report = store.verify(&r, progress("verify"))?;
-        bad |= !report.ok;
-        serde_json::to_writer(&mut out, &report)?;
+        match store.verify(&r, progress("verify")) {
+            Ok(report) => {
+                bad |= !report.ok;
+                serde_json::to_writer(&mut out, &report)?;
+            }
+            // A run that cannot be checked at all (a closed run whose archive is gone or
+            // does not read back) is reported like any damaged one, and the others are
+            // still checked.
+            Err(e @ Error::Corrupt { .. }) => {
+                bad = true;
+                eprintln!("swarm: run {r:?}: {e}");
+                let report = serde_json::json!({"run": r, "ok": false, "error": e.to_string()});
+                serde_json::to_writer(&mut out, &report)?;
+            }
+            Err(e) => return Err(e.into()),
+        }
         out.write_all(b"\n")?;
     }
     out.flush()?;

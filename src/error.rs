@@ -51,7 +51,7 @@ pub enum Error {
         escalation: u64,
     },
     /// Damaged bytes that are not a torn tail (exit 3): never dropped silently.
-    #[error("corrupt record in {} at byte offset {offset} (expected seq {seq}): {reason}", path.display())]
+    #[error("corrupt record in {} at byte offset {offset}{}: {reason}", path.display(), expected_seq(*seq))]
     Corrupt {
         /// The segment file.
         path: PathBuf,
@@ -93,6 +93,14 @@ fn escalation_name(seq: u64) -> String {
 
 /// What every unknown-outcome error says ([`Error::outcome_unknown`]).
 pub(crate) const OUTCOME_UNKNOWN: &str = "is unknown (read the run";
+
+/// ` (expected seq N)`, or nothing where the seq is not known (0: seqs start at 1).
+fn expected_seq(seq: u64) -> String {
+    match seq {
+        0 => String::new(),
+        n => format!(" (expected seq {n})"),
+    }
+}
 
 impl Error {
     /// The same error, an `Invalid` one about `from` now about `to`: a point checked by

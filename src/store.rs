@@ -882,9 +882,10 @@ impl Store {
         if let Some(from) = middle.iter().map(|r| r.lost_from).min() {
             self.drop_derived(run, from)?;
         }
-        let undeclared = self.undeclared_quarantine(run)?;
+        let declared = self.declared_losses(run)?;
+        let undeclared = self.undeclared_quarantine(run, &declared)?;
         let log = self.writer(run, &self.user)?;
-        let repaired = log.repair(&middle, &undeclared)?;
+        let repaired = log.repair(&middle, &undeclared, &declared)?;
         let lost_from = repaired
             .iter()
             .map(|ev| LogDamaged::declared(ev.kind, &ev.content).map_or(ev.seq, |(a, _)| a))
@@ -916,29 +917,41 @@ impl Store {
     /// The quarantined ranges of a run that no `log_damaged` event names yet (a repair
     /// that crashed between listing them and declaring them): the next repair declares
     /// them, so every quarantined loss is recorded in the log itself.
-    fn undeclared_quarantine(&self, run: &str) -> Result<Vec<crate::log::quarantine::Range>> {
+    fn undeclared_quarantine(
+        &self,
+        run: &str,
+        declared: &[LogDamaged],
+    ) -> Result<Vec<crate::log::quarantine::Range>> {
         let dir = self.existing_run(run)?;
         let q = crate::log::quarantine::read(&*self.storage, &dir);
-        if q.ranges.is_empty() {
-            return Ok(Vec::new());
-        }
+        Ok(q.ranges
+            .into_iter()
+            .filter(|r| {
+                let seg = segment::segment_name(r.segment);
+                !declared
+                    .iter()
+                    .any(|d| d.segment == seg && d.offset == r.offset)
+            })
+            .collect())
+    }
+
+    /// The losses the run's `log_damaged` events declare (read over any damage): a
+    /// repair declares a loss once, also when it lists its range again after a lost
+    /// `QUARANTINE`.
+    fn declared_losses(&self, run: &str) -> Result<Vec<LogDamaged>> {
         let opts = ReadOptions {
             kind: Some(EventType::LogDamaged),
             skip_corrupt: true,
             visibility: crate::query::options::Visibility::Written,
             ..ReadOptions::default()
         };
-        let mut declared = std::collections::BTreeSet::new();
+        let mut declared = Vec::new();
         for e in self.read(run, opts)? {
-            let e = e?;
-            if let Ok(d) = serde_json::from_value::<LogDamaged>(e.content) {
-                declared.insert((d.segment, d.offset));
+            if let Ok(d) = serde_json::from_value::<LogDamaged>(e?.content) {
+                declared.push(d);
             }
         }
-        Ok(q.ranges
-            .into_iter()
-            .filter(|r| !declared.contains(&(segment::segment_name(r.segment), r.offset)))
-            .collect())
+        Ok(declared)
     }
 
     /// Drops what was built on a run's events from `lost_from` on, now lost: the cached

@@ -677,6 +677,49 @@ fn seqs_readers_saw_that_a_power_loss_took_are_never_reused() {
     env.check_run(run);
 }
 
+/// A closed run whose archive file is gone is lost data like any other: `runs` and
+/// `verify` list every run and name it (exit 3). They stopped at the missing file with
+/// an I/O error (exit 1) and listed no run at all.
+#[test]
+fn a_missing_archive_is_damage_not_a_stop() {
+    let env = Env::new();
+    let store = env.store();
+    lib_append(&store, "healthy", "connection pool exhausted on orders-db");
+    lib_append(&store, "closed", "disk full on ingest-3");
+    drop(store);
+    env.swarm(&["run", "close", "closed", "--by", "lead"]).ok();
+    std::fs::remove_file(env.path().join(".archive/anonymous/closed.swarc")).unwrap();
+
+    let out = env.swarm(&["runs", "--json"]).code(3);
+    let rows: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2, "{}", out.stdout);
+    let closed = rows.iter().find(|r| r["run_id"] == "closed").unwrap();
+    assert!(
+        closed["damaged"]
+            .as_str()
+            .unwrap()
+            .contains("archive is missing"),
+        "{closed}"
+    );
+    let out = env.swarm(&["verify"]).code(3);
+    assert!(out.stdout.contains("\"healthy\""), "{}", out.stdout);
+    let out = env.swarm(&["verify", "--run", "closed"]).code(3);
+    let report: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(report["ok"], false, "{report}");
+    assert!(
+        report["error"]
+            .as_str()
+            .unwrap()
+            .contains("archive is missing"),
+        "{report}"
+    );
+    assert!(!out.stderr.contains("expected seq 0"), "{}", out.stderr);
+}
+
 /// One damaged run does not stop the commands that cover every run of the user: `runs`
 /// lists every run (the damaged one with where its damage is) and exits 3; `synth --all`
 /// synthesizes every intact record, names the damaged ones in its report and exits 3;
@@ -900,7 +943,8 @@ fn repair_quarantines_damage_that_valid_records_follow() {
     assert_eq!(rep["corrupt"][0]["seq"], 5, "{rep}");
     again[b[4] + 100] ^= 0x10;
     std::fs::write(&seg, &again).unwrap();
-    // A lost list brings the damage back (exit 3) until repair lists it again.
+    // A lost list brings the damage back (exit 3) until repair lists it again, without
+    // declaring the loss a second time (it did: two `log_damaged` events for seq 3).
     std::fs::remove_file(dir.join("QUARANTINE")).unwrap();
     let (code, rep) = env.verify(run);
     assert_eq!(code, 3, "{rep}");
@@ -909,8 +953,12 @@ fn repair_quarantines_damage_that_valid_records_follow() {
     assert_eq!(env.verify(run).0, 0);
     assert_eq!(
         seqs(&env.swarm(&["read", "--run", run]).ok()),
-        [1, 2, 4, 5, 6, 7, 8, 9]
+        [1, 2, 4, 5, 6, 7, 8]
     );
+    let declared = env
+        .swarm(&["read", "--run", run, "--type", "log_damaged"])
+        .ok();
+    assert_eq!(declared.stdout.lines().count(), 1, "{}", declared.stdout);
 }
 
 /// A repair that crashed after listing a range in `QUARANTINE` but before its

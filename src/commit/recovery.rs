@@ -504,8 +504,14 @@ impl RunLog {
     /// and after any tail repair one `log_damaged` event per range with lost seqs.
     /// Returns the `log_damaged` events written, the tail's first.
     /// `undeclared`: ranges listed earlier whose `log_damaged` event is missing (a repair
-    /// that crashed in between), declared now.
-    pub(crate) fn repair(&self, middle: &[Range], undeclared: &[Range]) -> Result<Vec<Event>> {
+    /// that crashed in between), declared now. `declared`: the losses the log already
+    /// declares; a range listed again (its `QUARANTINE` was lost) is not declared twice.
+    pub(crate) fn repair(
+        &self,
+        middle: &[Range],
+        undeclared: &[Range],
+        declared: &[LogDamaged],
+    ) -> Result<Vec<Event>> {
         // Holds the write lead, as a write group does, for as long as it holds the writer:
         // the fsync leader then writes nothing meanwhile, so that it never waits for the
         // writer while this waits for its fsync (the `log_damaged` events are made
@@ -527,6 +533,13 @@ impl RunLog {
                 if !w.loaded {
                     self.load(&mut w)?;
                 }
+                listed.retain(|r| {
+                    let seg = segment::segment_name(r.segment);
+                    !declared.iter().any(|d| {
+                        (d.segment.as_str(), d.offset, d.lost_from, d.lost_to)
+                            == (seg.as_str(), r.offset, r.lost_from, r.lost_to)
+                    })
+                });
                 out.extend(self.declare_quarantined(&mut w, &listed)?);
             }
             Ok(out)

@@ -255,6 +255,16 @@ impl Store {
     }
 
     fn read_archive(&self, path: &Path) -> Result<Vec<(String, Vec<u8>)>> {
+        // The run is closed and its log was removed once archived: a missing archive is
+        // lost data, damage to report (exit 3), not an I/O error that stops a listing of
+        // every run.
+        if !self.storage().exists(path) {
+            return Err(bad(
+                path,
+                "the archive is missing (the run is closed and its log was removed once \
+                 archived): restore the file from a backup",
+            ));
+        }
         let z = read_all(&**self.storage(), path)?;
         let mut raw = Vec::new();
         zstd::stream::read::Decoder::new(&z[..])

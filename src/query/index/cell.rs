@@ -663,17 +663,28 @@ pub(crate) fn remove_index_files(storage: &Arc<dyn Storage>, dir: &Path) -> Resu
     if !storage.exists(&idx_dir) {
         return Ok(());
     }
-    for n in storage.list(&idx_dir).ctx("list", &idx_dir)? {
-        if n.starts_with("seg-") {
-            let p = idx_dir.join(&n);
-            match storage.remove_file(&p) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e).ctx("remove", &p),
+    // Under the index lock, as every writer of these files: another process writing one
+    // (its temporary file, then the rename) lost it from under it and failed.
+    let lock_path = idx_dir.join(LOCK_FILE);
+    let lock_file = storage
+        .open(&lock_path, OpenMode::ReadWriteCreate)
+        .ctx("open", &lock_path)?;
+    lock_file.lock().ctx("lock", &lock_path)?;
+    let r = (|| {
+        for n in storage.list(&idx_dir).ctx("list", &idx_dir)? {
+            if n.starts_with("seg-") {
+                let p = idx_dir.join(&n);
+                match storage.remove_file(&p) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e).ctx("remove", &p),
+                }
             }
         }
-    }
-    storage.sync_dir(&idx_dir).ctx("fsync dir", &idx_dir)
+        storage.sync_dir(&idx_dir).ctx("fsync dir", &idx_dir)
+    })();
+    let _ = lock_file.unlock();
+    r
 }
 
 /// Whether the segment at `path` (first seq `base`) starts with a `log_damaged` event
