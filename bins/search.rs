@@ -109,8 +109,7 @@ pub fn search(store: &Store, data_dir: &Path, a: SearchArgs) -> anyhow::Result<E
     let since = match a.since.as_deref() {
         None => None,
         Some(s) => Some(
-            Ts::parse(s)
-                .ok_or_else(|| invalid("since", format!("{s:?} is not an RFC 3339 time")))?,
+            Ts::parse(s).ok_or_else(|| invalid("since", format!("{s:?} {}", Ts::refusal(s))))?,
         ),
     };
     let filters = ReadOptions {

@@ -1147,7 +1147,7 @@ fn parse_ts(field: &str, s: &Option<String>) -> anyhow::Result<Option<Ts>> {
         None => Ok(None),
         Some(s) => Ts::parse(s)
             .map(Some)
-            .ok_or_else(|| invalid(field, format!("{s:?} is not an RFC 3339 time"))),
+            .ok_or_else(|| invalid(field, format!("{s:?} {}", Ts::refusal(s)))),
     }
 }
 

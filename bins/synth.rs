@@ -154,12 +154,9 @@ pub fn facts(store: &Store, a: FactsArgs) -> anyhow::Result<ExitCode> {
         return print_json(&e);
     }
     let as_of = match a.as_of {
-        Some(t) => Some(Ts::parse(&t).ok_or_else(|| {
-            invalid(
-                "as-of",
-                format!("{t:?} is not an RFC 3339 time (2026-11-22T14:03:00Z)"),
-            )
-        })?),
+        Some(t) => Some(
+            Ts::parse(&t).ok_or_else(|| invalid("as-of", format!("{t:?} {}", Ts::refusal(&t))))?,
+        ),
         None => None,
     };
     let ans = store.facts(&FactsQuery {

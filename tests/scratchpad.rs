@@ -1680,3 +1680,45 @@ fn an_append_answers_only_what_its_agent_may_read() {
         other => panic!("{other:?}"),
     }
 }
+
+/// The engine's own logs take no scratchpad commands (`prune @facts` exited 0, and with
+/// `--force` could write a summary into the facts log), and a resolution keeps its reason:
+/// an empty `--note` is refused (exit 2).
+#[test]
+fn engine_logs_and_empty_notes_are_refused() {
+    let env = Env::new();
+    env.swarm(&[
+        "append",
+        "--run",
+        "r",
+        "--agent",
+        "db",
+        "--type",
+        "evidence",
+        "--content",
+        "x",
+    ])
+    .ok();
+    env.swarm(&["synth", "--all"]).ok();
+    for args in [
+        &["prune", "--run", "@facts", "--force"][..],
+        &["run", "close", "@facts", "--by", "lead"],
+    ] {
+        let out = env.swarm(args).code(5);
+        assert!(out.stderr.contains("engine's own logs"), "{}", out.stderr);
+    }
+    let out = env
+        .swarm(&[
+            "resolve",
+            "--run",
+            "r",
+            "--escalation",
+            "1",
+            "--by",
+            "alice",
+            "--note",
+            " ",
+        ])
+        .code(2);
+    assert!(out.stderr.contains("note"), "{}", out.stderr);
+}

@@ -83,6 +83,10 @@ fn synth_is_incremental_and_idempotent() {
     let before = facts_log_bytes(&env, "alice");
     let again = synth(&s);
     assert!(again.nothing_new, "{again:?}");
+    assert!(
+        again.semantic.starts_with("off: "),
+        "said, never left empty: {again:?}"
+    );
     assert_eq!(
         (again.events, again.passes, again.records_written),
         (0, 0, 0)
@@ -661,6 +665,51 @@ fn investigation(s: &Store, run: &str, project: &str) {
     );
     append(s, run, d);
     s.close_run(run, "lead").expect("close");
+}
+
+/// The same events give the same contradictions however the synth splits them into
+/// passes: a decision that kept its winner while its weights changed kept the reason and
+/// weights of the pass that first decided it (`recency`, 0.8 to 0.8, where one pass says
+/// `evidence_weight`, 1.6 to 0.8).
+#[test]
+fn contradictions_read_the_same_whatever_the_passes() {
+    let facts_json = |pass_events_max: u64| {
+        let env = Env::new();
+        let s = user_store(&env, "alice");
+        for (agent, port) in [("k8s", 8080), ("config", 3000), ("app", 3000)] {
+            let text = format!("orders-svc listens on port {port}");
+            append(&s, "r", finding(agent, "orders-svc", &text, Some(0.8)));
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let opts = SynthOptions {
+            pass_events_max,
+            ..SynthOptions::default()
+        };
+        s.synth(&opts, |_| {}).unwrap();
+        let all = s
+            .facts(&FactsQuery {
+                include_superseded: true,
+                ..FactsQuery::default()
+            })
+            .unwrap();
+        assert_eq!(all.contradictions.len(), 1, "{all:?}");
+        serde_json::to_value(&all).unwrap()
+    };
+    let one = facts_json(1000);
+    assert_eq!(
+        one["contradictions"][0]["reason"], "evidence_weight",
+        "{one}"
+    );
+    let mut split = facts_json(2);
+    let mut one = one;
+    // The two stores' events were written at other times: their times differ.
+    for v in [&mut one, &mut split] {
+        v["contradictions"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("detected_at");
+    }
+    assert_eq!(split["contradictions"], one["contradictions"]);
 }
 
 /// A user who changes `share_patterns` between synths goes on being learned: the last

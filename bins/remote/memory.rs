@@ -24,10 +24,7 @@ pub(super) fn facts(c: &Client, a: FactsArgs) -> anyhow::Result<ExitCode> {
     if let Some(t) = a.as_of {
         // Checked here, with the embedded mode's message.
         if Ts::parse(&t).is_none() {
-            return Err(invalid(
-                "as-of",
-                format!("{t:?} is not an RFC 3339 time (2026-11-22T14:03:00Z)"),
-            ));
+            return Err(invalid("as-of", format!("{t:?} {}", Ts::refusal(&t))));
         }
         q.push(("as_of", t));
     }

@@ -23,6 +23,19 @@ impl Ts {
         Ts(d.as_micros().min(TS_MAX.0 as u128) as u64)
     }
 
+    /// Why [`Ts::parse`] refused `s`, to follow the quoted input in a message: out of
+    /// range (before 1970: times are kept from the Unix epoch on) or not a time at all.
+    pub fn refusal(s: &str) -> &'static str {
+        let year: Option<i64> = s.get(..4).and_then(|y| y.parse().ok());
+        let pre_epoch = s.replacen(s.get(..4).unwrap_or_default(), "1970", 1);
+        match year {
+            Some(y) if y < 1970 && Ts::parse(&pre_epoch).is_some() => {
+                "is before 1970-01-01T00:00:00Z, the earliest time kept"
+            }
+            _ => "is not an RFC 3339 time (2026-11-22T14:03:00Z) or a date (2026-11-22)",
+        }
+    }
+
     /// Parses RFC 3339 (`2026-11-22T14:03:00Z`, `...00.5+01:00`) or a date (`2026-11-22`).
     pub fn parse(s: &str) -> Option<Ts> {
         let b = s.as_bytes();
@@ -201,6 +214,16 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A valid time before the epoch is said to be out of range, not "not RFC 3339".
+    #[test]
+    fn a_refusal_says_why() {
+        assert!(Ts::parse("1969-01-01T00:00:00Z").is_none());
+        assert!(Ts::refusal("1969-01-01T00:00:00Z").contains("before 1970"));
+        assert!(Ts::refusal("1969-13-01").contains("not an RFC 3339"));
+        assert!(Ts::refusal("yesterday").contains("not an RFC 3339"));
+        assert!(Ts::refusal("").contains("not an RFC 3339"));
+    }
 
     #[test]
     fn known_values() {

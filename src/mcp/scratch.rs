@@ -38,7 +38,7 @@ pub const RUNS_LISTED_MAX: usize = 200;
 
 /// Parses an RFC 3339 time argument.
 pub fn parse_time(field: &str, s: &str) -> Result<Ts> {
-    Ts::parse(s).ok_or_else(|| Error::invalid(field, format!("{s:?} is not an RFC 3339 time")))
+    Ts::parse(s).ok_or_else(|| Error::invalid(field, format!("{s:?} {}", Ts::refusal(s))))
 }
 
 /// Appends `ev` and returns the stored entry and any engine event written with it (an

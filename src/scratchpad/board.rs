@@ -130,6 +130,7 @@ impl Store {
         refs: Vec<u64>,
     ) -> Result<Event> {
         crate::event::check_id("agent_id", agent)?;
+        refuse_engine_run(run)?;
         let c = Checked::engine(agent, self.user(), kind, content, subject, refs);
         let v = self.append_checked(run, vec![c], None, Durability::Sync)?;
         v.into_iter()
@@ -462,6 +463,13 @@ impl Store {
         winner: Option<u64>,
         note: &str,
     ) -> Result<Event> {
+        // A human's call is kept with its reason: the one thing a later reader needs.
+        if note.trim().is_empty() {
+            return Err(Error::invalid(
+                "note",
+                "empty: say why the escalation is resolved so",
+            ));
+        }
         let head = self.head(run)?;
         let subject = head
             .rules
@@ -519,4 +527,16 @@ impl Store {
             })
             .collect())
     }
+}
+
+/// The engine's own logs (`@facts`, `@patterns`) take no scratchpad events: no policy,
+/// channel, pick, resolution, summary or closing.
+pub(crate) fn refuse_engine_run(run: &str) -> Result<()> {
+    if run.starts_with('@') {
+        return Err(Error::Forbidden(format!(
+            "run ids starting with '@' ({run:?}) are the engine's own logs (facts, patterns); \
+             the scratchpad's commands do not apply to them"
+        )));
+    }
+    Ok(())
 }

@@ -129,7 +129,7 @@ fn parse_ts(field: &str, s: Option<String>) -> Result<Option<Ts>, Problem> {
         None => Ok(None),
         Some(s) => Ts::parse(&s)
             .map(Some)
-            .ok_or_else(|| Problem::invalid(format!("{field}: {s:?} is not an RFC 3339 time"))),
+            .ok_or_else(|| Problem::invalid(format!("{field}: {s:?} {}", Ts::refusal(&s)))),
     }
 }
 

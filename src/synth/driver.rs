@@ -807,6 +807,11 @@ impl Store {
                     self.share_learnings(self.pass_learnings(None, *seq)?, opts)?;
             }
         }
+        // Said also when there is nothing new: the mode is never left unsaid.
+        report.semantic = match opts.embedder.as_deref() {
+            Some(m) => format!("on: {}", m.id()),
+            None => format!("off: {}", opts.no_model_reason),
+        };
         if !any_new {
             report.nothing_new = true;
             report.facts_total = last_commit.map_or(0, |(_, c)| c.facts_total);
@@ -829,10 +834,6 @@ impl Store {
             }
         }
         let embedder = opts.embedder.as_deref();
-        report.semantic = match embedder {
-            Some(m) => format!("on: {}", m.id()),
-            None => format!("off: {}", opts.no_model_reason),
-        };
         let mut deduper = restore(&fold, &opts.dedup, embedder)?;
         let mut pass = Pass::new();
         let mut prog = SynthProgress::default();
@@ -1075,8 +1076,8 @@ impl Store {
                 _ => {}
             }
         }
-        let resolutions = resolve(fold, &touched);
-        report.resolutions += resolutions.len() as u64;
+        let (resolutions, new_winners) = resolve(fold, &touched);
+        report.resolutions += new_winners;
         report.contradictions_new += records
             .iter()
             .filter(|r| matches!(r, Record::Contradiction { .. }))

@@ -134,8 +134,11 @@ pub(super) fn finding_text(e: &Event) -> Option<String> {
 
 /// Decides every contradiction touched by `touched` facts again: evidence weight first,
 /// then recency (the newer last evidence), then the newer fact. Returns the resolutions
-/// whose winner changed, applied to `fold`.
-pub(super) fn resolve(fold: &mut FactsFold, touched: &BTreeSet<usize>) -> Vec<Record> {
+/// whose decision changed (winner, reason, weights or time), applied to `fold`, and how
+/// many of them changed the winner. A decision that kept its winner is recorded too: its
+/// reason and weights were left as first decided, so the same events split into other
+/// passes reported other reasons and weights.
+pub(super) fn resolve(fold: &mut FactsFold, touched: &BTreeSet<usize>) -> (Vec<Record>, u64) {
     let mut todo: BTreeSet<usize> = BTreeSet::new();
     for &f in touched {
         if let Some(fact) = fold.facts.get(f) {
@@ -143,6 +146,7 @@ pub(super) fn resolve(fold: &mut FactsFold, touched: &BTreeSet<usize>) -> Vec<Re
         }
     }
     let mut out = Vec::new();
+    let mut new_winners = 0;
     for n in todo {
         let Some(Some(c)) = fold.contradictions.get(n) else {
             continue;
@@ -163,12 +167,20 @@ pub(super) fn resolve(fold: &mut FactsFold, touched: &BTreeSet<usize>) -> Vec<Re
         } else {
             (c.a.max(c.b), "recency")
         };
-        if c.winner == Some(winner) {
-            continue;
-        }
         let loser = if winner == c.a { c.b } else { c.a };
         let at = fa.last_seen.max(fb.last_seen).unwrap_or(c.at);
         let (ww, wl) = if winner == c.a { (wa, wb) } else { (wb, wa) };
+        let same = |(x, y): (f64, f64)| (x - ww).abs() < 1e-9 && (y - wl).abs() < 1e-9;
+        if c.winner == Some(winner)
+            && c.reason.as_deref() == Some(reason)
+            && c.weights.is_some_and(same)
+            && c.resolved_at == Some(at)
+        {
+            continue;
+        }
+        if c.winner != Some(winner) {
+            new_winners += 1;
+        }
         let r = Record::Resolution {
             contradiction: c.id.clone(),
             winner: fact_id(winner),
@@ -180,7 +192,7 @@ pub(super) fn resolve(fold: &mut FactsFold, touched: &BTreeSet<usize>) -> Vec<Re
         fold.apply_record(&r);
         out.push(r);
     }
-    out
+    (out, new_winners)
 }
 
 /// An engine event of the synthesizer's (facts log, shared scope).

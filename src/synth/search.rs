@@ -251,11 +251,10 @@ pub struct Row {
     pub source: &'static str,
     /// Rank score (see [`Hit::score`]).
     pub score: f64,
-    /// Lexical score, when it holds a query word.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Lexical score, when it holds a query word (null otherwise: every key is always
+    /// there, for scripts).
     pub lexical: Option<f64>,
-    /// Cosine with the query, in hybrid mode.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Cosine with the query, in hybrid mode (null in lexical mode).
     pub cosine: Option<f32>,
     /// The text.
     pub text: String,
@@ -289,8 +288,8 @@ pub struct SearchAnswer {
     pub mode: &'static str,
     /// The model's id, in hybrid mode.
     pub model: Option<String>,
-    /// Why the search is lexical (no model, and where it was looked for).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Why the search is lexical (no model, and where it was looked for); null in
+    /// hybrid mode.
     pub reason: Option<String>,
     /// Facts considered.
     pub facts_considered: usize,
