@@ -656,7 +656,10 @@ fn main() -> ExitCode {
         .with_ansi(colours_on_stderr())
         .init();
     let cli = Cli::parse();
-    match run(cli) {
+    let result = run(cli);
+    // A checkpoint an append started would die with this process.
+    swarm_memory::store::finish_checkpoints();
+    match result {
         Ok(code) => code,
         Err(e) => {
             if is_broken_pipe(&e) {

@@ -108,6 +108,21 @@ pub struct HeadState {
     pub boundary: Option<CheckpointInfo>,
 }
 
+/// The automatic checkpoints this process has started ([`Store::append`] crossing a
+/// multiple of the checkpoint interval), until [`finish_checkpoints`] waits for them.
+static CHECKPOINT_JOBS: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
+
+/// Waits for the automatic checkpoints this process started: a short-lived process (one
+/// `swarm append`) calls it before it exits, or the checkpoint its append started dies
+/// with it, and a run fed by such processes never gets one. Each job is bounded by its
+/// own work (the events since the previous checkpoint).
+pub fn finish_checkpoints() {
+    let jobs = std::mem::take(&mut *CHECKPOINT_JOBS.lock().unwrap_or_else(|e| e.into_inner()));
+    for h in jobs {
+        let _ = h.join();
+    }
+}
+
 impl Store {
     /// Opens a data directory on the real file system (created on first append).
     pub fn open(root: impl AsRef<Path>) -> Result<Store> {
@@ -381,10 +396,17 @@ impl Store {
                     break;
                 }
             });
-        if let Err(e) = spawned {
-            // Nothing runs: release the claim (a crossing meanwhile is dropped with it).
-            while log.checkpoint_again() {}
-            tracing::warn!(run, error = %e, "cannot start the checkpoint thread");
+        match spawned {
+            Ok(handle) => {
+                let mut jobs = CHECKPOINT_JOBS.lock().unwrap_or_else(|e| e.into_inner());
+                jobs.retain(|h| !h.is_finished());
+                jobs.push(handle);
+            }
+            Err(e) => {
+                // Nothing runs: release the claim (a crossing meanwhile is dropped with it).
+                while log.checkpoint_again() {}
+                tracing::warn!(run, error = %e, "cannot start the checkpoint thread");
+            }
         }
     }
 

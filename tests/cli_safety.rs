@@ -564,3 +564,41 @@ fn closed_runs_read_like_open_ones() {
     // The record was migrated: any directory reads it now.
     assert_eq!(read_from(elsewhere.path()), (Some(0), all));
 }
+
+/// A one-shot append that crosses the checkpoint interval leaves its checkpoint behind:
+/// the job it started ran on a thread the process's exit killed, so a run fed by
+/// `swarm append` processes got its checkpoints only from readers.
+#[test]
+fn a_one_shot_append_leaves_its_checkpoint() {
+    let env = Env::new();
+    let ck_dir = env.path().join(".checkpoints").join("anonymous").join("r");
+    let count = || {
+        std::fs::read_dir(&ck_dir)
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".swck"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    for round in 1..=3 {
+        let lines: String = (0..4)
+            .map(|i| {
+                format!(
+                    "{{\"agent_id\":\"a\",\"type\":\"evidence\",\"content\":\"e{round}-{i}\"}}\n"
+                )
+            })
+            .collect();
+        env.swarm_stdin(
+            &["--checkpoint-every", "4", "append", "--run", "r", "--stdin"],
+            &lines,
+        )
+        .ok();
+        assert_eq!(
+            count(),
+            round,
+            "round {round}: no checkpoint at seq {}",
+            round * 4
+        );
+    }
+}
