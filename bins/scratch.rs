@@ -134,6 +134,11 @@ pub enum ChannelCmd {
         /// The channel version the write is based on.
         #[arg(long)]
         base_version: Option<u64>,
+        /// Idempotency id: a retry with the same id (after a lost answer) returns the
+        /// stored write instead of a conflict with its own version; the same id with
+        /// another write is a conflict (exit 4).
+        #[arg(long)]
+        id: Option<String>,
     },
     /// Print a channel's value and version.
     Read {
@@ -288,9 +293,17 @@ pub fn channel(store: &Store, cmd: ChannelCmd) -> anyhow::Result<ExitCode> {
             channel,
             value,
             base_version,
+            id,
         } => {
             let v = serde_json::from_str(&value).unwrap_or(Value::String(value));
-            let e = store.write_channel(&run, &agent, &channel, v, base_version)?;
+            let e = store.write_channel_with_id(
+                &run,
+                &agent,
+                &channel,
+                v,
+                base_version,
+                id.as_deref(),
+            )?;
             Ok(print_ack(&e, &format!("channel written as seq {}", e.seq)))
         }
         ChannelCmd::Read {

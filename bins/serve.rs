@@ -40,6 +40,11 @@ pub struct ServeArgs {
     /// Largest request body, in bytes (413 above it).
     #[arg(long, default_value_t = server::BODY_LIMIT_BYTES_DEFAULT)]
     body_limit_bytes: u64,
+    /// Bytes of JSON request bodies held at once, all clients together (a body counts
+    /// its Content-Length, or --body-limit-bytes when it has none, from its first byte
+    /// until its answer); one past it is answered 503 with Retry-After: 1.
+    #[arg(long, default_value_t = server::BODY_BUDGET_BYTES_DEFAULT)]
+    body_budget_bytes: u64,
     /// Longest a request may take from its first byte to its response headers, body
     /// included (408, or the connection closed while headers are incomplete).
     #[arg(long, default_value_t = server::REQUEST_TIMEOUT_MS_DEFAULT)]
@@ -150,6 +155,7 @@ pub fn serve(
         checkpoint_every,
         archive_dir: archive_dir.to_path_buf(),
         body_limit_bytes: a.body_limit_bytes,
+        body_budget_bytes: a.body_budget_bytes.max(a.body_limit_bytes),
         request_timeout: Duration::from_millis(a.request_timeout_ms.max(1)),
         heartbeat: Duration::from_millis(a.heartbeat_ms.max(1)),
         sse_buffer_events: a.sse_buffer_events.max(1),

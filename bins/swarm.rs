@@ -48,7 +48,8 @@ Exit codes:
   2  invalid input or usage (the message names the field or line)
   3  corruption found (the message names the file, byte offset and seq)
   4  precondition failed (--expect-seq, --expect-subject-seq, a channel version, an
-     --id reused with a different event: the message names the stored seq)
+     --id reused with a different event: the message names the stored seq; another
+     swarm synth of the same user running)
   5  forbidden (another user's run, the run's policy, a closed run)
   6  escalated: actions on the subject wait for a human (swarm resolve)
   7  written, but the acknowledgement could not be written (any command that writes;

@@ -1722,3 +1722,101 @@ fn engine_logs_and_empty_notes_are_refused() {
         .code(2);
     assert!(out.stderr.contains("note"), "{}", out.stderr);
 }
+
+/// A channel write retried with its id after a lost answer returns the stored write: the
+/// retry carried the base version the write itself moved past, so it was a conflict (exit
+/// 4) that could not tell the agent's own write from another's. The same id with another
+/// value is a conflict.
+#[test]
+fn a_channel_write_retried_with_its_id_is_stored_once() {
+    let env = Env::new();
+    env.append_lines("r", &[entry("lead", "evidence", "s", "start", 0.5)]);
+    env.swarm(&[
+        "channel",
+        "declare",
+        "--run",
+        "r",
+        "--agent",
+        "lead",
+        "--channel",
+        "plan",
+        "--kind",
+        "replace",
+        "--on-conflict",
+        "reject",
+    ])
+    .ok();
+    let write = |value: &str| {
+        env.swarm(&[
+            "channel",
+            "write",
+            "--run",
+            "r",
+            "--agent",
+            "lead",
+            "--channel",
+            "plan",
+            "--value",
+            value,
+            "--base-version",
+            "0",
+            "--id",
+            "w-1",
+        ])
+    };
+    let first: Value = serde_json::from_str(write(r#"{"a":1}"#).ok().stdout.trim()).unwrap();
+    let again: Value = serde_json::from_str(write(r#"{"a":1}"#).ok().stdout.trim()).unwrap();
+    assert_eq!(first["seq"], again["seq"], "{first} {again}");
+    let out = write(r#"{"a":2}"#).code(4);
+    assert!(out.stderr.contains("w-1"), "{}", out.stderr);
+    let read = env
+        .swarm(&["read", "--run", "r", "--type", "channel_write"])
+        .ok();
+    assert_eq!(read.stdout.lines().count(), 1, "{}", read.stdout);
+}
+
+/// An agent that may not write a channel gets the same refusal whether or not the channel
+/// is declared: 403 for a declared one and 400 ("not declared") for another told it which
+/// channels the lead had declared.
+#[test]
+fn a_channel_write_refusal_does_not_tell_which_channels_exist() {
+    let env = Env::new();
+    lead_and_db(
+        &env,
+        "r",
+        r#"{"read_types":["evidence"],"write_types":["evidence"]}"#,
+    );
+    env.swarm(&[
+        "channel",
+        "declare",
+        "--run",
+        "r",
+        "--agent",
+        "lead",
+        "--channel",
+        "secret",
+        "--kind",
+        "append",
+    ])
+    .ok();
+    let write = |channel: &str| {
+        env.swarm(&[
+            "channel",
+            "write",
+            "--run",
+            "r",
+            "--agent",
+            "db",
+            "--channel",
+            channel,
+            "--value",
+            "1",
+        ])
+        .code(5)
+    };
+    let (declared, not) = (write("secret"), write("nonexistent"));
+    assert_eq!(
+        declared.stderr.replace("secret", "X"),
+        not.stderr.replace("nonexistent", "X")
+    );
+}

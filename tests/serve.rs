@@ -644,6 +644,31 @@ fn a_revoked_token_ends_its_open_event_stream() {
     assert!(sse.next().is_none(), "the stream ends");
 }
 
+/// An idle stream ends within DESIGN.md's 5 s of its token's revocation, however long
+/// its heartbeat interval: it asked only when a heartbeat or an event woke it (a review
+/// saw 14 s at the default 15 s heartbeat).
+#[test]
+fn an_idle_stream_hears_of_its_revoked_token_in_time() {
+    let (env, srv, t) = alice(&["db"], &["--heartbeat-ms", "60000"]);
+    assert_eq!(
+        srv.post("/v1/runs/inc/events", Some(&t), &ev("db", "a"))
+            .status,
+        201
+    );
+    let mut sse = srv.follow("/v1/runs/inc/events?follow=1", &t, None);
+    assert_eq!(sse.next().expect("the first event").id, Some(1));
+    let id = t.split('_').nth(1).unwrap();
+    let revoked_at = Instant::now();
+    assert_eq!(env.swarm(&["token", "revoke", id]).code, 0);
+    let m = sse
+        .next_or_comment()
+        .expect("a message")
+        .expect("not a comment");
+    assert_eq!(m.event.as_deref(), Some("revoked"), "{}", m.data);
+    let took = revoked_at.elapsed();
+    assert!(took < Duration::from_secs(8), "{took:?}");
+}
+
 /// `--deny-anonymous` reaches the server (it was taken by the CLI only): an anonymous
 /// token minted before gets a 403 on every route, and `token add` refuses to mint one.
 #[test]
@@ -1769,4 +1794,68 @@ fn serve_bounds_the_users_and_runs_it_keeps_open() {
         metric(&metrics, "swarm_durable_events_total") >= 5 * 4 * 3,
         "{metrics}"
     );
+}
+
+/// Request bodies held at once are capped, all clients together: a client holding a
+/// large body half sent takes its share, a second large one is answered 503 `busy` with
+/// `Retry-After`, a small one still passes, and the share comes back when the first
+/// connection goes. Before, each held body added its size to the server's memory until
+/// an allocation failed and the server aborted.
+#[test]
+fn serve_bounds_the_bodies_it_holds() {
+    let env = Env::fast();
+    let srv = Server::start(
+        &env,
+        &[
+            "--body-limit-bytes",
+            "65536",
+            "--body-budget-bytes",
+            "100000",
+        ],
+    );
+    let t = token(&env, "anonymous", &["a"], "agent");
+    let post_head = |len: usize| {
+        format!(
+            "POST /v1/runs/r/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {t}\r\n\
+             Content-Type: application/json\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
+        )
+    };
+    let event = |pad: usize| {
+        let body = json!({"agent_id": "a", "type": "evidence", "content": "x".repeat(pad)});
+        body.to_string()
+    };
+    let send = |body: &str| -> String {
+        let mut c = TcpStream::connect(srv.addr()).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(post_head(body.len()).as_bytes()).unwrap();
+        let _ = c.write_all(body.as_bytes());
+        let mut buf = Vec::new();
+        let _ = c.read_to_end(&mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    };
+    // A large body, half sent, held.
+    let mut holder = TcpStream::connect(srv.addr()).unwrap();
+    let big = event(60_000);
+    holder.write_all(post_head(big.len()).as_bytes()).unwrap();
+    holder.write_all(&big.as_bytes()[..1000]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let refused = send(&big);
+    assert!(refused.starts_with("HTTP/1.1 503 "), "{refused}");
+    assert!(
+        refused.to_ascii_lowercase().contains("retry-after: 1"),
+        "{refused}"
+    );
+    assert!(refused.contains("/problems/busy"), "{refused}");
+    let small = send(&event(10));
+    assert!(small.starts_with("HTTP/1.1 201 "), "{small}");
+    drop(holder);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let passed = loop {
+        let r = send(&big);
+        if r.starts_with("HTTP/1.1 201 ") || Instant::now() > deadline {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(passed.starts_with("HTTP/1.1 201 "), "{passed}");
 }

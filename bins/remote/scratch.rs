@@ -113,11 +113,15 @@ pub(super) fn channel(c: &Client, cmd: ChannelCmd) -> anyhow::Result<ExitCode> {
             channel,
             value,
             base_version,
+            id,
         } => {
             let v = serde_json::from_str(&value).unwrap_or(Value::String(value));
             let mut body = json!({"agent": agent, "value": v});
             if let Some(b) = base_version {
                 body["base_version"] = b.into();
+            }
+            if let Some(id) = id {
+                body["id"] = id.into();
             }
             print_ack(
                 &c.text("POST", &channel_path(&run, &channel), Some(&body))?,

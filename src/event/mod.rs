@@ -542,17 +542,23 @@ impl Checked {
     }
 }
 
+/// A client's idempotency id: a valid id, not of the generated kind.
+pub(crate) fn check_client_id(id: &str) -> Result<()> {
+    check_id("id", id)?;
+    if id.starts_with(GENERATED_ID_PREFIX) {
+        return Err(Error::invalid(
+            "id",
+            format!("the prefix {GENERATED_ID_PREFIX:?} is reserved for generated ids"),
+        ));
+    }
+    Ok(())
+}
+
 impl NewEvent {
     /// Checks every field against its limit. Refs are checked later, against the run.
     pub(crate) fn check(self) -> Result<Checked> {
         if let Some(id) = &self.id {
-            check_id("id", id)?;
-            if id.starts_with(GENERATED_ID_PREFIX) {
-                return Err(Error::invalid(
-                    "id",
-                    format!("the prefix {GENERATED_ID_PREFIX:?} is reserved for generated ids"),
-                ));
-            }
+            check_client_id(id)?;
         }
         check_id("agent_id", &self.agent_id)?;
         let user_id = self.user_id.unwrap_or_else(|| ANONYMOUS.to_string());

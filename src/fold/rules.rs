@@ -704,18 +704,21 @@ impl Rules {
     fn check_channel_write(&self, e: &RuleEvent<'_>, fx: &mut Effects) -> Result<()> {
         let w: ChannelWrite = serde_json::from_value(e.content.clone())
             .map_err(|err| Error::invalid("channel write", err.to_string()))?;
-        let ch = self.channels.get(&w.channel).ok_or_else(|| {
-            Error::invalid(
-                "channel",
-                format!("{:?} is not declared in this run", w.channel),
-            )
-        })?;
+        // The permission first: it depends on the name alone, so the answer says nothing
+        // of whether a channel the agent may not use is declared (it was 403 for a
+        // declared one, 400 for another).
         if !self.may_write_channel(e.agent, &w.channel) {
             return Err(Error::Forbidden(format!(
                 "agent {:?} may not write channel {:?}",
                 e.agent, w.channel
             )));
         }
+        let ch = self.channels.get(&w.channel).ok_or_else(|| {
+            Error::invalid(
+                "channel",
+                format!("{:?} is not declared in this run", w.channel),
+            )
+        })?;
         if ch.decl.kind == ChannelKind::Merge && !w.value.is_object() {
             return Err(Error::invalid(
                 "value",

@@ -113,6 +113,7 @@ args! {
         channel: String => "The channel (declared by the run's lead).",
         value: Value => "The value (any JSON): appended, replacing or merged (RFC 7396) by the channel's kind.",
         base_version: Option<u64> => "The channel version your write is based on (from read_channel); a stale one is a conflict (refused on `reject` channels).",
+        client_id: Option<String> => "Idempotency key: a retry with the same client_id (after a lost answer) returns the write already stored instead of a conflict with its own version.",
     }
     /// Arguments of `read_channel`.
     ReadChannelArgs(agent) {

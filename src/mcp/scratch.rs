@@ -165,10 +165,14 @@ pub fn pick(s: &Session, a: PickArgs) -> ToolResult {
 /// version (to an agent that may read the channel).
 pub fn write_channel(s: &Session, a: WriteChannelArgs) -> ToolResult {
     let agent = s.agent(a.agent.as_deref())?;
-    match s
-        .store
-        .write_channel(&a.run, &agent, &a.channel, a.value, a.base_version)
-    {
+    match s.store.write_channel_with_id(
+        &a.run,
+        &agent,
+        &a.channel,
+        a.value,
+        a.base_version,
+        a.client_id.as_deref(),
+    ) {
         Ok(e) => Ok(json!({"stored": e, "version": e.seq})),
         // The current version only for an agent that may read the channel.
         Err(e @ Error::Conflict(_)) => match s.store.channel(&a.run, Some(&agent), &a.channel) {

@@ -173,13 +173,48 @@ impl Store {
         value: Value,
         base_version: Option<u64>,
     ) -> Result<Event> {
+        self.write_channel_with_id(run, agent, channel, value, base_version, None)
+    }
+
+    /// [`Store::write_channel`] with an idempotency id: a retry of a write whose outcome
+    /// was lost returns the stored write (its version moved past `base_version` with it,
+    /// so without the id the retry was a conflict that could not tell its own write from
+    /// another agent's). The same id with another write is a conflict.
+    pub fn write_channel_with_id(
+        &self,
+        run: &str,
+        agent: &str,
+        channel: &str,
+        value: Value,
+        base_version: Option<u64>,
+        id: Option<&str>,
+    ) -> Result<Event> {
+        crate::event::refuse_reserved_agent(agent)?;
+        if let Some(id) = id {
+            crate::event::check_client_id(id)?;
+        }
+        crate::event::check_id("agent_id", agent)?;
+        refuse_engine_run(run)?;
         let w = ChannelWrite {
             channel: channel.to_string(),
             value,
             base_version,
         };
         let v = serde_json::to_value(&w).map_err(|e| Error::invalid("channel", e.to_string()))?;
-        self.engine_append(run, agent, EventType::ChannelWrite, v, None, Vec::new())
+        let mut c = Checked::engine(
+            agent,
+            self.user(),
+            EventType::ChannelWrite,
+            v,
+            None,
+            Vec::new(),
+        );
+        c.id = id.map(str::to_string);
+        let stored = self.append_checked(run, vec![c], None, Durability::Sync)?;
+        stored
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::invalid("event", "nothing stored"))
     }
 
     /// A channel's state (value, version, history), as `reader` may see it.

@@ -39,6 +39,9 @@ pub struct ServeOptions {
     pub archive_dir: PathBuf,
     /// Largest request body.
     pub body_limit_bytes: u64,
+    /// Bytes of JSON request bodies the server holds at once, all clients together
+    /// (read, parsed and handled): one past it is answered 503 with `Retry-After`.
+    pub body_budget_bytes: u64,
     /// Longest time from a request's first byte to its response's headers.
     pub request_timeout: Duration,
     /// Interval of SSE heartbeat comments.
@@ -119,6 +122,8 @@ pub struct App {
     pub vectors: Vectors,
     /// Each run's queue of appends waiting for its next commit.
     pub(crate) commits: Arc<crate::serve::commit::Commits>,
+    /// [`ServeOptions::body_budget_bytes`], in KiB permits.
+    pub(crate) body_budget: Arc<tokio::sync::Semaphore>,
 }
 
 impl App {

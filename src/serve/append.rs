@@ -104,7 +104,7 @@ pub(crate) async fn append(
             futures_util::stream::iter(first).chain(data),
         ));
     }
-    let JsonBody(body) = JsonBody::from_request(req, &app).await?;
+    let JsonBody(body, _permit) = JsonBody::from_request(req, &app).await?;
     let stored = target.append(body).await?;
     let ack = Stored {
         line: None,

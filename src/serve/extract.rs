@@ -259,6 +259,8 @@ pub struct Act<B> {
     pub agent: String,
     /// The rest of the body.
     pub body: B,
+    /// The body's share of the server's body budget, held until the answer.
+    pub permit: BodyPermit,
 }
 
 impl<B: DeserializeOwned + Send> FromRequest<Arc<App>> for Act<B> {
@@ -269,7 +271,8 @@ impl<B: DeserializeOwned + Send> FromRequest<Arc<App>> for Act<B> {
         let (mut parts, body) = req.into_parts();
         let id = Identity::from_request_parts(&mut parts, app).await?;
         id.may_write()?;
-        let JsonBody(v) = JsonBody::from_request(Request::from_parts(parts, body), app).await?;
+        let JsonBody(v, permit) =
+            JsonBody::from_request(Request::from_parts(parts, body), app).await?;
         let Value::Object(mut m) = v else {
             return Err(Problem::invalid("the body must be a JSON object"));
         };
@@ -281,7 +284,12 @@ impl<B: DeserializeOwned + Send> FromRequest<Arc<App>> for Act<B> {
         id.write_as(&agent)?;
         let body = serde_json::from_value(Value::Object(m))
             .map_err(|e| Problem::invalid(format!("body: {e}")))?;
-        Ok(Act { id, agent, body })
+        Ok(Act {
+            id,
+            agent,
+            body,
+            permit,
+        })
     }
 }
 
@@ -292,7 +300,7 @@ impl<B: Send + 'static> Act<B> {
         self,
         f: impl FnOnce(&Store, &str, B) -> crate::error::Result<T> + Send + 'static,
     ) -> Result<T, Problem> {
-        let (agent, body) = (self.agent, self.body);
+        let (agent, body, _permit) = (self.agent, self.body, self.permit);
         self.id.call(move |s| f(s, &agent, body)).await
     }
 
@@ -309,7 +317,11 @@ impl<B: Send + 'static> Act<B> {
 /// A JSON request body: `Content-Type: application/json` (else 415), at most the
 /// server's body limit (else 413, read no further), nested at most a little deeper than
 /// the events' own limit (else 400), and well-formed (else 400).
-pub struct JsonBody(pub Value);
+pub struct JsonBody(pub Value, pub BodyPermit);
+
+/// The share of the server's body budget a request body holds until it is dropped (keep
+/// it bound, `_permit`, for as long as the body's value lives).
+pub struct BodyPermit(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
 
 impl FromRequest<Arc<App>> for JsonBody {
     type Rejection = Problem;
@@ -336,6 +348,14 @@ impl FromRequest<Arc<App>> for JsonBody {
         if declared.is_some_and(|n| n > limit) {
             return Err(Problem::too_large(limit));
         }
+        // Its share of the budget before a byte is read: the declared size, or the limit.
+        let kib =
+            u32::try_from(declared.unwrap_or(limit).div_ceil(1024).max(1)).unwrap_or(u32::MAX);
+        let permit = app
+            .body_budget
+            .clone()
+            .try_acquire_many_owned(kib)
+            .map_err(|_| Problem::bodies_busy(app.opts.body_budget_bytes))?;
         let max = usize::try_from(limit).unwrap_or(usize::MAX);
         let bytes = match axum::body::to_bytes(req.into_body(), max).await {
             Ok(b) => b,
@@ -345,7 +365,7 @@ impl FromRequest<Arc<App>> for JsonBody {
         check_depth(&bytes, BODY_DEPTH_MAX)?;
         let v = serde_json::from_slice(&bytes)
             .map_err(|e| Problem::invalid(format!("the body is not JSON: {e}")))?;
-        Ok(JsonBody(v))
+        Ok(JsonBody(v, BodyPermit(permit)))
     }
 }
 

@@ -77,6 +77,11 @@ pub const LISTEN_DEFAULT: &str = "127.0.0.1:7700";
 /// Default request body limit: a batch's encoded limit (8 MiB) and room for the JSON
 /// around it.
 pub const BODY_LIMIT_BYTES_DEFAULT: u64 = 9 * 1024 * 1024;
+/// Default bytes of JSON request bodies held at once, all clients together: 28 bodies at
+/// the largest size. Without it, clients holding bodies just under the limit each added
+/// their size to the server's memory until it failed to allocate (a review's 191
+/// connections under a 2.5 GB cap; 4,096 at the defaults would need 36 GiB).
+pub const BODY_BUDGET_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
 /// Default time a request may take, from its first byte to its response's headers
 /// (reading its body included).
 pub const REQUEST_TIMEOUT_MS_DEFAULT: u64 = 30_000;
@@ -159,6 +164,11 @@ async fn serve(opts: ServeOptions) -> std::io::Result<()> {
         streams: Mutex::new(HashMap::new()),
         vectors,
         commits: Arc::new(commit::Commits::new(metrics.clone(), watches)),
+        body_budget: Arc::new(tokio::sync::Semaphore::new(
+            usize::try_from(opts.body_budget_bytes.div_ceil(1024))
+                .unwrap_or(usize::MAX)
+                .min(tokio::sync::Semaphore::MAX_PERMITS),
+        )),
     });
     // New vectors reach the users' cache files every few seconds (and at shutdown), so
     // a restart does not embed the same texts again.

@@ -112,6 +112,20 @@ impl Problem {
         p
     }
 
+    /// 503: the server holds as many request bodies as its budget allows; retry soon.
+    pub fn bodies_busy(budget: u64) -> Problem {
+        let mut p = Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            "Server busy",
+            format!(
+                "the server holds {budget} bytes of request bodies already (--body-budget-bytes); retry in 1 s"
+            ),
+        );
+        p.retry_after_s = Some(1);
+        p
+    }
+
     /// 500, with nothing of the cause (it is logged).
     pub fn internal() -> Problem {
         Problem::new(

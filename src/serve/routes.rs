@@ -488,11 +488,15 @@ async fn channel(
 struct WriteBody {
     base_version: Option<u64>,
     value: Value,
+    /// Idempotency id: a retry returns the stored write.
+    id: Option<String>,
 }
 
 async fn write_channel(Path((run, name)): Path<(String, String)>, a: Act<WriteBody>) -> Created {
-    a.created(move |s, agent, b| s.write_channel(&run, agent, &name, b.value, b.base_version))
-        .await
+    a.created(move |s, agent, b| {
+        s.write_channel_with_id(&run, agent, &name, b.value, b.base_version, b.id.as_deref())
+    })
+    .await
 }
 
 async fn policy(id: Identity, Path(run): Path<String>) -> Viewed {
@@ -833,7 +837,7 @@ async fn synth(State(app): State<Arc<App>>, id: Identity, req: axum::extract::Re
         SynthBody::default()
     } else {
         use axum::extract::FromRequest;
-        let JsonBody(v) = JsonBody::from_request(req, &app).await?;
+        let JsonBody(v, _permit) = JsonBody::from_request(req, &app).await?;
         serde_json::from_value(v).map_err(|e| Problem::invalid(format!("synth options: {e}")))?
     };
     if body.llm_cmd.is_some() {

@@ -771,6 +771,7 @@ impl Stream {
             // `None`: the server is stopping; `Some(None)`: the pump is gone.
             let s: Option<Option<Msg>> = {
                 let (rx, stop, beat) = (&mut self.rx, &mut self.stop, self.beat);
+                let recheck = self.live.next;
                 tokio::select! {
                     // Queued events go out before a stop is looked at.
                     biased;
@@ -779,6 +780,9 @@ impl Stream {
                     _ = tokio::time::sleep_until(beat) => {
                         return Some(Bytes::from_static(b": heartbeat\n\n"));
                     }
+                    // An idle stream asks about its token on time too (it waited for the
+                    // heartbeat, 15 s, or the next event).
+                    _ = tokio::time::sleep_until(recheck) => continue,
                 }
             };
             return Some(match s {
