@@ -40,9 +40,10 @@ pub struct ServeArgs {
     /// Largest request body, in bytes (413 above it).
     #[arg(long, default_value_t = server::BODY_LIMIT_BYTES_DEFAULT)]
     body_limit_bytes: u64,
-    /// Bytes of JSON request bodies held at once, all clients together (a body counts
-    /// its Content-Length, or --body-limit-bytes when it has none, from its first byte
-    /// until its answer); one past it is answered 503 with Retry-After: 1.
+    /// Bytes of request bodies held at once, all clients together (a JSON body counts
+    /// the bytes received, until its answer; an NDJSON append stream
+    /// the line it is receiving); a body that does not fit is answered 503 with
+    /// Retry-After: 1. At least --body-limit-bytes (a smaller value is raised to it).
     #[arg(long, default_value_t = server::BODY_BUDGET_BYTES_DEFAULT)]
     body_budget_bytes: u64,
     /// Longest a request may take from its first byte to its response headers, body

@@ -657,20 +657,19 @@ fn main() -> ExitCode {
         .with_ansi(colours_on_stderr())
         .init();
     let cli = Cli::parse();
-    let result = run(cli);
-    // A checkpoint an append started would die with this process.
-    swarm_memory::store::finish_checkpoints();
-    match result {
+    let code = match run(cli) {
         Ok(code) => code,
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            if is_broken_pipe(&e) {
-                return ExitCode::SUCCESS;
-            }
             let code = e.chain().find_map(exit_code_of).unwrap_or(1);
             eprintln!("swarm: {}", error_message(&e));
             ExitCode::from(code as u8)
         }
-    }
+    };
+    // A checkpoint an append started would die with this process: waited for, after
+    // the answer and any error are out, for a bounded time.
+    swarm_memory::store::finish_checkpoints(std::time::Duration::from_secs(10));
+    code
 }
 
 /// The exit code an error in the chain names: a library error's class, or (as a client
@@ -1267,7 +1266,9 @@ fn verify(store: &Store, run: Option<String>) -> anyhow::Result<ExitCode> {
             Err(e @ Error::Corrupt { .. }) => {
                 bad = true;
                 eprintln!("swarm: run {r:?}: {e}");
-                let report = serde_json::json!({"run": r, "ok": false, "error": e.to_string()});
+                let report = serde_json::json!({
+                    "run": r, "ok": false, "corrupt": [], "error": e.to_string()
+                });
                 serde_json::to_writer(&mut out, &report)?;
             }
             Err(e) => return Err(e.into()),

@@ -112,14 +112,22 @@ pub struct HeadState {
 /// multiple of the checkpoint interval), until [`finish_checkpoints`] waits for them.
 static CHECKPOINT_JOBS: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
 
-/// Waits for the automatic checkpoints this process started: a short-lived process (one
-/// `swarm append`) calls it before it exits, or the checkpoint its append started dies
-/// with it, and a run fed by such processes never gets one. Each job is bounded by its
-/// own work (the events since the previous checkpoint).
-pub fn finish_checkpoints() {
+/// Waits, at most `max`, for the automatic checkpoints this process started: a
+/// short-lived process (one `swarm append`) calls it before it exits, or the checkpoint
+/// its append started dies with it, and a run fed by such processes never gets one. One
+/// still running at `max` is left (a later append or read writes one).
+pub fn finish_checkpoints(max: std::time::Duration) {
     let jobs = std::mem::take(&mut *CHECKPOINT_JOBS.lock().unwrap_or_else(|e| e.into_inner()));
+    let deadline = std::time::Instant::now() + max;
     for h in jobs {
-        let _ = h.join();
+        while !h.is_finished() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        if h.is_finished() {
+            let _ = h.join();
+        } else {
+            tracing::warn!("an automatic checkpoint still running at exit was left unfinished");
+        }
     }
 }
 
@@ -904,7 +912,15 @@ impl Store {
         if let Some(from) = middle.iter().map(|r| r.lost_from).min() {
             self.drop_derived(run, from)?;
         }
-        let declared = self.declared_losses(run)?;
+        // The log's declared losses matter only where ranges are (or were) listed: no
+        // read of the whole log for a repair of the tail alone.
+        let listed = !crate::log::quarantine::read(&*self.storage, &self.existing_run(run)?)
+            .ranges
+            .is_empty();
+        let declared = match middle.is_empty() && !listed {
+            true => Vec::new(),
+            false => self.declared_losses(run)?,
+        };
         let undeclared = self.undeclared_quarantine(run, &declared)?;
         let log = self.writer(run, &self.user)?;
         let repaired = log.repair(&middle, &undeclared, &declared)?;

@@ -1797,9 +1797,9 @@ fn serve_bounds_the_users_and_runs_it_keeps_open() {
 }
 
 /// Request bodies held at once are capped, all clients together: a client holding a
-/// large body half sent takes its share, a second large one is answered 503 `busy` with
-/// `Retry-After`, a small one still passes, and the share comes back when the first
-/// connection goes. Before, each held body added its size to the server's memory until
+/// large body nearly all sent takes its share, a second large one is answered 503 `busy`
+/// with `Retry-After`, a small one still passes, and the share comes back when the first
+/// connection goes; one that declares a size and sends nothing holds nothing. Before, each held body added its size to the server's memory until
 /// an allocation failed and the server aborted.
 #[test]
 fn serve_bounds_the_bodies_it_holds() {
@@ -1833,11 +1833,14 @@ fn serve_bounds_the_bodies_it_holds() {
         let _ = c.read_to_end(&mut buf);
         String::from_utf8_lossy(&buf).into_owned()
     };
-    // A large body, half sent, held.
-    let mut holder = TcpStream::connect(srv.addr()).unwrap();
+    // A client that declares a large body and sends nothing holds nothing of it.
     let big = event(60_000);
+    let mut idle = TcpStream::connect(srv.addr()).unwrap();
+    idle.write_all(post_head(big.len()).as_bytes()).unwrap();
+    // A large body, all but its last bytes sent, held.
+    let mut holder = TcpStream::connect(srv.addr()).unwrap();
     holder.write_all(post_head(big.len()).as_bytes()).unwrap();
-    holder.write_all(&big.as_bytes()[..1000]).unwrap();
+    holder.write_all(&big.as_bytes()[..big.len() - 10]).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     let refused = send(&big);
     assert!(refused.starts_with("HTTP/1.1 503 "), "{refused}");
@@ -1858,4 +1861,21 @@ fn serve_bounds_the_bodies_it_holds() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(passed.starts_with("HTTP/1.1 201 "), "{passed}");
+    // An NDJSON append stream holds the line it is receiving.
+    let mut stream = TcpStream::connect(srv.addr()).unwrap();
+    let head = format!(
+        "POST /v1/runs/r/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {t}\r\n\
+         Content-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    let part = &big.as_bytes()[..big.len() - 10];
+    stream
+        .write_all(format!("{:x}\r\n", part.len()).as_bytes())
+        .unwrap();
+    stream.write_all(part).unwrap();
+    stream.write_all(b"\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let refused = send(&big);
+    assert!(refused.starts_with("HTTP/1.1 503 "), "{refused}");
+    drop((idle, stream));
 }

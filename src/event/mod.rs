@@ -994,5 +994,17 @@ pub(crate) struct EventHead<'a> {
     pub id: std::borrow::Cow<'a, str>,
 }
 
+/// The engine's own logs (`@facts`, `@patterns`) take no scratchpad events: no policy,
+/// channel, pick, resolution, summary or closing.
+pub(crate) fn refuse_engine_run(run: &str) -> Result<()> {
+    if run.starts_with('@') {
+        return Err(Error::Forbidden(format!(
+            "run ids starting with '@' ({run:?}) are the engine's own logs (facts, patterns); \
+             the scratchpad's commands do not apply to them"
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests;

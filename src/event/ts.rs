@@ -27,9 +27,10 @@ impl Ts {
     /// range (before 1970: times are kept from the Unix epoch on) or not a time at all.
     pub fn refusal(s: &str) -> &'static str {
         let year: Option<i64> = s.get(..4).and_then(|y| y.parse().ok());
-        let pre_epoch = s.replacen(s.get(..4).unwrap_or_default(), "1970", 1);
+        // (1970 too: `1970-01-01T00:30:00+01:00` is before the epoch.)
+        let later = s.replacen(s.get(..4).unwrap_or_default(), "1971", 1);
         match year {
-            Some(y) if y < 1970 && Ts::parse(&pre_epoch).is_some() => {
+            Some(y) if y <= 1970 && Ts::parse(&later).is_some() => {
                 "is before 1970-01-01T00:00:00Z, the earliest time kept"
             }
             _ => "is not an RFC 3339 time (2026-11-22T14:03:00Z) or a date (2026-11-22)",
@@ -220,6 +221,7 @@ mod tests {
     fn a_refusal_says_why() {
         assert!(Ts::parse("1969-01-01T00:00:00Z").is_none());
         assert!(Ts::refusal("1969-01-01T00:00:00Z").contains("before 1970"));
+        assert!(Ts::refusal("1970-01-01T00:30:00+01:00").contains("before 1970"));
         assert!(Ts::refusal("1969-13-01").contains("not an RFC 3339"));
         assert!(Ts::refusal("yesterday").contains("not an RFC 3339"));
         assert!(Ts::refusal("").contains("not an RFC 3339"));

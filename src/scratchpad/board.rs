@@ -130,7 +130,7 @@ impl Store {
         refs: Vec<u64>,
     ) -> Result<Event> {
         crate::event::check_id("agent_id", agent)?;
-        refuse_engine_run(run)?;
+        crate::event::refuse_engine_run(run)?;
         let c = Checked::engine(agent, self.user(), kind, content, subject, refs);
         let v = self.append_checked(run, vec![c], None, Durability::Sync)?;
         v.into_iter()
@@ -194,7 +194,7 @@ impl Store {
             crate::event::check_client_id(id)?;
         }
         crate::event::check_id("agent_id", agent)?;
-        refuse_engine_run(run)?;
+        crate::event::refuse_engine_run(run)?;
         let w = ChannelWrite {
             channel: channel.to_string(),
             value,
@@ -329,6 +329,7 @@ impl Store {
     /// the agent whose latest entry is newest). Appends a `decision` by `orchestrator`
     /// citing the winner and the losers; a tie on all three is escalated, never guessed.
     pub fn pick(&self, run: &str, orchestrator: &str, subject: &str) -> Result<PickOutcome> {
+        crate::event::refuse_engine_run(run)?;
         // A pick is made again from a fresh state when another writer changed the subject
         // (or opened an escalation on it) between its read and its append, so that
         // concurrent picks store one decision or one escalation, never one each.
@@ -498,6 +499,7 @@ impl Store {
         winner: Option<u64>,
         note: &str,
     ) -> Result<Event> {
+        crate::event::refuse_engine_run(run)?;
         // A human's call is kept with its reason: the one thing a later reader needs.
         if note.trim().is_empty() {
             return Err(Error::invalid(
@@ -562,16 +564,4 @@ impl Store {
             })
             .collect())
     }
-}
-
-/// The engine's own logs (`@facts`, `@patterns`) take no scratchpad events: no policy,
-/// channel, pick, resolution, summary or closing.
-pub(crate) fn refuse_engine_run(run: &str) -> Result<()> {
-    if run.starts_with('@') {
-        return Err(Error::Forbidden(format!(
-            "run ids starting with '@' ({run:?}) are the engine's own logs (facts, patterns); \
-             the scratchpad's commands do not apply to them"
-        )));
-    }
-    Ok(())
 }

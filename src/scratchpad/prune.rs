@@ -119,7 +119,7 @@ impl Store {
         force: bool,
     ) -> Result<Option<Event>> {
         crate::event::refuse_reserved_agent(agent)?;
-        super::board::refuse_engine_run(run)?;
+        crate::event::refuse_engine_run(run)?;
         self.prune_as(run, agent, summarizer, force)
     }
 

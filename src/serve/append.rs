@@ -213,6 +213,9 @@ where
     let idle = target.app.opts.request_timeout;
     let mut stop = target.app.shutdown.clone();
     let (mut buf, mut n) = (Vec::new(), 0u64);
+    // The bytes of a line being received are the server's body budget's, as a JSON
+    // body's are (`BodyPermit`): held as they come, given back as lines are handled.
+    let mut held = crate::serve::extract::BodyPermit::new(&target.app);
     let problem = |n: u64, p: Problem| line_of(&json!({"line": n, "problem": p}));
     // The token is asked again as the stream runs (at most once a second): a revoked
     // token's stream stops at its next line, not when the client hangs up.
@@ -263,6 +266,9 @@ where
         };
         let end = chunk.is_none();
         if let Some(c) = chunk {
+            if let Err(p) = held.hold(buf.len() + c.len()) {
+                return Err(problem(n + 1, p));
+            }
             buf.extend_from_slice(&c);
         }
         // Every complete line, and at the end whatever is left.
@@ -322,6 +328,8 @@ where
         if buf.len() > limit {
             return Err(problem(n + 1, Problem::too_large(limit as u64)));
         }
+        // (Smaller than before: giving back never fails.)
+        let _ = held.hold(buf.len());
         if end {
             return Ok(());
         }

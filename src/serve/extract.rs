@@ -300,8 +300,15 @@ impl<B: Send + 'static> Act<B> {
         self,
         f: impl FnOnce(&Store, &str, B) -> crate::error::Result<T> + Send + 'static,
     ) -> Result<T, Problem> {
-        let (agent, body, _permit) = (self.agent, self.body, self.permit);
-        self.id.call(move |s| f(s, &agent, body)).await
+        let (agent, body, permit) = (self.agent, self.body, self.permit);
+        // The share goes with the body into the library call: a request given up (a
+        // timeout, a client gone) does not free it while the call still holds the body.
+        self.id
+            .call(move |s| {
+                let _permit = permit;
+                f(s, &agent, body)
+            })
+            .await
     }
 
     /// [`Act::call`], answered 201 with its result.
@@ -319,9 +326,48 @@ impl<B: Send + 'static> Act<B> {
 /// the events' own limit (else 400), and well-formed (else 400).
 pub struct JsonBody(pub Value, pub BodyPermit);
 
-/// The share of the server's body budget a request body holds until it is dropped (keep
-/// it bound, `_permit`, for as long as the body's value lives).
-pub struct BodyPermit(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
+/// The share of the server's body budget a request holds: the bytes of its body received
+/// so far (in KiB), taken as they arrive (a client that declares a size and sends nothing
+/// holds nothing) and given back when this is dropped; keep it with the body's value.
+pub struct BodyPermit {
+    budget: Arc<tokio::sync::Semaphore>,
+    kib: u32,
+    limit: u64,
+}
+
+impl BodyPermit {
+    /// An empty share of `app`'s budget.
+    pub(crate) fn new(app: &App) -> BodyPermit {
+        BodyPermit {
+            budget: app.body_budget.clone(),
+            kib: 0,
+            limit: app.opts.body_budget_bytes,
+        }
+    }
+
+    /// Holds `bytes` in all (more or fewer than before); `Err` (503 `busy`) when the
+    /// budget has not that much left (what was held stays held).
+    pub(crate) fn hold(&mut self, bytes: usize) -> Result<(), Problem> {
+        let want = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+        if want > self.kib {
+            let more = self
+                .budget
+                .try_acquire_many(want - self.kib)
+                .map_err(|_| Problem::bodies_busy(self.limit))?;
+            more.forget();
+        } else {
+            self.budget.add_permits((self.kib - want) as usize);
+        }
+        self.kib = want;
+        Ok(())
+    }
+}
+
+impl Drop for BodyPermit {
+    fn drop(&mut self) {
+        self.budget.add_permits(self.kib as usize);
+    }
+}
 
 impl FromRequest<Arc<App>> for JsonBody {
     type Rejection = Problem;
@@ -348,41 +394,34 @@ impl FromRequest<Arc<App>> for JsonBody {
         if declared.is_some_and(|n| n > limit) {
             return Err(Problem::too_large(limit));
         }
-        // Its share of the budget before a byte is read: the declared size, or the limit.
-        let kib =
-            u32::try_from(declared.unwrap_or(limit).div_ceil(1024).max(1)).unwrap_or(u32::MAX);
-        let permit = app
-            .body_budget
-            .clone()
-            .try_acquire_many_owned(kib)
-            .map_err(|_| Problem::bodies_busy(app.opts.body_budget_bytes))?;
+        // Its share of the budget grows with the bytes received.
+        let mut permit = BodyPermit::new(app);
         let max = usize::try_from(limit).unwrap_or(usize::MAX);
-        let bytes = match axum::body::to_bytes(req.into_body(), max).await {
-            Ok(b) => b,
-            Err(e) if is_length_limit(&e) => return Err(Problem::too_large(limit)),
-            Err(e) => return Err(Problem::invalid(format!("cannot read the body: {e}"))),
-        };
+        let mut body = req.into_body();
+        let mut bytes = Vec::new();
+        while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
+            let frame = match frame {
+                Ok(f) => f,
+                Err(e) => return Err(Problem::invalid(format!("cannot read the body: {e}"))),
+            };
+            if let Ok(chunk) = frame.into_data() {
+                if bytes.len() + chunk.len() > max {
+                    return Err(Problem::too_large(limit));
+                }
+                permit.hold(bytes.len() + chunk.len())?;
+                bytes.extend_from_slice(&chunk);
+            }
+        }
         check_depth(&bytes, BODY_DEPTH_MAX)?;
         let v = serde_json::from_slice(&bytes)
             .map_err(|e| Problem::invalid(format!("the body is not JSON: {e}")))?;
-        Ok(JsonBody(v, BodyPermit(permit)))
+        Ok(JsonBody(v, permit))
     }
 }
 
 /// Nesting allowed in a body: an event's content or meta (`JSON_DEPTH_MAX`) inside an
 /// event object inside a batch array.
 pub(crate) const BODY_DEPTH_MAX: usize = JSON_DEPTH_MAX + 2;
-
-fn is_length_limit(e: &axum::Error) -> bool {
-    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(s) = src {
-        if s.is::<http_body_util::LengthLimitError>() {
-            return true;
-        }
-        src = s.source();
-    }
-    false
-}
 
 /// Refuses JSON nested deeper than `max` before it is parsed (one pass over the bytes,
 /// skipping strings), so a deep body costs no recursion.

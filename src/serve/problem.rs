@@ -119,7 +119,7 @@ impl Problem {
             "busy",
             "Server busy",
             format!(
-                "the server holds {budget} bytes of request bodies already (--body-budget-bytes); retry in 1 s"
+                "this body does not fit in the {budget} bytes of request bodies the server holds at once (--body-budget-bytes); retry in 1 s"
             ),
         );
         p.retry_after_s = Some(1);

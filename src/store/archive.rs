@@ -258,14 +258,16 @@ impl Store {
         // The run is closed and its log was removed once archived: a missing archive is
         // lost data, damage to report (exit 3), not an I/O error that stops a listing of
         // every run.
-        if !self.storage().exists(path) {
-            return Err(bad(
-                path,
-                "the archive is missing (the run is closed and its log was removed once \
-                 archived): restore the file from a backup",
-            ));
-        }
-        let z = read_all(&**self.storage(), path)?;
+        let z = match read_all(&**self.storage(), path) {
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Err(bad(
+                    path,
+                    "the archive is missing (the run is closed and its log was removed once \
+                     archived): restore the file from a backup",
+                ))
+            }
+            r => r?,
+        };
         let mut raw = Vec::new();
         zstd::stream::read::Decoder::new(&z[..])
             .map_err(|e| bad(path, format!("zstd: {e}")))?
@@ -335,6 +337,7 @@ impl Store {
     /// into one zstd file under the archive directory, verifies the archive against the
     /// log, and only then removes the run from the working set. See the module docs.
     pub fn close_run(&self, run: &str, agent: &str) -> Result<ArchiveInfo> {
+        crate::event::refuse_engine_run(run)?;
         if let Some(p) = self.tombstone(run)? {
             return Err(Error::Forbidden(format!(
                 "run {run:?} is already archived at {}",

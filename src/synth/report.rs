@@ -53,7 +53,8 @@ pub struct SynthReport {
     /// Facts found by two or more agents (after this synth): seed 004's cross-agent
     /// insights.
     pub facts_multi_agent: u64,
-    /// Resolutions recorded (new or changed winners).
+    /// Contradictions whose winner is new or changed (a decision that only changed its
+    /// reason, weights or time is recorded too, not counted here).
     pub resolutions: u64,
     /// Closed runs learned from.
     pub learned_runs: Vec<String>,

@@ -237,7 +237,12 @@ impl Store {
                 // mode (the user changed `share_patterns`) or by an older sanitizer. The
                 // first copy stands (the shared log is append-only, and a second copy
                 // would count the run twice); this run is not the user's to fail over.
-                Err(Error::Conflict(_)) => {}
+                Err(Error::Conflict(_)) => {
+                    tracing::info!(
+                        run = %run,
+                        "the run's shared copy was sent before in another form; the first stands"
+                    );
+                }
                 Err(e) => return Err(e),
             }
         }
