@@ -148,8 +148,8 @@ enum Cmd {
     /// shorter than its durable mark, damage below it: `swarm repair`). A torn tail past
     /// the durable mark (a write in progress, or one cut by a crash, repaired at the next
     /// append) is reported but is not corruption. A closed run whose archive is missing
-    /// or does not read back is reported as `{"run", "ok": false, "error"}` (exit 3), and
-    /// the other runs are still checked.
+    /// or does not read back is reported as `{"run", "ok": false, "corrupt": [], "error"}`
+    /// (exit 3), and the other runs are still checked.
     ///
     /// Example:
     ///   swarm verify --run inc-42 | jq '.ok, .corrupt'

@@ -914,14 +914,12 @@ impl Store {
         }
         // The log's declared losses matter only where ranges are (or were) listed: no
         // read of the whole log for a repair of the tail alone.
-        let listed = !crate::log::quarantine::read(&*self.storage, &self.existing_run(run)?)
-            .ranges
-            .is_empty();
-        let declared = match middle.is_empty() && !listed {
+        let listed = crate::log::quarantine::read(&*self.storage, &self.existing_run(run)?).ranges;
+        let declared = match middle.is_empty() && listed.is_empty() {
             true => Vec::new(),
             false => self.declared_losses(run)?,
         };
-        let undeclared = self.undeclared_quarantine(run, &declared)?;
+        let undeclared = undeclared_quarantine(listed, &declared);
         let log = self.writer(run, &self.user)?;
         let repaired = log.repair(&middle, &undeclared, &declared)?;
         let lost_from = repaired
@@ -950,27 +948,6 @@ impl Store {
             ));
         }
         Ok(repaired)
-    }
-
-    /// The quarantined ranges of a run that no `log_damaged` event names yet (a repair
-    /// that crashed between listing them and declaring them): the next repair declares
-    /// them, so every quarantined loss is recorded in the log itself.
-    fn undeclared_quarantine(
-        &self,
-        run: &str,
-        declared: &[LogDamaged],
-    ) -> Result<Vec<crate::log::quarantine::Range>> {
-        let dir = self.existing_run(run)?;
-        let q = crate::log::quarantine::read(&*self.storage, &dir);
-        Ok(q.ranges
-            .into_iter()
-            .filter(|r| {
-                let seg = segment::segment_name(r.segment);
-                !declared
-                    .iter()
-                    .any(|d| d.segment == seg && d.offset == r.offset)
-            })
-            .collect())
     }
 
     /// The losses the run's `log_damaged` events declare (read over any damage): a
@@ -1070,6 +1047,24 @@ pub fn engine_log_hidden(run: &str, reader: Option<&str>) -> Result<()> {
         return Err(Error::RunNotFound(run.to_string()));
     }
     Ok(())
+}
+
+/// The quarantined ranges (`listed`) that no `log_damaged` event names yet (a repair
+/// that crashed between listing them and declaring them): the next repair declares
+/// them, so every quarantined loss is recorded in the log itself.
+fn undeclared_quarantine(
+    listed: Vec<crate::log::quarantine::Range>,
+    declared: &[LogDamaged],
+) -> Vec<crate::log::quarantine::Range> {
+    listed
+        .into_iter()
+        .filter(|r| {
+            let seg = segment::segment_name(r.segment);
+            !declared
+                .iter()
+                .any(|d| d.segment == seg && d.offset == r.offset)
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -129,9 +129,15 @@ impl Store {
         subject: Option<String>,
         refs: Vec<u64>,
     ) -> Result<Event> {
-        crate::event::check_id("agent_id", agent)?;
-        crate::event::refuse_engine_run(run)?;
         let c = Checked::engine(agent, self.user(), kind, content, subject, refs);
+        self.append_engine(run, c)
+    }
+
+    /// Appends one engine event, durably, to a client's run (never the engine's own
+    /// logs), and returns it.
+    fn append_engine(&self, run: &str, c: Checked) -> Result<Event> {
+        crate::event::check_id("agent_id", &c.agent_id)?;
+        crate::event::refuse_engine_run(run)?;
         let v = self.append_checked(run, vec![c], None, Durability::Sync)?;
         v.into_iter()
             .next()
@@ -193,8 +199,6 @@ impl Store {
         if let Some(id) = id {
             crate::event::check_client_id(id)?;
         }
-        crate::event::check_id("agent_id", agent)?;
-        crate::event::refuse_engine_run(run)?;
         let w = ChannelWrite {
             channel: channel.to_string(),
             value,
@@ -210,11 +214,7 @@ impl Store {
             Vec::new(),
         );
         c.id = id.map(str::to_string);
-        let stored = self.append_checked(run, vec![c], None, Durability::Sync)?;
-        stored
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::invalid("event", "nothing stored"))
+        self.append_engine(run, c)
     }
 
     /// A channel's state (value, version, history), as `reader` may see it.

@@ -39,8 +39,9 @@ pub struct ServeOptions {
     pub archive_dir: PathBuf,
     /// Largest request body.
     pub body_limit_bytes: u64,
-    /// Bytes of JSON request bodies the server holds at once, all clients together
-    /// (read, parsed and handled): one past it is answered 503 with `Retry-After`.
+    /// Bytes of request bodies the server holds at once, all clients together (a JSON
+    /// body's bytes as received, until its answer; an NDJSON stream's line being
+    /// received): a body that does not fit is answered 503 with `Retry-After`.
     pub body_budget_bytes: u64,
     /// Longest time from a request's first byte to its response's headers.
     pub request_timeout: Duration,

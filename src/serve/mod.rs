@@ -77,7 +77,7 @@ pub const LISTEN_DEFAULT: &str = "127.0.0.1:7700";
 /// Default request body limit: a batch's encoded limit (8 MiB) and room for the JSON
 /// around it.
 pub const BODY_LIMIT_BYTES_DEFAULT: u64 = 9 * 1024 * 1024;
-/// Default bytes of JSON request bodies held at once, all clients together: 28 bodies at
+/// Default bytes of request bodies held at once, all clients together: 28 bodies at
 /// the largest size. Without it, clients holding bodies just under the limit each added
 /// their size to the server's memory until it failed to allocate (a review's 191
 /// connections under a 2.5 GB cap; 4,096 at the defaults would need 36 GiB).

@@ -441,7 +441,8 @@ impl Store {
         symptom: &str,
         reader: Option<&str>,
     ) -> Result<Vec<Scoped<InvestigationPattern>>> {
-        if patterns::slugify(symptom).is_empty() {
+        let exact = patterns::slugify(symptom);
+        if exact.is_empty() {
             return Err(Error::invalid(
                 "symptom",
                 "empty: name the symptom to look up",
@@ -449,7 +450,6 @@ impl Store {
         }
         let (own, shared) = self.books_as(reader)?;
         // The book lists exact matches first, then patterns sharing a word: keep them so.
-        let exact = patterns::slugify(symptom);
         Ok(scoped(
             own.recommend(symptom),
             shared.recommend(symptom),
@@ -532,12 +532,10 @@ impl Redacted for ToolMistake {
     }
 }
 
-/// The user's own items, then the shared scope's, those taught by more users first (one
-/// user alone can raise an item's confidence and occurrences, not its count of users),
-/// each redacted ([`Redacted`]).
-/// The user's own items (in the book's order), then the shared ones: by `later` (its
-/// `false` group first: exact matches before the ones sharing a word), then by distinct
-/// users who taught them, most first.
+/// The user's own items (in the book's order), then the shared scope's, each redacted
+/// ([`Redacted`]): by `later` (its `false` group first: exact matches before the ones
+/// sharing a word), then those taught by more users first (one user alone can raise an
+/// item's confidence and occurrences, not its count of users).
 fn scoped<T: Clone + Redacted>(
     own: Vec<&T>,
     shared: Vec<&T>,
